@@ -1,0 +1,1 @@
+"""Where points run: one Launcher interface, backends found by name (local, submitit, nemo-run, dry-run)."""

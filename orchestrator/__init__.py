@@ -1,0 +1,1 @@
+"""mbx login-node side: the CLI, campaign schema and sweep expansion, run store, collection."""

@@ -1,0 +1,1 @@
+"""Metric windows, gates, report pages, Markdown summaries and W&B logging; never imports torch."""
