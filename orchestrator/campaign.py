@@ -1,0 +1,185 @@
+"""Campaign file schema (pydantic v2): trainer, sweep grammar, resources, gates, launcher profile, W&B."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from reports.gates import GateSpec
+from reports.wandb_log import WandbSettings
+from trainer.recipe import Recipe
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+SweepValue = Any
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BundledTrainer(_Strict):
+    """The bundled MoE GPT trainer (`python -m trainer`), configured by a recipe."""
+
+    kind: Literal["bundled"] = Field("bundled", description="Use the bundled trainer.")
+    recipe: dict[str, Any] = Field(
+        default_factory=dict, description="Base recipe (trainer/recipe.py schema); sweep keys override its fields."
+    )
+    recipe_file: str | None = Field(
+        None, description="A recipe YAML file (relative to the campaign file) used as the base; `recipe` overrides it."
+    )
+
+
+class Resources(_Strict):
+    """Nodes and ranks per point (sweepable as resources.<key>)."""
+
+    nodes: int = Field(1, ge=1, description="Nodes per point.")
+    gpus_per_node: int = Field(1, ge=1, description="Ranks per node: one per GPU (on CPU-only machines, processes).")
+    time_limit_min: float | None = Field(None, gt=0, description="Wall-clock limit per attempt, minutes.")
+
+
+class Sweep(_Strict):
+    """Which points to run: product over axes × zip groups, plus explicit cells, minus excluded, × repeats."""
+
+    axes: dict[str, list[SweepValue]] = Field(
+        default_factory=dict,
+        description="Dotted key → list of values; the product of all axes (and zip groups) is taken.",
+    )
+    zip: list[dict[str, list[SweepValue]]] = Field(
+        default_factory=list,
+        description="Groups of dotted keys whose equal-length value lists vary together (one product factor each).",
+    )
+    cells: list[dict[str, SweepValue]] = Field(
+        default_factory=list, description="Explicit points (dotted key → value), added after the product."
+    )
+    exclude: list[dict[str, SweepValue | list[SweepValue]]] = Field(
+        default_factory=list,
+        description="Rules: a point matching every key of a rule is dropped; a list value matches any of its items.",
+    )
+    repeats: int = Field(1, ge=1, description="Run every point this many times (noise-aware verdicts).")
+
+    @field_validator("axes")
+    @classmethod
+    def _non_empty_axes(cls, axes: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in axes.items():
+            if not values:
+                raise ValueError(f"axis {key!r} has no values")
+        return axes
+
+    @field_validator("zip")
+    @classmethod
+    def _equal_lengths(cls, groups: list[dict[str, list[Any]]]) -> list[dict[str, list[Any]]]:
+        for index, group in enumerate(groups):
+            lengths = {key: len(values) for key, values in group.items()}
+            if len(set(lengths.values())) > 1:
+                raise ValueError(f"zip group {index}: value lists differ in length: {lengths}")
+            if not group or 0 in lengths.values():
+                raise ValueError(f"zip group {index}: needs at least one key with at least one value")
+        return groups
+
+    @model_validator(mode="after")
+    def _no_key_twice(self) -> Sweep:
+        seen: set[str] = set(self.axes)
+        for index, group in enumerate(self.zip):
+            for key in group:
+                if key in seen:
+                    raise ValueError(f"key {key!r} is swept twice (zip group {index} and another axis or group)")
+                seen.add(key)
+        return self
+
+
+class Cluster(_Strict):
+    """Slurm cluster profile, used by the Slurm backends (submitit, nemo-run, dry-run)."""
+
+    partition: str | None = Field(None, description="Slurm partition.")
+    account: str | None = Field(None, description="Slurm account.")
+    qos: str | None = Field(None, description="Slurm QoS.")
+    constraint: str | None = Field(None, description="Slurm node constraint.")
+    exclusive: bool = Field(False, description="Ask for whole nodes.")
+    sbatch_extra: dict[str, str | int | bool] = Field(
+        default_factory=dict, description="Extra sbatch parameters (name without dashes → value)."
+    )
+    python: str = Field("python3", description="Python interpreter on the compute nodes.")
+    gpus: bool = Field(True, description="Request GPUs (--gpus-per-node); false for CPU-only partitions.")
+
+
+class Container(_Strict):
+    """Container the trainer runs in (pyxis/enroot srun flags)."""
+
+    image: str | None = Field(None, description="Container image (pyxis --container-image).")
+    mounts: list[str] = Field(default_factory=list, description="SRC:DST[:FLAGS] mounts (pyxis --container-mounts).")
+    workdir: str | None = Field(None, description="Working directory inside the container.")
+
+
+class Env(_Strict):
+    """Environment of the trainer processes."""
+
+    values: dict[str, str] = Field(
+        default_factory=dict, description="Non-secret variables set for the trainer (sweepable as env.NAME)."
+    )
+    pass_names: list[str] = Field(
+        default_factory=list,
+        alias="pass",
+        description="Names passed through from the submitting environment (secrets go here: never their values).",
+    )
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("values", "pass_names")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        names = value if isinstance(value, list) else list(value)
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+
+class Collect(_Strict):
+    """How runs are summarized."""
+
+    window: int = Field(10, ge=1, description="Summary window: the last N timed steps (the first step never counts).")
+
+
+class Campaign(_Strict):
+    """A benchmark campaign: a base training recipe plus sweeps of knobs, gates and where to run."""
+
+    name: str = Field(..., pattern=NAME_PATTERN, description="Campaign name (letters, digits, . _ -).")
+    description: str = Field("", description="What this campaign measures.")
+    trainer: BundledTrainer = Field(default_factory=BundledTrainer, description="What runs at every point.")
+    resources: Resources = Field(default_factory=Resources, description="Nodes and ranks per point.")
+    sweep: Sweep = Field(default_factory=Sweep, description="The points to run.")
+    gates: GateSpec = Field(default_factory=GateSpec, description="Pass/fail limits for every cell.")
+    collect: Collect = Field(default_factory=Collect, description="Summary settings.")
+    launcher: str = Field("local", description="Backend: local | submitit | nemo-run | dry-run (CLI --launcher wins).")
+    launchers: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-backend settings, e.g. launchers.local.parallel."
+    )
+    cluster: Cluster = Field(default_factory=Cluster, description="Slurm profile.")
+    container: Container = Field(default_factory=Container, description="Container for the trainer.")
+    env: Env = Field(default_factory=Env, description="Trainer environment.")
+    wandb: WandbSettings = Field(default_factory=WandbSettings, description="Weights & Biases logging.")
+    baseline: str | None = Field(None, description="Campaign name whose cells this one is compared with.")
+
+    def base_recipe(self, campaign_file: Path | None) -> dict[str, Any]:
+        """The base recipe mapping (recipe_file, then `recipe` merged over it)."""
+        from orchestrator.keys import deep_merge
+        from orchestrator.yamlio import load_yaml_file
+
+        base: dict[str, Any] = {}
+        if self.trainer.recipe_file:
+            root = campaign_file.parent if campaign_file else Path.cwd()
+            loaded = load_yaml_file(root / self.trainer.recipe_file)
+            if not isinstance(loaded, dict):
+                from orchestrator.errors import ConfigError
+
+                raise ConfigError("trainer.recipe_file: must hold a mapping", file=str(campaign_file))
+            base = loaded
+        return deep_merge(base, self.trainer.recipe)
+
+
+def recipe_schema() -> dict[str, Any]:
+    """JSON Schema of the bundled-trainer recipe."""
+    return Recipe.model_json_schema()

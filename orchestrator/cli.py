@@ -1,0 +1,49 @@
+"""The `mbx` command: Typer root app, sub-apps joined with add_typer, and clean error exits."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from orchestrator import cli_campaign, cli_report
+from orchestrator.errors import MbxError
+
+app = typer.Typer(
+    name="mbx",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    help=(
+        "Benchmark campaigns for Megatron-style MoE training.\n\n"
+        "Define a campaign (a base recipe plus sweeps of knobs), run every point locally or on Slurm, "
+        "collect last-10-step TFLOP/s/GPU, step time, memory and loss, gate them and write a report.\n\n"
+        "Start here:  mbx campaign run campaigns/quickstart.yaml"
+    ),
+)
+app.add_typer(cli_campaign.app, name="campaign")
+app.command("report")(cli_report.report)
+app.add_typer(cli_report.schema_app, name="schema")
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def main() -> None:
+    """Entry point: run the app; MbxError → one message per problem on stderr and its exit code."""
+    try:
+        app()
+    except MbxError as err:
+        if os.environ.get("MBX_DEBUG") == "1":
+            raise
+        for line in err.lines():
+            err_console.print(Text.assemble(("error: ", "bold red"), line))
+        if err.exit_code == 2:
+            err_console.print("(set MBX_DEBUG=1 for a traceback)", style="dim")
+        sys.exit(err.exit_code)
+
+
+if __name__ == "__main__":
+    main()

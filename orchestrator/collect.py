@@ -1,0 +1,119 @@
+"""Collection: turn a finished attempt's run dir into state, summary and gate verdict; build report views."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.store import AttemptRow, Store
+from reports.gates import GateResult, GateSpec, evaluate
+from reports.metrics import read_metrics, read_status
+from reports.views import CampaignView, CellView
+from reports.window import Summary, summarize
+
+
+@dataclass
+class Collected:
+    """What one attempt amounted to."""
+
+    state: str
+    reason: str | None
+    failure_class: str | None
+    summary: Summary | None
+    gate: GateResult
+
+
+def _failure_class(run_dir: Path, status: dict[str, Any]) -> str | None:
+    try:
+        from reports.failures import classify_run_dir
+    except ImportError:  # classifier not available in this build
+        return None
+    try:
+        return classify_run_dir(run_dir, status)
+    except Exception:  # a classifier bug must never lose a result
+        return None
+
+
+def collect_attempt(
+    run_dir: Path, gates: GateSpec, window: int, baseline: Summary | None = None, job_state: str | None = None
+) -> Collected:
+    """Read status.json and metrics.jsonl of an attempt and judge it against the gates."""
+    run_dir = Path(run_dir)
+    status = read_status(run_dir)
+    if status is None:
+        state = job_state if job_state in ("timeout", "cancelled", "preempted") else "failed"
+        status = {"state": state, "reason": f"no status.json was written (scheduler state: {job_state or 'unknown'})"}
+    state = str(status.get("state", "failed"))
+    reason = status.get("reason")
+    rows = read_metrics(run_dir)
+    summary = summarize(rows, window) if rows else None
+    failure_class = None if state == "completed" else _failure_class(run_dir, status)
+    gate = evaluate(gates, summary, state=state, reason=reason, baseline=baseline)
+    return Collected(state, reason, failure_class, summary, gate)
+
+
+def summary_from_dict(data: dict[str, Any] | None) -> Summary | None:
+    return Summary(**data) if data else None
+
+
+def read_fingerprint(run_dir: Path) -> dict[str, Any] | None:
+    """The environment fingerprint of an attempt: launch.json's, completed by the trainer's env.json."""
+    fingerprint: dict[str, Any] = {}
+    for name in ("launch.json", "env.json"):
+        path = Path(run_dir) / name
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        fingerprint.update(data.get("fingerprint", data) if name == "launch.json" else data)
+    keep = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "te", "nccl", "container_image", "git_sha", "hostname")
+    picked = {k: fingerprint[k] for k in keep if fingerprint.get(k) is not None}
+    return picked or None
+
+
+def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignView:
+    """Everything the report writers need about one campaign, from the store and run dirs."""
+    from orchestrator.campaign import Campaign
+    from orchestrator.sweep import swept_keys
+
+    record = store.campaign(name)
+    if record is None:
+        raise KeyError(name)
+    campaign = Campaign.model_validate(record["spec"])
+    latest = store.latest_attempts(name)
+    cells: list[CellView] = []
+    for cell in store.cells(name):
+        attempt: AttemptRow | None = latest.get(cell.cell_id)
+        view = CellView(
+            cell_id=cell.cell_id,
+            point_id=cell.point_id,
+            repeat=cell.repeat,
+            label=cell.label,
+            params=cell.params,
+            state=attempt.state if attempt else "pending",
+        )
+        if attempt is not None:
+            view.attempt = attempt.attempt
+            view.reason = attempt.reason
+            view.failure_class = attempt.failure_class
+            view.run_dir = attempt.run_dir
+            result = store.result(name, cell.cell_id, attempt.attempt)
+            if result is not None:
+                view.summary = summary_from_dict(result.summary)
+                view.gate = GateResult.from_dict(result.gate) if result.gate else None
+            if with_rows:
+                view.rows = read_metrics(Path(attempt.run_dir))
+            view.fingerprint = read_fingerprint(Path(attempt.run_dir))
+        cells.append(view)
+    return CampaignView(
+        name=name,
+        description=campaign.description,
+        axes=swept_keys(campaign),
+        cells=cells,
+        gates=campaign.gates.model_dump(exclude_none=True),
+        window=campaign.collect.window,
+        source_file=record["source_file"],
+        baseline=campaign.baseline,
+    )

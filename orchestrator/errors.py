@@ -1,0 +1,35 @@
+"""mbx's exception tree: configuration/usage errors exit 2, runtime failures exit 1."""
+
+from __future__ import annotations
+
+
+class MbxError(Exception):
+    """Root of every error mbx reports as a clean message (no traceback unless MBX_DEBUG=1)."""
+
+    exit_code = 1
+
+    def lines(self) -> list[str]:
+        return [str(self)]
+
+
+class ConfigError(MbxError):
+    """A campaign file, recipe or option is invalid. Each problem is `file: key.path: what is allowed`."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str] | str, file: str | None = None):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.file = file
+        super().__init__("; ".join(self.problems))
+
+    def lines(self) -> list[str]:
+        prefix = f"{self.file}: " if self.file else ""
+        return [prefix + p for p in self.problems]
+
+
+class UsageError(ConfigError):
+    """The command line asks for something that does not exist (unknown campaign, launcher, ...)."""
+
+
+class RunError(MbxError):
+    """Something failed while running or collecting a campaign."""

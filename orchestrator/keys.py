@@ -1,0 +1,86 @@
+"""Dotted key paths: merge, set, and check them against the recipe schema with helpful suggestions."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import types
+import typing
+from typing import Any, Union
+
+from pydantic import BaseModel
+
+from trainer.recipe import Recipe
+
+NAMESPACES = ("resources", "env")
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """A new mapping: `over` merged into `base`, recursively for nested mappings."""
+    merged = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.c` in a nested mapping, creating mappings on the way; mappings merge, other values replace."""
+    parts = dotted.split(".")
+    node = doc
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    last = parts[-1]
+    if isinstance(value, dict) and isinstance(node.get(last), dict):
+        node[last] = deep_merge(node[last], value)
+    else:
+        node[last] = copy.deepcopy(value)
+
+
+def split_namespace(dotted: str) -> tuple[str, str]:
+    """('recipe'|'resources'|'env', rest) for a sweep key; plain keys address the recipe."""
+    head, _, rest = dotted.partition(".")
+    if head in NAMESPACES and rest:
+        return head, rest
+    if head == "recipe" and rest:
+        return "recipe", rest
+    return "recipe", dotted
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as `MoEConfig | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            model = _model_of(arg)
+            if model is not None:
+                return model
+    return None
+
+
+def unknown_key_problem(dotted: str, model: type[BaseModel] = Recipe, root: str = "") -> str | None:
+    """None when `dotted` names a field path of `model`; else a message listing what is allowed there."""
+    current: type[BaseModel] | None = model
+    walked: list[str] = []
+    for part in dotted.split("."):
+        if current is None:
+            where = ".".join(walked)
+            return f"{where!r} is a value, not a section: nothing can be set below it"
+        fields = current.model_fields
+        if part not in fields:
+            where = ".".join(walked) or (root or "the recipe")
+            close = difflib.get_close_matches(part, list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            allowed = ", ".join(fields)
+            return f"unknown key {part!r} in {where}{hint}; allowed: {allowed}"
+        walked.append(part)
+        current = _model_of(fields[part].annotation)
+    return None
