@@ -1,0 +1,395 @@
+"""Static, offline HTML report page for a campaign: summary table, plotly figures and environment fingerprints."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from reports.metrics import finite
+from reports.views import CampaignView, CellView
+
+TEMPLATE_DIR = Path(__file__).parent / "templates"
+PLOTLY_ASSET = "assets/plotly.min.js"
+
+# Environment facts that must agree across cells for their numbers to compare. Per-host facts
+# (hostname, job id) and per-cell ones (GPU count) are left out on purpose.
+FINGERPRINT_KEYS: tuple[str, ...] = (
+    "gpu_name",
+    "driver",
+    "cuda",
+    "torch",
+    "te",
+    "nccl",
+    "container_image",
+    "git_sha",
+    "python",
+)
+
+# Trace colours, one per cell, the same in every figure.
+_PALETTE = (
+    "#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #7f7f7f #bcbd22 #17becf "
+    "#393b79 #637939 #8c6d31 #843c39 #7b4173 #3182bd #e6550d #31a354 #756bb1 #636363"
+).split()
+_VERDICT_COLOURS = {"pass": "#2ca02c", "fail": "#d62728", "inconclusive": "#ff7f0e", "none": "#7f7f7f"}
+
+
+# ---------------------------------------------------------------- formatting shared with markdown.py
+
+DASH = "—"
+
+
+def fmt_number(value: Any, digits: int = 1, thousands: bool = True) -> str:
+    """A finite number with fixed decimals; '—' for None, NaN, inf or a non-number."""
+    if not finite(value):
+        return DASH
+    return f"{value:,.{digits}f}" if thousands else f"{value:.{digits}f}"
+
+
+def fmt_param(value: Any) -> str:
+    """A swept value as the user wrote it: strings bare, everything else as JSON (true, null, 1.25)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, sort_keys=True, default=str)
+    except (TypeError, ValueError):  # e.g. a circular structure
+        return str(value)
+
+
+def verdict_of(cell: CellView) -> str:
+    """The cell's gate verdict, or 'none' when it has not been judged (pending, running)."""
+    return cell.gate.verdict if cell.gate is not None else "none"
+
+
+def failed_messages(cell: CellView) -> list[str]:
+    """Messages of the checks the cell failed."""
+    return [c.message for c in cell.gate.failed] if cell.gate is not None else []
+
+
+def unchecked_messages(cell: CellView) -> list[str]:
+    """Messages of the checks that could not be made (why a verdict is inconclusive)."""
+    return [c.message for c in cell.gate.checks if c.ok is None] if cell.gate is not None else []
+
+
+@dataclass
+class FingerprintGroup:
+    """Cells that ran under the same environment, compared on FINGERPRINT_KEYS."""
+
+    values: dict[str, str]  # key → value as text ('—' where the cell did not record the key)
+    cells: list[str] = field(default_factory=list)
+
+
+def fingerprint_groups(
+    cells: list[CellView], keys: tuple[str, ...] = FINGERPRINT_KEYS
+) -> tuple[list[FingerprintGroup], list[str]]:
+    """Distinct environments among cells that recorded one (first-seen order), and the compared keys.
+
+    Only keys that at least one cell recorded are compared; a cell missing a key another cell has
+    counts as a different environment.
+    """
+    recorded = [c for c in cells if c.fingerprint]
+    present = [k for k in keys if any(k in (c.fingerprint or {}) for c in recorded)]
+    groups: dict[tuple[str, ...], FingerprintGroup] = {}
+    for cell in recorded:
+        fp = cell.fingerprint or {}
+        values = {k: (DASH if fp.get(k) is None else fmt_param(fp[k])) for k in present}
+        signature = tuple(values[k] for k in present)
+        groups.setdefault(signature, FingerprintGroup(values)).cells.append(cell.cell_id)
+    return list(groups.values()), present
+
+
+def differing_keys(groups: list[FingerprintGroup], keys: list[str]) -> list[str]:
+    """Keys whose value is not the same in every group."""
+    return [k for k in keys if len({g.values[k] for g in groups}) > 1]
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _t(text: Any) -> str:
+    """User text for a plotly label: plotly renders a few HTML tags in labels, so show them literally."""
+    return html.escape(str(text), quote=False)
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if finite(value) else None
+
+
+def _is_numeric_axis(values: list[Any]) -> bool:
+    return bool(values) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    )
+
+
+def _figure_json(fig: Any) -> str:
+    """Figure JSON that is safe inside a <script> element (no '<', '>' or '&' left unescaped)."""
+    text = fig.to_json()
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _layout(title: str, xtitle: str, ytitle: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "title": {"text": title},
+        "xaxis": {"title": {"text": xtitle}, **extra.pop("xaxis", {})},
+        "yaxis": {"title": {"text": ytitle}, **extra.pop("yaxis", {})},
+        "template": "plotly_white",
+        "height": 420,
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
+        "legend": {"font": {"size": 11}},
+        **extra,
+    }
+
+
+def _axis_figures(view: CampaignView, best: CellView | None) -> list[dict[str, Any]]:
+    """TFLOP/s/GPU against each swept axis; one marker per cell (repeats separate), grouped by verdict."""
+    import plotly.graph_objects as go
+
+    measured = [c for c in view.cells if c.summary is not None and finite(c.summary.tflops_per_gpu)]
+    if not measured:
+        return []
+    axes = view.axes or []
+    figures = []
+    for index, axis in enumerate(axes or ["cell"]):
+        if axis == "cell" and not axes:
+            xs_all: list[Any] = [c.label or c.cell_id for c in measured]
+        else:
+            xs_all = [c.params.get(axis) for c in measured]
+        numeric = _is_numeric_axis(xs_all)
+        xs = xs_all if numeric else [_t(fmt_param(x)) for x in xs_all]
+        order = list(dict.fromkeys(xs)) if not numeric else None
+        fig = go.Figure()
+        for verdict in ("pass", "inconclusive", "fail", "none"):
+            members = [i for i, c in enumerate(measured) if verdict_of(c) == verdict]
+            if not members:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[xs[i] for i in members],
+                    y=[measured[i].summary.tflops_per_gpu for i in members],  # type: ignore[union-attr]
+                    mode="markers",
+                    name=verdict,
+                    marker={"size": 11, "color": _VERDICT_COLOURS[verdict], "opacity": 0.85},
+                    text=[
+                        f"{_t(measured[i].cell_id)} (repeat {measured[i].repeat})<br>{_t(measured[i].label)}"
+                        for i in members
+                    ],
+                    hovertemplate="%{text}<br>%{y:.1f} TFLOP/s/GPU<extra>%{fullData.name}</extra>",
+                )
+            )
+        if best is not None and best in measured:
+            i = measured.index(best)
+            fig.add_trace(
+                go.Scatter(
+                    x=[xs[i]],
+                    y=[best.summary.tflops_per_gpu],  # type: ignore[union-attr]
+                    mode="markers",
+                    name="best",
+                    marker={"size": 20, "symbol": "star-open", "color": "#111", "line": {"width": 2}},
+                    hoverinfo="skip",
+                )
+            )
+        xaxis: dict[str, Any] = (
+            {"type": "linear"}
+            if numeric
+            else {
+                "type": "category",
+                "categoryorder": "array",
+                "categoryarray": order,
+            }
+        )
+        title = "TFLOP/s/GPU by cell" if not axes else f"TFLOP/s/GPU vs {axis}"
+        fig.update_layout(_layout(_t(title), _t(axis) if axes else "cell", "TFLOP/s/GPU", xaxis=xaxis))
+        figures.append({"id": f"fig-axis-{index}", "axis": axis, "title": title, "json": _figure_json(fig)})
+    return figures
+
+
+def _curve_figure(
+    view: CampaignView, key: str, fig_id: str, title: str, ytitle: str, clip_first: bool = False
+) -> dict[str, Any] | None:
+    """One line per cell of `key` against the step; non-finite values leave gaps."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    tail: list[float] = []  # values after each cell's first step
+    heads: list[float] = []  # each cell's first step
+    for index, cell in enumerate(view.cells):
+        by_step: dict[int, dict[str, Any]] = {}
+        for row in cell.rows:
+            if isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool):
+                by_step[row["step"]] = row
+        steps = sorted(by_step)
+        ys = [_num(by_step[s].get(key)) for s in steps]
+        if not any(y is not None for y in ys):
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=steps,
+                y=ys,
+                mode="lines+markers",
+                name=_t(cell.cell_id),
+                line={"color": _PALETTE[index % len(_PALETTE)], "width": 1.5},
+                marker={"size": 4},
+                text=[_t(cell.label)] * len(steps),
+                hovertemplate="%{text}<br>step %{x}: %{y:.4g}<extra>%{fullData.name}</extra>",
+            )
+        )
+        tail.extend(y for y in ys[1:] if y is not None)
+        heads.extend(y for y in ys[:1] if y is not None)
+    if not fig.data:
+        return None
+    yaxis: dict[str, Any] = {}
+    if clip_first and tail:
+        # Each cell's first step (compile, warm-up) is often several times slower; scale to the rest.
+        low, high = min(tail), max(tail)
+        pad = max((high - low) * 0.15, abs(high) * 0.05)
+        yaxis = {"range": [max(0.0, low - pad), high + pad]}
+        if any(h > high + pad or h < low - pad for h in heads):
+            title += " (first steps off scale)"
+    fig.update_layout(_layout(title, "step", ytitle, yaxis=yaxis))
+    return {"id": fig_id, "title": title, "json": _figure_json(fig)}
+
+
+# ---------------------------------------------------------------- table rows
+
+
+def _value_attr(value: Any) -> str | None:
+    return repr(float(value)) if finite(value) else None
+
+
+def _row(cell: CellView, axes: list[str], best: CellView | None) -> dict[str, Any]:
+    s = cell.summary
+    get = (lambda name: getattr(s, name)) if s is not None else (lambda name: None)
+    metrics = [
+        ("step_time_ms", fmt_number(get("step_time_ms"), 1)),
+        ("tflops_per_gpu", fmt_number(get("tflops_per_gpu"), 1)),
+        ("tokens_per_s_per_gpu", fmt_number(get("tokens_per_s_per_gpu"), 0)),
+        ("peak_alloc_gib", fmt_number(get("peak_alloc_gib"), 2)),
+        ("peak_reserved_gib", fmt_number(get("peak_reserved_gib"), 2)),
+        ("first_loss", fmt_number(get("first_loss"), 4, thousands=False)),
+        ("last_loss", fmt_number(get("last_loss"), 4, thousands=False)),
+        ("nan_iterations", DASH if s is None else str(s.nan_iterations)),
+        ("skipped_iterations", DASH if s is None else str(s.skipped_iterations)),
+    ]
+    return {
+        "cell": cell,
+        "best": best is cell,
+        "params": [(axis, fmt_param(cell.params[axis]) if axis in cell.params else DASH) for axis in axes],
+        "metrics": [(name, text, _value_attr(get(name))) for name, text in metrics],
+        "text": dict(metrics),
+        "std": fmt_number(get("step_time_ms_std"), 1),
+        "window": (
+            f"steps {s.window_first_step}–{s.window_last_step} ({s.window_steps})"
+            if s is not None and s.window_steps
+            else "no window"
+        ),
+        "verdict": verdict_of(cell),
+        "failed": failed_messages(cell),
+        "unchecked": unchecked_messages(cell),
+    }
+
+
+# ---------------------------------------------------------------- page
+
+
+def _environment() -> Any:
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def render_report(view: CampaignView, plotly_src: str = PLOTLY_ASSET) -> str:
+    """The report page as HTML text; `plotly_src` is where the page loads plotly.js from (relative path)."""
+    best = view.best_cell()
+    groups, fp_keys = fingerprint_groups(view.cells)
+    states: dict[str, int] = {}
+    verdicts: dict[str, int] = {}
+    for cell in view.cells:
+        states[cell.state] = states.get(cell.state, 0) + 1
+        verdicts[verdict_of(cell)] = verdicts.get(verdict_of(cell), 0) + 1
+    figures_axes = _axis_figures(view, best)
+    curves = [
+        f
+        for f in (
+            _curve_figure(
+                view, "step_time_ms", "fig-step-time", "Step time per step", "step time (ms)", True
+            ),
+            _curve_figure(view, "loss", "fig-loss", "Training loss per step", "loss"),
+        )
+        if f is not None
+    ]
+    context = {
+        "view": view,
+        "generated_at": view.generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "gates": [(k, fmt_param(v)) for k, v in view.gates.items()],
+        "rows": [_row(c, view.axes, best) for c in view.cells],
+        "best": _row(best, view.axes, best) if best is not None else None,
+        "completed": states.get("completed", 0),
+        "states": sorted(states.items()),
+        "verdicts": sorted(verdicts.items()),
+        "axis_figures": figures_axes,
+        "curve_figures": curves,
+        "fp_groups": groups,
+        "fp_keys": fp_keys,
+        "fp_differs": differing_keys(groups, fp_keys),
+        "fp_missing": [c.cell_id for c in view.cells if not c.fingerprint and c.state != "pending"],
+        "plotly_src": plotly_src,
+    }
+    return _environment().get_template("report.html.j2").render(**context)
+
+
+def _plotly_js_source() -> Path | None:
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    return path if path.is_file() else None
+
+
+def write_plotly_asset(out_dir: Path) -> Path:
+    """Copy the installed plotly package's plotly.min.js to out_dir/assets/ so the page works offline."""
+    target = Path(out_dir) / PLOTLY_ASSET
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source = _plotly_js_source()
+    if source is not None:
+        src, dst = source.stat(), target.stat() if target.exists() else None
+        if dst is None or (dst.st_size, dst.st_mtime_ns) != (src.st_size, src.st_mtime_ns):
+            shutil.copy2(source, target)  # keeps the mtime: an unchanged asset is not copied again
+    else:
+        from plotly.offline import get_plotlyjs
+
+        _atomic_write(target, get_plotlyjs())
+    return target
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(view: CampaignView, out_dir: Path) -> Path:
+    """Write out_dir/index.html and out_dir/assets/plotly.min.js; returns the page's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_plotly_asset(out_dir)
+    page = out_dir / "index.html"
+    _atomic_write(page, render_report(view))
+    return page
