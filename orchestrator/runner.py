@@ -126,9 +126,9 @@ def run_campaign(
     """Register a campaign's cells in the store and drive them to completion."""
     launcher_name = launcher or campaign.launcher
     campaign = _apply_parallel(campaign, launcher_name, parallel)
+    backend = make_launcher(campaign, launcher_name, Path(workspace))  # before any state is written
     store = Store(workspace)
     try:
-        backend = make_launcher(campaign, launcher_name, store.workspace)
         store.upsert_campaign(
             campaign.name, str(source_file) if source_file else None, campaign.model_dump(mode="json"), launcher_name
         )

@@ -1,0 +1,68 @@
+"""Shared pytest fixtures: run the real `mbx` CLI in a subprocess, write campaign files, tiny recipes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A recipe small enough that one CPU step takes milliseconds.
+TINY_MOE_RECIPE = {
+    "model": {
+        "vocab_size": 128,
+        "hidden_size": 32,
+        "num_layers": 2,
+        "num_attention_heads": 2,
+        "ffn_hidden_size": 64,
+        "moe": {"num_experts": 4, "top_k": 2, "ffn_hidden_size": 32},
+    },
+    "training": {"seq_length": 32, "micro_batch_size": 2, "steps": 12},
+    "optimizer": {"warmup_steps": 2},
+}
+
+
+def run_mbx(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600):
+    """Run `python -m orchestrator ARGS` like a user would; returns the CompletedProcess."""
+    full_env = dict(os.environ)
+    full_env.setdefault("WANDB_SILENT", "true")
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
+    full_env["COLUMNS"] = "200"
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd or ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def mbx():
+    return run_mbx
+
+
+@pytest.fixture
+def write_campaign(tmp_path: Path):
+    """Write a campaign mapping (or raw text) to a YAML file under tmp_path and return its path."""
+
+    def write(data: dict | str, name: str = "campaign.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def cache_env(tmp_path: Path) -> dict[str, str]:
+    """Environment keeping JIT caches and W&B inside the test's tmp dir."""
+    return {"MBX_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
