@@ -1,0 +1,61 @@
+"""`python -m trainer`: point the JIT caches at rank-local dirs first, then import torch and train (or print FLOPs)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+# Only torch-free modules above this line's callers: the JIT cache variables must be set before torch loads.
+from trainer import jit_cache
+from trainer.cli import load_recipe, parse_args
+
+
+def _write_failed_status(out: Path, reason: str, started_at: float) -> None:
+    """The recipe could not be read: record that in status.json (rank 0) without importing torch."""
+    import os
+    from importlib.metadata import PackageNotFoundError, version
+
+    from trainer.runlog import status_record, write_json_atomic
+
+    if int(os.environ.get("RANK", 0)) != 0:
+        return
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "unknown"
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "status.json", status_record(
+        state="failed", reason=reason, steps_completed=0, steps_planned=0, skipped_iterations=0,
+        nan_iterations=0, flops_per_step=0.0, world_size=int(os.environ.get("WORLD_SIZE", 1)), device="cpu",
+        gpu_name=None, torch_version=torch_version, params=0, started_at=started_at, ended_at=time.time(),
+    ))
+
+
+def run(argv: list[str]) -> int:
+    started_at = time.time()
+    args = parse_args(argv)
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+    except Exception as err:  # noqa: BLE001 (file, YAML or schema errors: one line, exit 2)
+        from trainer.runlog import one_line
+
+        reason = one_line(err)
+        print(f"error: {reason}", file=sys.stderr)
+        if args.command == "train":
+            _write_failed_status(Path(args.out), reason, started_at)
+        return 2
+    if args.command == "flops":
+        from trainer import flops
+
+        return flops.main(recipe, args.world_size)
+
+    record = jit_cache.setup_jit_caches(recipe.cache_dir)
+    jit_cache.write_record(record, args.out)
+    from trainer import train  # imports torch: only now
+
+    return train.main(recipe, Path(args.out), started_at)
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

@@ -1,0 +1,215 @@
+"""The training loop: build model/optimizer/data from a recipe, step, evaluate, emit one metrics row per step.
+
+CPU-GPU syncs per step, all marked `# SYNC`: one `torch.cuda.synchronize()` at the end of the step
+(the step time is measured after it), then reading the already-computed scalars. Non-finite steps are
+skipped on the device (fused AdamW's `found_inf`), so the step itself never waits on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import resource
+import time
+from collections.abc import Callable
+
+import torch
+
+from trainer.data import MockData
+from trainer.distributed import Dist, all_reduce_sum
+from trainer.flops import padded_vocab_size, step_flops, tflops_per_gpu
+from trainer.model import GPT
+from trainer.optim import build_optimizer, clip_gradients, lr_at, set_lr
+from trainer.parallelize import no_sync, parallelize, unwrap
+from trainer.recipe import Recipe
+from trainer.support import check_supported
+
+GIB = float(1 << 30)
+# Test hook: comma-separated 1-based steps at which global rank 0 multiplies its loss by NaN, to check that
+# a non-finite step is skipped and counted on every rank, never fatal. Unset in real runs.
+INJECT_NAN_ENV = "MBX_TRAINER_INJECT_NAN_STEP"
+
+
+def _inject_nan_steps() -> set[int]:
+    raw = os.environ.get(INJECT_NAN_ENV, "")
+    return {int(s) for s in raw.split(",") if s.strip()}
+
+
+def peak_rss_gib() -> float:
+    """Peak resident set size of this process (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+class Trainer:
+    def __init__(self, recipe: Recipe, dist: Dist, log: Callable[[str], None] = print):
+        self.recipe, self.dist, self.log = recipe, dist, log
+        self.device = dist.device
+        check_supported(recipe, dist.world_size, self.device.type)
+        t, m = recipe.training, recipe.model
+
+        self.dp = recipe.data_parallel_size(dist.world_size)
+        self.global_batch = recipe.global_batch(dist.world_size)
+        self.accum = self.global_batch // (t.micro_batch_size * self.dp)
+        self.flops = step_flops(recipe, dist.world_size)
+
+        # Precision: bf16 autocast on GPU (fp32 weights, grads and optimizer state); the CPU computes in fp32.
+        self.bf16 = self.device.type == "cuda" and recipe.precision == "bf16"
+        self.compute = "bf16 autocast" if self.bf16 else "fp32"
+        if self.device.type == "cpu" and recipe.precision == "bf16":
+            self.compute = "fp32 (precision bf16 on CPU means fp32 compute: no bf16 autocast on CPU)"
+
+        torch.manual_seed(t.seed)  # weights are drawn on the device, so CPU and GPU inits differ
+        with torch.device(self.device):
+            model = GPT(m, t.seq_length, padded_vocab_size(m.vocab_size, recipe.parallel.tensor),
+                        cross_entropy=recipe.cross_entropy)
+        self.params = sum(p.numel() for p in model.parameters())
+        self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist)
+        self.param_list = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.model, recipe.optimizer)
+        # With TP = PP = CP = 1 every rank is its own data-parallel rank.
+        self.data = MockData(t.seed, m.vocab_size, t.seq_length, t.micro_batch_size, dist.rank, self.dp,
+                             self.accum, self.device)
+        self.inject_nan = _inject_nan_steps()
+        self.skipped = self.nan_steps = self.completed = 0
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.bf16:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def describe(self) -> str:
+        r, t = self.recipe, self.recipe.training
+        return (f"device {self.device} | world {self.dist.world_size} (DP {self.dp}) | params {self.params:,} | "
+                f"global batch {self.global_batch} = micro {t.micro_batch_size} × DP {self.dp} × accum {self.accum} "
+                f"| seq {t.seq_length} | precision {r.precision} → compute {self.compute} | "
+                f"FLOPs/step {self.flops.total:.4e}")
+
+    def train_step(self, step: int) -> dict:
+        """One optimizer step over `accum` micro-batches; returns its metrics row (without eval_loss)."""
+        t0 = time.perf_counter()
+        lr = lr_at(step, self.recipe.training.steps, self.recipe.optimizer)
+        set_lr(self.optimizer, lr)
+        # [loss sum, aux-loss sum, dropped (token, slot) pairs] over this rank's micro-batches.
+        stats = torch.zeros(3, dtype=torch.float64, device=self.device)
+        routed = 0
+        for micro in range(self.accum):
+            inputs, targets = self.data.train_batch(step, micro)
+            with no_sync(self.model, sync=micro == self.accum - 1), self.autocast():
+                out = self.model(inputs, targets)
+                loss = out.loss
+                if step in self.inject_nan and micro == 0 and self.dist.rank == 0:
+                    loss = loss * float("nan")
+                ((loss + out.aux_loss) / self.accum).backward()
+            stats += torch.stack([loss.detach().double(), out.aux_loss.detach().double(),
+                                  out.tokens_dropped.double()])
+            routed += out.tokens_routed * self.dp  # a host int, the same on every rank
+        # DDP has all-reduced (averaged) the gradients during the last backward; sum the loss stats too.
+        all_reduce_sum(stats, self.dist)
+        grad_norm = clip_gradients(self.param_list, self.recipe.optimizer.clip_grad)
+        # Skip non-finite steps on the device: fused AdamW leaves params and state untouched when found_inf=1.
+        # loss and grad norm are identical on all ranks after the all-reduces, so all ranks agree.
+        found_inf = (~torch.isfinite(stats[0]) | ~torch.isfinite(grad_norm)).float()
+        self.optimizer.found_inf = found_inf
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # SYNC: the step time covers all queued GPU work
+        step_s = time.perf_counter() - t0
+
+        loss_sum, aux_sum, dropped = stats.tolist()  # SYNC (already synchronized above)
+        skipped = bool(found_inf.item())  # SYNC (idem)
+        norm = float(grad_norm)  # SYNC (idem)
+        micro_batches = self.accum * self.dp
+        loss_mean = loss_sum / micro_batches
+        is_nan = not math.isfinite(loss_mean)
+        self.skipped += skipped
+        self.nan_steps += is_nan
+        self.completed = step
+        tokens = self.global_batch * self.recipe.training.seq_length
+        moe = self.recipe.model.moe is not None
+        return {
+            "step": step,
+            "loss": loss_mean,
+            "grad_norm": norm,
+            "lr": lr,
+            "step_time_ms": step_s * 1e3,
+            "tflops_per_gpu": tflops_per_gpu(self.flops.total, step_s, self.dist.world_size),
+            "tokens_per_s_per_gpu": tokens / step_s / self.dist.world_size,
+            **self.memory(),
+            "skipped": skipped,
+            "nan": is_nan,
+            "aux_loss": aux_sum / micro_batches if moe else None,
+            "tokens_dropped_frac": dropped / routed if moe and routed else None,
+            "time": time.time(),
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over eval_iters micro-batches per rank of the fixed held-out stream (no training RNG used)."""
+        model = unwrap(self.model)
+        model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        iters = self.recipe.training.eval_iters
+        for micro in range(iters):
+            inputs, targets = self.data.eval_batch(micro)
+            with self.autocast():
+                total += model(inputs, targets).loss.double()
+        model.train()
+        all_reduce_sum(total, self.dist)
+        return total.item() / (iters * self.dp)  # SYNC (evaluation is outside the timed step)
+
+    def memory(self) -> dict:
+        """GPU allocator stats in GiB (peaks since the start); on CPU those are 0.0 and rss_gib is the peak RSS."""
+        if self.device.type == "cuda":
+            c = torch.cuda
+            mem = {
+                "mem_allocated_gib": c.memory_allocated() / GIB,
+                "mem_max_allocated_gib": c.max_memory_allocated() / GIB,
+                "mem_reserved_gib": c.memory_reserved() / GIB,
+                "mem_max_reserved_gib": c.max_memory_reserved() / GIB,
+            }
+        else:
+            mem = dict.fromkeys(
+                ("mem_allocated_gib", "mem_max_allocated_gib", "mem_reserved_gib", "mem_max_reserved_gib"), 0.0
+            )
+        mem["rss_gib"] = peak_rss_gib()
+        return mem
+
+    def run(self, on_row: Callable[[dict], None]) -> None:
+        t = self.recipe.training
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # SYNC: start the first step's clock on an idle GPU
+        for step in range(1, t.steps + 1):
+            row = self.train_step(step)
+            if t.eval_interval and step % t.eval_interval == 0:
+                row["eval_loss"] = self.evaluate()
+            on_row(row)
+            if step % t.log_interval == 0 or step == t.steps:
+                self.log(format_row(row, t.steps))
+
+
+def format_row(row: dict, steps: int) -> str:
+    """`step 5/20 | loss 6.1234 | ...`: the human log line (rank-local stdout)."""
+    def num(v, fmt):
+        return "nan" if v is None or not math.isfinite(v) else format(v, fmt)
+
+    parts = [
+        f"step {row['step']}/{steps}",
+        f"loss {num(row['loss'], '.4f')}",
+        f"grad_norm {num(row['grad_norm'], '.3f')}",
+        f"lr {row['lr']:.3e}",
+        f"step {row['step_time_ms']:.1f} ms",
+        f"{row['tflops_per_gpu']:.2f} TFLOP/s/GPU",
+        f"{row['tokens_per_s_per_gpu']:.0f} tok/s/GPU",
+        f"mem {row['mem_max_allocated_gib']:.2f} GiB max alloc, {row['rss_gib']:.2f} GiB RSS",
+    ]
+    if row.get("aux_loss") is not None:
+        parts.append(f"aux {num(row['aux_loss'], '.4f')}")
+    if row.get("tokens_dropped_frac") is not None:
+        parts.append(f"dropped {100 * row['tokens_dropped_frac']:.2f}%")
+    if row["skipped"]:
+        parts.append("SKIPPED (non-finite)")
+    if "eval_loss" in row:
+        parts.append(f"eval_loss {num(row['eval_loss'], '.4f')}")
+    return " | ".join(parts)

@@ -1,0 +1,126 @@
+"""Entry point of the bundled trainer: set up the rank, run the loop, write the run directory.
+
+One process (CPU, or one GPU):
+    python -m trainer --recipe recipe.yaml --out runs/x
+One node, 8 GPUs (data parallel over NCCL):
+    torchrun --nproc-per-node 8 -m trainer --recipe recipe.yaml --out runs/x
+Two nodes, run on each node, rendezvous at the first:
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:29500 \\
+        -m trainer --recipe recipe.yaml --out runs/x
+Two CPU ranks over gloo (what the tests run):
+    torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint localhost:29500 \\
+        -m trainer --recipe recipe.yaml --out runs/x
+FLOPs per step of a recipe (no torch import):
+    python -m trainer flops --recipe recipe.yaml --world-size 8
+Overrides: --set training.steps=5 --set model.moe.capacity_factor=1.25
+
+Run directory (global rank 0 writes the shared files):
+    env.json       host, GPU, driver/CUDA/torch/NCCL/TE versions, world size (at start)
+    recipe.yaml    the resolved recipe (only when absent: the launcher normally writes it)
+    metrics.jsonl  one row per step, flushed per line
+    status.json    completed | failed (+ one-line reason), written last and atomically
+    logs/jit-cache-rank<r>.json   the JIT cache dirs each rank used (every rank)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from trainer import distributed
+from trainer.cli import recipe_yaml
+from trainer.flops import step_flops
+from trainer.loop import Trainer
+from trainer.recipe import Recipe
+from trainer.runlog import MetricsWriter, base_env, one_line, status_record, write_json_atomic
+
+
+def environment(world_size: int) -> dict:
+    """env.json: what ran where (versions of everything that changes kernel performance)."""
+    env = base_env()
+    env.update(world_size=world_size, torch=torch.__version__, cuda=torch.version.cuda,
+               gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+               gpu_name=None, gpu_capability=None, driver=None, nccl=None, transformer_engine=None)
+    if torch.cuda.is_available():
+        env["gpu_name"] = torch.cuda.get_device_name()
+        env["gpu_capability"] = "sm_{}{}".format(*torch.cuda.get_device_capability())
+        try:
+            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 (a build without NCCL)
+            pass
+        env["driver"] = _driver_version()
+    try:
+        import transformer_engine
+
+        env["transformer_engine"] = getattr(transformer_engine, "__version__", "unknown")
+    except Exception:  # noqa: BLE001 (absent or broken: either way not used)
+        pass
+    return env
+
+
+def _driver_version() -> str | None:
+    try:
+        import subprocess
+
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _flops_or_zero(recipe: Recipe, world_size: int) -> float:
+    try:
+        return float(step_flops(recipe, world_size).total)
+    except ValueError:  # a layout that does not tile the world size
+        return 0.0
+
+
+def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
+    """Train, write the run directory; 0 on success, 1 on failure (status.json says why)."""
+    started_at = started_at or time.time()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    is_main = int(os.environ.get("RANK", 0)) == 0
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    trainer: Trainer | None = None
+    metrics: MetricsWriter | None = None
+    state, reason, rc = "completed", None, 0
+    device, gpu_name = "cpu", None
+    try:
+        dist = distributed.setup(recipe.device)
+        device = dist.device.type
+        gpu_name = torch.cuda.get_device_name(dist.device) if device == "cuda" else None
+        if is_main:
+            write_json_atomic(out_dir / "env.json", environment(dist.world_size))
+            if not (out_dir / "recipe.yaml").exists():
+                (out_dir / "recipe.yaml").write_text(recipe_yaml(recipe))
+        trainer = Trainer(recipe, dist, log=lambda line: print(line, flush=True))
+        print(trainer.describe(), flush=True)
+        metrics = MetricsWriter(out_dir / "metrics.jsonl") if is_main else None
+        trainer.run(on_row=metrics.write if metrics else lambda row: None)
+    except BaseException as err:  # noqa: BLE001 (Ctrl-C and SystemExit are failures too)
+        traceback.print_exc(file=sys.stderr)
+        state, reason, rc = "failed", one_line(err), 1
+    finally:
+        if metrics is not None:
+            metrics.close()
+        if is_main:
+            write_json_atomic(out_dir / "status.json", status_record(
+                state=state, reason=reason,
+                steps_completed=trainer.completed if trainer else 0,
+                steps_planned=recipe.training.steps,
+                skipped_iterations=trainer.skipped if trainer else 0,
+                nan_iterations=trainer.nan_steps if trainer else 0,
+                flops_per_step=trainer.flops.total if trainer else _flops_or_zero(recipe, world),
+                world_size=world, device=device, gpu_name=gpu_name, torch_version=torch.__version__,
+                params=trainer.params if trainer else 0, started_at=started_at, ended_at=time.time(),
+            ))
+        distributed.teardown()
+    print(json.dumps({"state": state, "reason": reason}), file=sys.stderr if rc else sys.stdout, flush=True)
+    return rc
