@@ -216,6 +216,11 @@ class GroupedExperts(nn.Module):
         super().__init__()
         if gemm not in ("torch", "loop"):
             raise NotImplementedError(f"model.moe.grouped_gemm={gemm!r} is not implemented yet (use torch or loop)")
+        if gemm == "torch" and (hidden_size % 8 or ffn_hidden_size % 8):
+            raise ValueError(
+                f"grouped_mm needs 16-byte row strides in bf16: hidden_size ({hidden_size}) and the expert "
+                f"ffn_hidden_size ({ffn_hidden_size}) must be multiples of 8; or use grouped_gemm: loop"
+            )
         self.activation, self.gemm, self.num_experts = activation, gemm, num_experts
         up = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         w1 = torch.empty(num_experts, up, hidden_size).normal_(0.0, init_std)

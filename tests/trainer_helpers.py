@@ -1,0 +1,103 @@
+"""Helpers of the trainer tests: tiny recipes, running `python -m trainer` / torchrun for real, reading run dirs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the in-process unit tests import trainer.* from the checkout
+    sys.path.insert(0, str(ROOT))
+
+# A few milliseconds per CPU step: GQA (4 q / 2 kv heads), SwiGLU, MoE every 2nd layer with a shared expert.
+TINY_MOE = {
+    "model": {
+        "vocab_size": 200,
+        "hidden_size": 32,
+        "num_layers": 2,
+        "num_attention_heads": 4,
+        "num_query_groups": 2,
+        "ffn_hidden_size": 64,
+        "moe": {"num_experts": 4, "top_k": 2, "ffn_hidden_size": 32, "layer_freq": 2, "num_shared_experts": 1},
+    },
+    "training": {"seq_length": 16, "micro_batch_size": 2, "global_batch_size": 4, "steps": 6, "seed": 7},
+    "optimizer": {"lr": 3e-3, "warmup_steps": 2},
+    "device": "cpu",
+}
+
+
+def recipe_dict(**overrides: object) -> dict:
+    """TINY_MOE with dotted-key overrides, e.g. recipe_dict(**{"training.seed": 8})."""
+    data = copy.deepcopy(TINY_MOE)
+    for key, value in overrides.items():
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return data
+
+
+def write_recipe(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def trainer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
+        env.pop(var, None)
+    env.update(extra or {})
+    return env
+
+
+def run_trainer(out: Path, recipe: dict, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+                ) -> subprocess.CompletedProcess:
+    """`python -m trainer --recipe <out>.yaml --out <out> ARGS` in a fresh process."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    recipe_path = write_recipe(out.parent / f"{out.name}.yaml", recipe)
+    cmd = [sys.executable, "-m", "trainer", "--recipe", str(recipe_path), "--out", str(out), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=trainer_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrun(out: Path, recipe: dict, nproc: int, env: dict[str, str] | None = None, timeout: float = 300
+                 ) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint localhost:PORT -m trainer ...`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    recipe_path = write_recipe(out.parent / f"{out.name}.yaml", recipe)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"localhost:{free_port()}", "-m", "trainer", "--recipe", str(recipe_path),
+           "--out", str(out)]
+    return subprocess.run(cmd, cwd=ROOT, env=trainer_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def status(out: Path) -> dict:
+    return json.loads((out / "status.json").read_text())
+
+
+def losses(out: Path) -> list[float | None]:
+    return [row["loss"] for row in metrics(out)]
+
+
+def explain(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
