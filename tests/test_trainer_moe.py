@@ -172,3 +172,22 @@ def test_padded_equals_compact_when_dropping(policy):
     assert outs[0][2] == outs[1][2]
     assert torch.allclose(outs[0][0], outs[1][0], atol=1e-6)
     assert torch.allclose(outs[0][1], outs[1][1], atol=1e-6)
+
+
+def test_chunked_dispatch_equals_unchunked_when_dropless():
+    x = torch.randn(2, 7, 8, requires_grad=True)
+    ref, ref_aux, _ = _layer()(x)
+    (ref_grad,) = torch.autograd.grad(ref.square().sum() + ref_aux, x)
+    out, aux, dropped = _layer(dispatch_chunk_tokens=4)(x)  # 14 tokens: chunks of 4, 4, 4, 2
+    (grad,) = torch.autograd.grad(out.square().sum() + aux, x)
+    assert int(dropped) == 0 and torch.equal(aux, ref_aux)
+    assert torch.allclose(out, ref, atol=1e-6) and torch.allclose(grad, ref_grad, atol=1e-6)
+
+
+def test_chunked_dispatch_counts_capacity_per_chunk():
+    layer = _layer(dispatch_chunk_tokens=4, capacity_factor=1.0, router=RouterConfig(force_balance=True))
+    # Round-robin routing of 4 tokens × top-2 over 4 experts fills each expert exactly: nothing dropped.
+    assert int(layer(torch.randn(1, 12, 8))[2]) == 0
+    skewed = _layer(dispatch_chunk_tokens=4, capacity_factor=0.5, router=RouterConfig(force_balance=True))
+    # capacity per chunk = ceil(4 · 2 / 4 · 0.5) = 1 of the 2 pairs each expert gets: half of 24 pairs dropped.
+    assert int(skewed(torch.randn(1, 12, 8))[2]) == 12

@@ -96,7 +96,7 @@ def test_non_finite_step_is_skipped_and_counted(tmp_path):
 
 def test_unsupported_feature_fails_with_a_clear_status(tmp_path):
     out = tmp_path / "fp8"
-    proc = run_trainer(out, recipe_dict(precision="fp8"))
+    proc = run_trainer(out, recipe_dict(), "--set", "precision=fp8")  # also exercises --set
     assert proc.returncode == 1
     st = status(out)
     assert st["state"] == "failed" and st["steps_completed"] == 0

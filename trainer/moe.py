@@ -39,6 +39,19 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """x [M, K] · w [E, K, N] per group of rows ending at offs → [M, N]."""
+    if x.dtype == torch.bfloat16:
+        return F.grouped_mm(x, w, offs=offs)
+    return _grouped_mm_outside_compile(x, w, offs)
+
+
+@torch.compiler.disable
+def _grouped_mm_outside_compile(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    # Eager grouped_mm runs fp32 (CPU tests), but torch.compile's meta kernel accepts only bf16 (torch 2.13).
+    return F.grouped_mm(x, w, offs=offs)
+
+
 # ---------------------------------------------------------------------------------------------
 # Routing: which experts each token goes to.
 # ---------------------------------------------------------------------------------------------
@@ -242,8 +255,8 @@ class GroupedExperts(nn.Module):
         x = x.to(dtype)
         if self.gemm == "torch":
             w1, w2 = self._stacked(dtype)
-            h = F.grouped_mm(x, w1.transpose(-2, -1), offs=plan.offs)
-            return F.grouped_mm(activate(h, self.activation), w2.transpose(-2, -1), offs=plan.offs)
+            h = grouped_mm(x, w1.transpose(-2, -1), plan.offs)
+            return grouped_mm(activate(h, self.activation), w2.transpose(-2, -1), plan.offs)
         sizes = plan.counts.tolist()  # CPU-GPU sync: the loop needs group sizes on the host
         outs = []
         for e, xe in enumerate(x.split(sizes)):
@@ -253,7 +266,12 @@ class GroupedExperts(nn.Module):
 
 
 class MoELayer(nn.Module):
-    """Router → dispatch → grouped experts → combine, plus optional shared experts on every token."""
+    """Router → dispatch → grouped experts → combine, plus optional shared experts on every token.
+
+    With `dispatch_chunk_tokens`, tokens are dispatched, computed and combined chunk by chunk (capacity is
+    then per chunk). The chunks run one after another for now: overlapping chunk i+1's permutation with
+    chunk i's GEMMs (a second stream, or a green context of `dispatcher_sms` SMs) slots in at this loop.
+    """
 
     def __init__(self, hidden_size: int, activation: str, cfg: MoEConfig, init_std: float, output_std: float,
                  shared: nn.Module | None = None):
@@ -266,14 +284,25 @@ class MoELayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, S, h] → (output [B, S, h], aux loss, dropped (token, slot) pairs)."""
-        cfg = self.cfg
         flat = x.reshape(-1, x.shape[-1])
-        routing = self.router(flat)
+        routing = self.router(flat)  # one router GEMM and one aux loss over all tokens, chunked or not
+        chunk = self.cfg.dispatch_chunk_tokens or flat.shape[0]
+        outs, dropped = [], []
+        for start in range(0, flat.shape[0], chunk):
+            part = slice(start, start + chunk)
+            out, drop = self._routed(flat[part], Routing(routing.experts[part], routing.weights[part], routing.aux_loss))
+            outs.append(out)
+            dropped.append(drop)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return out.view_as(x), routing.aux_loss, dropped[0] if len(dropped) == 1 else torch.stack(dropped).sum()
+
+    def _routed(self, flat: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dispatch → experts → combine for one chunk of tokens (capacity counts this chunk's tokens)."""
+        cfg = self.cfg
         capacity = None
         if cfg.capacity_factor is not None:
             capacity = expert_capacity(flat.shape[0], cfg.top_k, cfg.num_experts, cfg.capacity_factor)
         plan = plan_dispatch(routing, cfg.num_experts, capacity, cfg.drop_policy, cfg.pad_to_capacity)
-        out = combine(self.experts(dispatch(flat, plan), plan), plan)
-        if self.shared is not None:
-            out = out + self.shared(flat)
-        return out.view_as(x), routing.aux_loss, plan.dropped
+        return combine(self.experts(dispatch(flat, plan), plan), plan), plan.dropped

@@ -34,8 +34,6 @@ def unsupported(recipe: Recipe, world_size: int, device_type: str) -> list[str]:
     if moe is not None:
         if moe.grouped_gemm == "te":
             problems.append("model.moe.grouped_gemm=te: not implemented yet (use torch or loop)")
-        if moe.dispatch_chunk_tokens is not None:
-            problems.append("model.moe.dispatch_chunk_tokens: chunked dispatch is not implemented yet")
         if moe.dispatcher_sms is not None:
             problems.append("model.moe.dispatcher_sms: green-context dispatch is not implemented yet")
     return problems

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -82,9 +83,16 @@ def _flops_or_zero(recipe: Recipe, world_size: int) -> float:
         return 0.0
 
 
+def _raise_on_sigterm(signum: int, _frame: object) -> None:
+    # torchrun stops the surviving ranks with SIGTERM when one fails, and Slurm does at the time limit:
+    # turn it into an exception so the run directory still gets its status.json.
+    raise SystemExit(f"terminated by signal {signal.Signals(signum).name}")
+
+
 def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
     """Train, write the run directory; 0 on success, 1 on failure (status.json says why)."""
     started_at = started_at or time.time()
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
     out_dir.mkdir(parents=True, exist_ok=True)
     is_main = int(os.environ.get("RANK", 0)) == 0
     world = int(os.environ.get("WORLD_SIZE", 1))
