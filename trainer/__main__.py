@@ -52,6 +52,9 @@ def run(argv: list[str]) -> int:
 
     record = jit_cache.setup_jit_caches(recipe.cache_dir)
     jit_cache.write_record(record, args.out)
+    replaced = ", ".join(sorted(record["replaced"])) or "nothing"
+    print(f"JIT caches of rank {record['rank']} under {record['rank_dir']} (replaced inherited: {replaced})",
+          flush=True)
     from trainer import train  # imports torch: only now
 
     return train.main(recipe, Path(args.out), started_at)

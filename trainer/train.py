@@ -52,7 +52,8 @@ def environment(world_size: int) -> dict:
         env["gpu_name"] = torch.cuda.get_device_name()
         env["gpu_capability"] = "sm_{}{}".format(*torch.cuda.get_device_capability())
         try:
-            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            version = torch.cuda.nccl.version()  # a tuple in recent torch, an int in old ones
+            env["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
         except Exception:  # noqa: BLE001 (a build without NCCL)
             pass
         env["driver"] = _driver_version()
