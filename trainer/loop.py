@@ -1,8 +1,9 @@
 """The training loop: build model/optimizer/data from a recipe, step, evaluate, emit one metrics row per step.
 
-CPU-GPU syncs per step, all marked `# SYNC`: one `torch.cuda.synchronize()` at the end of the step
-(the step time is measured after it), then reading the already-computed scalars. Non-finite steps are
-skipped on the device (fused AdamW's `found_inf`), so the step itself never waits on the host.
+CPU-GPU syncs, all marked `# SYNC` (here and in trainer/moe.py): one `torch.cuda.synchronize()` at the
+end of each step (the step time is measured after it), then reads of the already-computed scalars.
+Non-finite steps are skipped on the device (fused AdamW's `found_inf`), so a step never waits on the
+host; only the opt-in MoE paths (capacity drops without padding, the loop GEMM) sync inside it.
 """
 
 from __future__ import annotations

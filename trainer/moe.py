@@ -189,7 +189,7 @@ def plan_dispatch(routing: Routing, num_experts: int, capacity: int | None = Non
                             padded=True)
 
     # Compact buffer of kept pairs only: its length is data dependent.
-    num_kept = int(kept_counts.sum())  # CPU-GPU sync (pad_to_capacity avoids it)
+    num_kept = int(kept_counts.sum())  # SYNC: the kept count sizes the buffer (pad_to_capacity avoids it)
     kept_order = order[torch.argsort((~keep_sorted).to(torch.int8), stable=True)[:num_kept]]
     pair_rows = torch.zeros_like(order)  # dropped pairs read row 0 with weight 0
     pair_rows[kept_order] = torch.arange(num_kept, device=dev)
@@ -257,7 +257,7 @@ class GroupedExperts(nn.Module):
             w1, w2 = self._stacked(dtype)
             h = grouped_mm(x, w1.transpose(-2, -1), plan.offs)
             return grouped_mm(activate(h, self.activation), w2.transpose(-2, -1), plan.offs)
-        sizes = plan.counts.tolist()  # CPU-GPU sync: the loop needs group sizes on the host
+        sizes = plan.counts.tolist()  # SYNC: the loop needs the group sizes on the host
         outs = []
         for e, xe in enumerate(x.split(sizes)):
             h = xe @ self.w1[e].to(dtype).t()
