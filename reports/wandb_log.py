@@ -1,0 +1,232 @@
+"""Log one attempt's step rows, window figures and verdict to Weights & Biases (offline by default)."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from reports.views import CellView
+
+REDACTED = "<redacted>"
+# Config keys whose values are never sent: credentials a recipe should not hold in the first place.
+_SECRET_KEY = re.compile(
+    r"(^|[_.-])(secret|password|passwd|api_?key|access_?key|private_?key|credentials?|"
+    r"auth_?token|access_?token|hf_?token|github_?token|wandb_?key)$|^token$",
+    re.IGNORECASE,
+)
+
+
+# The last failure to start an online run in this process, as (time.monotonic(), reason): online
+# calls within ONLINE_RETRY_S of it skip at once instead of each waiting out the init timeout.
+ONLINE_RETRY_S = 600.0
+_online_failure: list[tuple[float, str]] = []
+
+
+class WandbLogWarning(UserWarning):
+    """W&B logging failed; the campaign carries on without it."""
+
+
+class WandbSettings(BaseModel):
+    """Where and how attempts are logged to Weights & Biases."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline",
+        description=(
+            "offline: write runs under <dir>/wandb/ to upload later with `wandb sync`; online: send them "
+            "now (the API key comes from the WANDB_API_KEY environment variable, never from a file "
+            "mbx writes); disabled: log nothing."
+        ),
+    )
+    project: str = Field("mbx", description="W&B project the runs go to.")
+    entity: str | None = Field(None, description="W&B entity (user or team); None: the account's default.")
+    dir: str | None = Field(
+        None, description="Folder wandb writes under (it adds wandb/); None: the campaign's workspace folder."
+    )
+    tags: list[str] = Field(default_factory=list, description="Tags added to every run.")
+
+    @field_validator("project")
+    @classmethod
+    def _project_name(cls, value: str) -> str:
+        bad = sorted(set(value) & set("/\\#?%:"))
+        if not value or len(value) > 128 or bad:
+            raise ValueError(
+                "a W&B project name is 1-128 characters without / \\ # ? % :"
+                + (f" (found {' '.join(bad)})" if bad else "")
+            )
+        return value
+
+
+def scrub(config: Any) -> Any:
+    """A copy of `config` with the values of secret-looking keys replaced by '<redacted>'."""
+    if isinstance(config, dict):
+        return {
+            k: (REDACTED if isinstance(k, str) and _SECRET_KEY.search(k) else scrub(v))
+            for k, v in config.items()
+        }
+    if isinstance(config, (list, tuple)):
+        return [scrub(v) for v in config]
+    return config
+
+
+def _number(value: Any) -> float | int | None:
+    """A loggable number (bools as 0/1); None for anything else. NaN and inf are kept: they are findings."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value
+    return None
+
+
+def step_history(rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, float | int]]]:
+    """(step, numeric fields) per step, ascending, the last row of a repeated step winning (W&B needs
+    strictly increasing steps)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        step = row.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            by_step[step] = row
+    out = []
+    for step in sorted(by_step):
+        fields = {k: n for k, v in by_step[step].items() if (n := _number(v)) is not None}
+        fields["step"] = step
+        out.append((step, fields))
+    return out
+
+
+def run_summary(cell: CellView) -> dict[str, Any]:
+    """Run summary: state, verdict, failed-gate messages and the window figures under window/."""
+    summary: dict[str, Any] = {"state": cell.state, "attempt": cell.attempt}
+    if cell.reason:
+        summary["failure/reason"] = cell.reason
+    if cell.failure_class:
+        summary["failure/class"] = cell.failure_class
+    if cell.gate is not None:
+        summary["verdict"] = cell.gate.verdict
+        summary["gate/failed"] = [c.message for c in cell.gate.failed]
+        summary["gate/checks"] = {c.gate: c.ok for c in cell.gate.checks}
+    if cell.summary is not None:
+        for key, value in cell.summary.to_dict().items():
+            if value is None or (isinstance(value, float) and not math.isfinite(value)):
+                continue
+            summary[f"window/{key}"] = value
+        if cell.summary.step_time_cv is not None:
+            summary["window/step_time_cv"] = cell.summary.step_time_cv
+    return summary
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _warn(message: str, sink: Callable[[str], None] | None) -> None:
+    if sink is not None:
+        sink(message)
+    else:
+        warnings.warn(message, WandbLogWarning, stacklevel=3)
+
+
+def log_attempt(
+    settings: WandbSettings,
+    campaign: str,
+    cell: CellView,
+    config: dict[str, Any],
+    workspace_dir: Path,
+    *,
+    on_warning: Callable[[str], None] | None = None,
+) -> str | None:
+    """Log one attempt as one W&B run; the local run folder (offline) or the run id (online).
+
+    `config` is the resolved recipe and swept parameters; values of secret-looking keys are redacted
+    and nothing is read from the environment. Returns None when mode is disabled, or when W&B failed:
+    then a one-line message goes to `on_warning` (default: a WandbLogWarning) and the caller carries on.
+    After an online run failed to start (no key, no network), online calls in the next ONLINE_RETRY_S
+    seconds skip at once with the same message instead of each waiting out the init timeout.
+    """
+    if settings.mode == "disabled":
+        return None
+    what = f"{campaign}/{cell.cell_id}/a{cell.attempt}"
+    if settings.mode == "online" and _online_failure:
+        since, reason = _online_failure[-1]
+        if time.monotonic() - since < ONLINE_RETRY_S:
+            _warn(
+                f"W&B logging of {what} skipped: online W&B failed {time.monotonic() - since:.0f} s ago ({reason})",
+                on_warning,
+            )
+            return None
+    run = None
+    stage = "start"
+    try:
+        import wandb  # lazy: importing wandb costs about a second
+
+        run_config = scrub(dict(config))
+        run_config["mbx"] = {
+            "campaign": campaign,
+            "cell_id": cell.cell_id,
+            "point_id": cell.point_id,
+            "repeat": cell.repeat,
+            "attempt": cell.attempt,
+            "params": scrub(dict(cell.params)),
+            "run_dir": cell.run_dir,
+        }
+        run_dir = Path(settings.dir) if settings.dir else Path(workspace_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run = wandb.init(
+            project=settings.project,
+            entity=settings.entity,
+            group=campaign,
+            name=f"{campaign}/{cell.cell_id}/a{cell.attempt}",
+            job_type="benchmark",
+            tags=list(settings.tags),
+            config=run_config,
+            mode=settings.mode,
+            dir=str(run_dir),
+            reinit="create_new",  # never finish or reuse a run the caller may have open
+            settings=wandb.Settings(
+                console="off",  # do not capture the caller's stdout/stderr
+                silent=True,  # no banner: the caller reports what happened
+                x_disable_stats=True,  # no system-metrics sampler process
+                x_disable_meta=True,  # no host/argv/git metadata: argv may hold secrets
+                x_disable_machine_info=True,
+                x_save_requirements=False,
+                disable_git=True,
+                save_code=False,
+                disable_job_creation=True,
+                init_timeout=30,  # online without network: fail after 30 s, once per process
+            ),
+        )
+        stage = "log"
+        run.define_metric("step")
+        run.define_metric("*", step_metric="step")
+        for step, fields in step_history(cell.rows):
+            run.log(fields, step=step)
+        run.summary.update(run_summary(cell))
+        # offline: the offline-run-<time>-<id>/ folder holding run-<id>.wandb; online: the run id.
+        result = str(Path(run.dir).parent) if settings.mode == "offline" else str(run.id)
+        run.finish()
+        run = None
+        return result
+    except Exception as error:  # W&B must never break a campaign
+        reason = _one_line(f"{type(error).__name__}: {error}")
+        if settings.mode == "online" and stage == "start":
+            # No key or no network: every later attempt would wait out init_timeout the same way.
+            _online_failure[:] = [(time.monotonic(), reason)]
+        _warn(f"W&B logging of {what} failed: {reason}", on_warning)
+        return None
+    finally:
+        if run is not None:
+            try:
+                run.finish(exit_code=1)
+            except Exception:  # already failing: keep the first error
+                pass
