@@ -236,8 +236,8 @@ def _curve_figure(
                 name=_t(cell.cell_id),
                 line={"color": _PALETTE[index % len(_PALETTE)], "width": 1.5},
                 marker={"size": 4},
-                text=[_t(cell.label)] * len(steps),
-                hovertemplate="%{text}<br>step %{x}: %{y:.4g}<extra>%{fullData.name}</extra>",
+                meta=_t(cell.label),  # once per trace, not once per point
+                hovertemplate="%{meta}<br>step %{x}: %{y:.4g}<extra>%{fullData.name}</extra>",
             )
         )
         tail.extend(y for y in ys[1:] if y is not None)
@@ -377,7 +377,7 @@ def write_plotly_asset(out_dir: Path) -> Path:
 def _atomic_write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as handle:  # lone surrogates
             handle.write(text)
         os.replace(tmp, path)
     except BaseException:

@@ -10,9 +10,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from report_fixtures import HOSTILE, campaign_view, empty_view, hostile_view, mismatched_view
 
-from reports.page import PLOTLY_ASSET, fmt_number, write_report
+from reports.page import PLOTLY_ASSET, fmt_number, render_report, write_report
 from reports.views import CampaignView
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -264,6 +266,27 @@ def test_nothing_measured_at_all(tmp_path: Path) -> None:
     assert dom.by_id("no-axis-figures") is not None
     assert dom.by_id("no-curves") is not None
     assert not dom.find_all("div", cls="figure")
+
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=_text, description=_text, labels=st.lists(_text, min_size=1, max_size=3), reason=_text)
+def test_any_user_text_stays_text(name: str, description: str, labels: list[str], reason: str) -> None:
+    view = campaign_view()
+    view.name, view.description = name, description
+    for cell, label in zip(view.cells, labels, strict=False):
+        cell.label, cell.cell_id = label, f"{label}#{cell.cell_id}"
+        cell.params[view.axes[0]] = label
+    view.cells[-2].reason = reason
+    dom = parse(render_report(view))
+    heading = dom.by_id("campaign-name")
+    assert heading is not None and heading.text() == name
+    assert heading is not None and not heading.children
+    assert list(_summary_rows(dom)) == [c.cell_id for c in view.cells]
+    scripts = dom.find_all("script")
+    assert len(scripts) == 2 + len(dom.find_all("div", cls="figure"))
 
 
 # ---------------------------------------------------------------- in a real browser
