@@ -1,0 +1,309 @@
+"""Megatron-LM stdout to step rows: `iteration N/M | ...` lines, `memory (MB)` lines, validation losses, argument dump.
+
+Format strings (megatron/training/training.py `training_log`, utils `report_memory`) are quoted in
+tests/data/megatron/SOURCES.md. Units: "elapsed time per iteration (ms)" → `step_time_ms`;
+"memory (MB)" values are bytes / 1024**2 (MiB) and become GiB by / 1024.
+"""
+
+from __future__ import annotations
+
+import re
+
+from reports.parsers.fastpath import (
+    ITERATION_FIELDS,
+    NAN_KEY,
+    SKIPPED_KEY,
+    TIMESTAMP_KEY,
+    TRAIN_ITERS_KEY,
+    IterationLayout,
+    nan_flag,
+)
+from reports.parsers.rows import Row, mib_to_gib, new_row
+from reports.parsers.stream import StreamParser
+from reports.parsers.text import squash, to_float, to_number
+
+ITERATION_RE = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+MEMORY_RE = re.compile(r"(?:\[Rank (\d+)\]\s*)?\(after (\d+) iterations\) memory \((MB|GB)\)")
+VALIDATION_RE = re.compile(r"\b(validation(?:-\d+)?|test) loss at iteration (\d+)([^|]*)\|")
+ARGUMENT_RE = re.compile(r"^\s*(\w+) \.+ (.*?)\s*$")
+
+_SQUASHED = {squash(k): k for k in ITERATION_FIELDS}
+
+MEMORY_MB_FIELDS: dict[str, str] = {
+    "allocated": "mem_allocated_gib",
+    "max allocated": "mem_max_allocated_gib",
+    "reserved": "mem_reserved_gib",
+    "max reserved": "mem_max_reserved_gib",
+}
+_MEMORY_MB_SQUASHED = {squash(k): v for k, v in MEMORY_MB_FIELDS.items()}
+
+
+def parse_iteration_fields(step: int, body: str, train_iters: int | None = None) -> Row:
+    """The row of one iteration line, from `body` = the text after `iteration N/M |`: the general
+    (slow) path, also for lines a terminal wrap or a cut made irregular.
+
+    Only fields closed by `|` are read, so a line cut mid-field loses that field, never gets a wrong
+    value. Keys whose spaces a wrap ate are recognised. `skipped`/`nan` are True when Megatron
+    counted at least one skipped/NaN iteration in the logging interval that ends at this step
+    (exactly "this iteration" with the default `--log-interval 1`), or `nan` when the loss printed
+    is not finite; the raw counts stay in `extra`. Loss keys other than "lm loss" go to `extra`.
+    """
+    row = new_row(step)
+    extra = row["extra"]
+    for seg in body.split("|")[:-1]:
+        key, sep, value = seg.partition(":")
+        if not sep:
+            continue
+        key = key.strip()
+        spec = ITERATION_FIELDS.get(key)
+        if spec is None:
+            canonical = _SQUASHED.get(squash(key))
+            if canonical is not None:
+                key, spec = canonical, ITERATION_FIELDS[canonical]
+        target, is_int = spec if spec is not None else (None, False)
+        number = to_number(value) if is_int else to_float(value)
+        if number is None or not key:
+            continue
+        if is_int and isinstance(number, float) and number.is_integer():
+            number = int(number)
+        if target is None:
+            extra[key] = number
+        else:
+            row[target] = number
+    if train_iters is not None:
+        extra[TRAIN_ITERS_KEY] = train_iters
+    skipped = extra.get(SKIPPED_KEY)
+    row["skipped"] = None if skipped is None else skipped > 0
+    row["nan"] = nan_flag(row["loss"], extra.get(NAN_KEY))
+    return row
+
+
+def parse_memory_mb(body: str, complete: bool = True) -> Row:
+    """Memory fields (GiB) of the text after `memory (MB)`; `complete=False` drops the last field,
+    which may have been cut short. Other fields go to `extra` as "<name> (MB)"."""
+    fields: Row = {"extra": {}}
+    segs = body.split("|")
+    if not complete:
+        segs = segs[:-1]
+    for seg in segs:
+        key, sep, value = seg.partition(":")
+        number = to_float(value) if sep else None
+        if number is None:
+            continue
+        key = key.strip()
+        target = MEMORY_MB_FIELDS.get(key) or _MEMORY_MB_SQUASHED.get(squash(key))
+        if target is not None:
+            fields[target] = mib_to_gib(number)
+        elif key:
+            fields["extra"][f"{key} (MB)"] = number
+    return fields
+
+
+def parse_validation(kind: str, suffix: str, body: str) -> Row:
+    """Fields of a ` validation loss at iteration N | lm loss value: ... | lm loss PPL: ... |` line.
+
+    `eval_loss` is the "lm loss" (else "loss", else the first) value of the validation set;
+    every value also goes to `extra` as e.g. "validation lm loss" / "validation lm loss PPL";
+    test-set lines (`test loss at ...`, `... on test set`) only fill `extra` ("test lm loss").
+    """
+    is_test = kind == "test" or "test set" in suffix
+    prefix = "test" if is_test else kind
+    fields: Row = {"extra": {}}
+    values: dict[str, float] = {}
+    for seg in body.split("|")[:-1]:
+        key, sep, value = seg.partition(":")
+        number = to_float(value) if sep else None
+        if number is None:
+            continue
+        key = key.strip()
+        if key.endswith(" value"):
+            key = key[: -len(" value")]
+            values[key] = number
+        fields["extra"][f"{prefix} {key}"] = number
+    if values and kind == "validation" and not is_test:
+        fields["eval_loss"] = values.get("lm loss", values.get("loss", next(iter(values.values()))))
+    return fields
+
+
+class MegatronLMParser(StreamParser):
+    """Streaming parser of Megatron-LM logs (one rank's stdout, or several ranks interleaved)."""
+
+    format = "megatron-lm"
+    handles_gb_memory = False
+    MARKERS = ("iteration", "- arguments -")
+    RARE_MARKERS = ("memory (", "loss at iteration", "- arguments -")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._in_args = False
+        self._layout: IterationLayout | None = None
+        self._layouts: dict[tuple[str, ...], IterationLayout] = {}
+        self._stamped = True  # whether the last iteration line had a timestamp
+
+    def _needs_lines(self) -> bool:
+        return self._open is not None or self._in_args
+
+    # ---- the bulk path ---------------------------------------------------------------------------
+    def _span(self, text: str, start: int, stop: int, last_eol: bool) -> None:
+        layout = self._layout
+        if layout is not None:
+            template = layout.template(self._stamped)
+            groups = template.findall(text, start, stop)
+            if groups and text.count("iteration", start, stop) == layout.iterations_per_line * len(groups):
+                built = layout.build_many(groups, self._stamped)
+                if built is not None:
+                    self._add_iterations(*built)
+                    return
+        self._lines(text, start, stop, last_eol)
+
+    # ---- line by line ----------------------------------------------------------------------------
+    def _dispatch(self, line: str, eol: bool) -> None:
+        if "iteration" in line:
+            m = ITERATION_RE.search(line)
+            if m is not None:
+                self._iteration_start(line, m, eol)
+                return
+            if "memory (" in line:
+                if MEMORY_RE.search(line) is not None:
+                    if not self._memory_complete(line):
+                        self._start_record("memory", line, eol)
+                    elif not eol or self._may_continue(line):
+                        self._start_record("memory", line, eol)  # complete unless it continues
+                    else:
+                        self._finish("memory", line, eol)
+                    return
+            if "loss at iteration" in line:
+                if VALIDATION_RE.search(line) is not None:
+                    if line.rstrip().endswith("|") and eol and not self._may_continue(line):
+                        self._finish("validation", line, eol)
+                    else:
+                        self._start_record("validation", line, eol)
+                return
+        if self._in_args:
+            self._argument_line(line)
+        elif "- arguments -" in line:
+            self._in_args = True
+        else:
+            self._other(line, eol)
+
+    def _other(self, line: str, eol: bool) -> None:
+        """Lines holding none of the Megatron-LM records: a hook for Megatron-Bridge's lines."""
+
+    def _argument_line(self, line: str) -> None:
+        if "end of arguments" in line:
+            self._in_args = False
+            return
+        m = ARGUMENT_RE.match(line)
+        if m is not None:
+            self.args[m.group(1)] = m.group(2)
+
+    def _iteration_start(self, line: str, m: re.Match[str], eol: bool) -> None:
+        end = _iteration_end(line, m.end())
+        if end is None:
+            self._start_record("iteration", line, eol)
+            return
+        self._iteration(line, m, line[m.end() : end])
+        rest = line[end:]
+        if rest and rest.strip():  # the next print glued on after the final "|"
+            self._dispatch(rest, eol)
+
+    def _iteration(self, line: str, m: re.Match[str], body: str) -> None:
+        step, total = int(m.group(1)), int(m.group(2))
+        toks = body.replace(":", "|").split("|")
+        keys = toks[0::2]
+        layout = self._layout
+        if layout is None or keys != layout.keys:
+            layout = self._layouts.get(tuple(keys))
+            if layout is None:
+                layout = IterationLayout.learn(toks)
+                if layout is not None:
+                    self._layouts[tuple(keys)] = layout
+        row = layout.build(step, total, toks) if layout is not None else None
+        if row is None:
+            row = parse_iteration_fields(step, body, total)
+        else:
+            self._layout = layout
+        head = line[: m.start()].rstrip()
+        stamped = False
+        if head.endswith("]"):
+            stamp = head[head.rfind("[") + 1 : -1]
+            if stamp[:2].isdigit() and ":" in stamp:
+                row["extra"][TIMESTAMP_KEY] = stamp
+                stamped = True
+        self._stamped = stamped
+        self._add_iteration(row)
+
+    # ---- records that may span lines ---------------------------------------------------------------
+    def _memory_complete(self, text: str) -> bool:
+        if "memory (GB)" in text:
+            return True
+        pos = text.find("max reserved:")
+        return pos >= 0 and to_float(text[pos + len("max reserved:") :].split("|")[0]) is not None
+
+    def _record_end(self, kind: str, text: str) -> int | None:
+        if kind == "iteration":
+            m = ITERATION_RE.search(text)
+            return None if m is None else _iteration_end(text, m.end())
+        if kind == "memory":
+            return len(text) if self._memory_complete(text) else None
+        return len(text) if text.rstrip().endswith("|") else None
+
+    def _finish(self, kind: str, text: str, eol: bool) -> None:
+        if kind == "iteration":
+            m = ITERATION_RE.search(text)
+            if m is not None:
+                end = _iteration_end(text, m.end())
+                self._iteration(text, m, text[m.end() : end] if end is not None else text[m.end() :])
+        elif kind == "memory":
+            m = MEMORY_RE.search(text)
+            if m is None:
+                return
+            body = text[m.end() :]
+            if m.group(3) == "MB":
+                fields = parse_memory_mb(body, complete=eol)
+            elif self.handles_gb_memory:
+                fields = self._memory_gb(body, complete=eol)
+            else:
+                return
+            if len(fields) > 1 or fields["extra"]:
+                self._attach(int(m.group(2)), fields)
+        elif kind == "validation":
+            m = VALIDATION_RE.search(text)
+            if m is not None:
+                self._attach(int(m.group(2)), parse_validation(m.group(1), m.group(3), text[m.end() :]))
+
+    def _memory_gb(self, body: str, complete: bool) -> Row:  # pragma: no cover - Bridge only
+        return {"extra": {}}
+
+
+def _iteration_end(text: str, start: int) -> int | None:
+    """Index just past the `|` closing "number of nan iterations", the last field Megatron prints
+    (also when a terminal wrap ate the spaces of its name)."""
+    k = text.find("nan iterations:", start)
+    if k < 0:
+        k = _squashed_find(text, "naniterations:", start)
+        if k < 0:
+            return None
+    j = text.find("|", k)
+    return None if j < 0 else j + 1
+
+
+def _squashed_find(text: str, needle: str, start: int) -> int:
+    """Where `needle` (written without spaces) begins in `text[start:]`, ignoring spaces in `text`."""
+    if needle not in text[start:].replace(" ", ""):
+        return -1
+    for i in range(start, len(text)):
+        if text[i] != needle[0]:
+            continue
+        j, p = i, 0
+        while j < len(text) and p < len(needle):
+            if text[j] == " ":
+                j += 1
+            elif text[j] == needle[p]:
+                j += 1
+                p += 1
+            else:
+                break
+        if p == len(needle):
+            return i
+    return -1
