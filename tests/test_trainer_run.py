@@ -134,3 +134,17 @@ def test_two_gloo_ranks_with_rank_local_jit_caches(tmp_path, runs):
     # Same global batch (micro 2 × DP 2 vs micro 2 × accum 2 on one rank): same losses up to reduction order.
     two_ranks, one_rank = losses(out), losses(runs["a_no_eval"])
     assert two_ranks == pytest.approx(one_rank, rel=1e-4)
+
+
+def test_dense_model_learns_the_mock_data(tmp_path):
+    out = tmp_path / "dense"
+    recipe = recipe_dict(**{"model.moe": None, "model.vocab_size": 64, "model.num_layers": 1,
+                            "training.seq_length": 32, "training.steps": 15, "training.log_interval": 5,
+                            "optimizer.lr": 1e-2})
+    proc = run_trainer(out, recipe)
+    assert proc.returncode == 0, explain(proc)
+    rows = metrics(out)
+    assert all(r["aux_loss"] is None and r["tokens_dropped_frac"] is None for r in rows)  # dense: no MoE stats
+    first, last = rows[0]["loss"], sum(r["loss"] for r in rows[-3:]) / 3
+    assert first == pytest.approx(math.log(128), abs=0.3)  # uniform over the padded vocabulary (64 → 128)
+    assert last < first - 0.4, [r["loss"] for r in rows]
