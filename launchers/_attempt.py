@@ -80,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                 except subprocess.TimeoutExpired:
                     child.kill()
     ended = time.time()
-    exit_info = {"exit_code": code, "signal": -code if code < 0 else None, "started_at": started, "ended_at": ended}
+    exit_info = {
+        "exit_code": code,
+        "signal": -code if code < 0 else None,
+        "started_at": started,
+        "ended_at": ended,
+    }
     _write_json(run_dir / EXIT_FILE, exit_info)
 
     status_path = run_dir / STATUS_FILE
@@ -102,7 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     if existing is None or (state in ("timeout", "cancelled") and existing.get("state") != "completed"):
         _write_json(
             status_path,
-            {"state": state, "reason": reason, "exit_code": code, "log_tail": _tail(args.log), "written_by": "launcher"},
+            {
+                "state": state,
+                "reason": reason,
+                "exit_code": code,
+                "log_tail": _tail(args.log),
+                "written_by": "launcher",
+            },
         )
     if output:
         output.close()

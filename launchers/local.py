@@ -86,8 +86,11 @@ class LocalLauncher(Launcher):
 
     def launch(self, rendered: Rendered) -> list[Submitted]:
         (spec,) = rendered.specs
-        env = {k: v for k, v in os.environ.items()}
+        env = dict(os.environ)
         env.update(runtime_env(spec, rank=None))
+        if "OMP_NUM_THREADS" not in env:  # share the cores among parallel attempts instead of oversubscribing
+            per_rank = (os.cpu_count() or 1) // (self.settings.parallel * spec.resources.gpus_per_node)
+            env["OMP_NUM_THREADS"] = str(max(1, per_rank))
         env["PYTHONPATH"] = os.pathsep.join(p for p in [_project_root(), env.get("PYTHONPATH", "")] if p)
         proc = subprocess.Popen(
             rendered.submit_argv,
@@ -101,7 +104,9 @@ class LocalLauncher(Launcher):
         job_id = f"{proc.pid}@{_proc_start_time(proc.pid)}"
         self._children = getattr(self, "_children", {})
         self._children[job_id] = proc
-        return [Submitted(spec.cell_id, spec.attempt, job_id, {"pid": proc.pid, "argv": rendered.submit_argv})]
+        return [
+            Submitted(spec.cell_id, spec.attempt, job_id, {"pid": proc.pid, "argv": rendered.submit_argv})
+        ]
 
     def poll(self, jobs: list[Submitted]) -> dict[str, JobState]:
         states: dict[str, JobState] = {}
@@ -110,8 +115,10 @@ class LocalLauncher(Launcher):
             child = children.get(job.job_id)
             if child is not None:
                 code = child.poll()
-                states[job.job_id] = JobState.RUNNING if code is None else (
-                    JobState.COMPLETED if code == 0 else JobState.FAILED
+                states[job.job_id] = (
+                    JobState.RUNNING
+                    if code is None
+                    else (JobState.COMPLETED if code == 0 else JobState.FAILED)
                 )
             else:  # adopted after a restart: only liveness is known; the run dir tells the rest
                 states[job.job_id] = JobState.RUNNING if _alive(job.job_id) else JobState.COMPLETED

@@ -25,10 +25,12 @@ class BundledTrainer(_Strict):
 
     kind: Literal["bundled"] = Field("bundled", description="Use the bundled trainer.")
     recipe: dict[str, Any] = Field(
-        default_factory=dict, description="Base recipe (trainer/recipe.py schema); sweep keys override its fields."
+        default_factory=dict,
+        description="Base recipe (trainer/recipe.py schema); sweep keys override its fields.",
     )
     recipe_file: str | None = Field(
-        None, description="A recipe YAML file (relative to the campaign file) used as the base; `recipe` overrides it."
+        None,
+        description="A recipe YAML file (relative to the campaign file) used as the base; `recipe` overrides it.",
     )
 
 
@@ -36,7 +38,9 @@ class Resources(_Strict):
     """Nodes and ranks per point (sweepable as resources.<key>)."""
 
     nodes: int = Field(1, ge=1, description="Nodes per point.")
-    gpus_per_node: int = Field(1, ge=1, description="Ranks per node: one per GPU (on CPU-only machines, processes).")
+    gpus_per_node: int = Field(
+        1, ge=1, description="Ranks per node: one per GPU (on CPU-only machines, processes)."
+    )
     time_limit_min: float | None = Field(None, gt=0, description="Wall-clock limit per attempt, minutes.")
 
 
@@ -85,7 +89,9 @@ class Sweep(_Strict):
         for index, group in enumerate(self.zip):
             for key in group:
                 if key in seen:
-                    raise ValueError(f"key {key!r} is swept twice (zip group {index} and another axis or group)")
+                    raise ValueError(
+                        f"key {key!r} is swept twice (zip group {index} and another axis or group)"
+                    )
                 seen.add(key)
         return self
 
@@ -109,7 +115,9 @@ class Container(_Strict):
     """Container the trainer runs in (pyxis/enroot srun flags)."""
 
     image: str | None = Field(None, description="Container image (pyxis --container-image).")
-    mounts: list[str] = Field(default_factory=list, description="SRC:DST[:FLAGS] mounts (pyxis --container-mounts).")
+    mounts: list[str] = Field(
+        default_factory=list, description="SRC:DST[:FLAGS] mounts (pyxis --container-mounts)."
+    )
     workdir: str | None = Field(None, description="Working directory inside the container.")
 
 
@@ -140,7 +148,9 @@ class Env(_Strict):
 class Collect(_Strict):
     """How runs are summarized."""
 
-    window: int = Field(10, ge=1, description="Summary window: the last N timed steps (the first step never counts).")
+    window: int = Field(
+        10, ge=1, description="Summary window: the last N timed steps (the first step never counts)."
+    )
 
 
 class Campaign(_Strict):
@@ -153,7 +163,9 @@ class Campaign(_Strict):
     sweep: Sweep = Field(default_factory=Sweep, description="The points to run.")
     gates: GateSpec = Field(default_factory=GateSpec, description="Pass/fail limits for every cell.")
     collect: Collect = Field(default_factory=Collect, description="Summary settings.")
-    launcher: str = Field("local", description="Backend: local | submitit | nemo-run | dry-run (CLI --launcher wins).")
+    launcher: str = Field(
+        "local", description="Backend: local | submitit | nemo-run | dry-run (CLI --launcher wins)."
+    )
     launchers: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Per-backend settings, e.g. launchers.local.parallel."
     )

@@ -10,11 +10,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator import runner
-from orchestrator.errors import UsageError
-from orchestrator.loader import load_campaign
 from orchestrator.options import DEFAULT_WORKSPACE, CampaignFileArg, CampaignNameArg, JsonOpt, WorkspaceOpt
-from orchestrator.sweep import expand, swept_keys
+
+# Commands import the schema, store and engine lazily so `mbx --help` stays fast.
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -26,6 +24,9 @@ console = Console(highlight=False)
 @app.command()
 def validate(file: CampaignFileArg) -> None:
     """Check a campaign file and every point of its sweep (exit 2 with `file: key: problem` lines if bad)."""
+    from orchestrator.loader import load_campaign
+    from orchestrator.sweep import expand
+
     campaign = load_campaign(file)
     points = expand(campaign, file)
     distinct = len({p.point_id for p in points})
@@ -41,6 +42,9 @@ def validate(file: CampaignFileArg) -> None:
 @app.command()
 def plan(file: CampaignFileArg, as_json: JsonOpt = False) -> None:
     """Show the expanded points with their cell ids and world sizes; nothing is run."""
+    from orchestrator.loader import load_campaign
+    from orchestrator.sweep import expand, swept_keys
+
     campaign = load_campaign(file)
     points = expand(campaign, file)
     if as_json:
@@ -83,17 +87,30 @@ def run(
         int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running at once (local backend).")
     ] = None,
     report: Annotated[bool, typer.Option(help="Write the report page when done.")] = True,
-    wandb: Annotated[bool, typer.Option(help="Log every attempt to W&B (mode from the campaign; offline default).")] = True,
+    wandb: Annotated[
+        bool, typer.Option(help="Log every attempt to W&B (mode from the campaign; offline default).")
+    ] = True,
 ) -> None:
     """Run every cell of a campaign; cells already completed in the workspace are skipped.
 
     Exits 0 when every cell completed and passed its gates, 1 when a cell failed or a gate failed
     (each is named), 2 when the campaign file is invalid.
     """
+    from orchestrator import runner
+    from orchestrator.loader import load_campaign
+    from orchestrator.sweep import expand
+
     campaign = load_campaign(file)
     points = expand(campaign, file)
     outcome = runner.run_campaign(
-        workspace, campaign, points, file, launcher=launcher, parallel=parallel, make_report=report, log_wandb=wandb
+        workspace,
+        campaign,
+        points,
+        file,
+        launcher=launcher,
+        parallel=parallel,
+        make_report=report,
+        log_wandb=wandb,
     )
     raise typer.Exit(runner.exit_code(outcome))
 
@@ -102,18 +119,26 @@ def run(
 def resume(
     name: CampaignNameArg,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
-    parallel: Annotated[int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running at once.")] = None,
+    parallel: Annotated[
+        int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running at once.")
+    ] = None,
     report: Annotated[bool, typer.Option(help="Write the report page when done.")] = True,
     wandb: Annotated[bool, typer.Option(help="Log attempts to W&B.")] = True,
 ) -> None:
     """Finish a campaign from the run store: adopt running attempts, run what is left, skip what completed."""
+    from orchestrator import runner
+
     outcome = runner.resume_campaign(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
     raise typer.Exit(runner.exit_code(outcome))
 
 
 @app.command()
-def status(name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE, as_json: JsonOpt = False) -> None:
+def status(
+    name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE, as_json: JsonOpt = False
+) -> None:
     """Show every cell's state, attempt, window figures and verdict."""
+    from orchestrator import runner
+
     view = runner.view(workspace, name, with_rows=False)
     if as_json:
         typer.echo(json.dumps(runner.status_payload(view), indent=2))
@@ -124,6 +149,8 @@ def status(name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE, a
 @app.command()
 def cancel(name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -> None:
     """Cancel every queued or running attempt of a campaign."""
+    from orchestrator import runner
+
     count = runner.cancel_campaign(workspace, name)
     console.print(f"cancelled {count} attempt(s) of {name!r}")
 
@@ -131,6 +158,9 @@ def cancel(name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -
 @app.command("list")
 def list_campaigns(workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -> None:
     """List the campaigns in a workspace."""
+    from orchestrator import runner
+    from orchestrator.errors import UsageError
+
     names = runner.campaign_names(workspace)
     if not names:
         raise UsageError(f"no campaigns in workspace {workspace}")

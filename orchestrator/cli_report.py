@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from orchestrator import runner
 from orchestrator.options import DEFAULT_WORKSPACE, CampaignNameArg, WorkspaceOpt
 
 console = Console(highlight=False)
@@ -21,13 +19,16 @@ def report(
     name: CampaignNameArg,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Directory for the page; default <workspace>/<name>/report.")
+        Path | None,
+        typer.Option("--out", "-o", help="Directory for the page; default <workspace>/<name>/report."),
     ] = None,
     markdown: Annotated[
         bool, typer.Option("--markdown", "-m", help="Also print the Markdown summary (paste it into a PR).")
     ] = False,
 ) -> None:
     """Write the campaign's HTML report page (works offline from disk) and print its path."""
+    from orchestrator import runner
+
     view = runner.view(workspace, name)
     page = runner.write_report(workspace, view, out)
     if markdown:
@@ -35,8 +36,6 @@ def report(
 
         typer.echo(markdown_summary(view))
     console.print(f"report: {page}")
-
-
 
 
 @schema_app.command("campaign")

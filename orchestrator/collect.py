@@ -44,7 +44,10 @@ def collect_attempt(
     status = read_status(run_dir)
     if status is None:
         state = job_state if job_state in ("timeout", "cancelled", "preempted") else "failed"
-        status = {"state": state, "reason": f"no status.json was written (scheduler state: {job_state or 'unknown'})"}
+        status = {
+            "state": state,
+            "reason": f"no status.json was written (scheduler state: {job_state or 'unknown'})",
+        }
     state = str(status.get("state", "failed"))
     reason = status.get("reason")
     rows = read_metrics(run_dir)
@@ -68,7 +71,18 @@ def read_fingerprint(run_dir: Path) -> dict[str, Any] | None:
         except (OSError, json.JSONDecodeError):
             continue
         fingerprint.update(data.get("fingerprint", data) if name == "launch.json" else data)
-    keep = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "te", "nccl", "container_image", "git_sha", "hostname")
+    keep = (
+        "gpu_name",
+        "gpu_count",
+        "driver",
+        "cuda",
+        "torch",
+        "te",
+        "nccl",
+        "container_image",
+        "git_sha",
+        "hostname",
+    )
     picked = {k: fingerprint[k] for k in keep if fingerprint.get(k) is not None}
     return picked or None
 

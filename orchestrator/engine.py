@@ -186,7 +186,9 @@ class Engine:
             else:
                 if attempt is not None and attempt.state in ACTIVE_STATES:
                     # reserved but never submitted (killed between the two writes): retire it
-                    self.store.set_state(self.campaign.name, cell.cell_id, attempt.attempt, "failed", "never submitted")
+                    self.store.set_state(
+                        self.campaign.name, cell.cell_id, attempt.attempt, "failed", "never submitted"
+                    )
                 pending.append(cell)
 
         while pending or in_flight:
@@ -204,7 +206,9 @@ class Engine:
                     continue
                 cell, attempt, job = in_flight.pop(job_id)
                 collected = self._collect(cell, attempt, state)
-                self._count_finished(outcome, cell, self.store.attempt(cell.campaign, cell.cell_id, attempt.attempt))
+                self._count_finished(
+                    outcome, cell, self.store.attempt(cell.campaign, cell.cell_id, attempt.attempt)
+                )
                 self.on_event(Event("finished", cell, attempt.attempt, collected))
             if in_flight:
                 time.sleep(POLL_INTERVAL_S)
@@ -243,9 +247,16 @@ class Engine:
             Path(attempt.run_dir), self.campaign.gates, self.campaign.collect.window, baseline, state.value
         )
         summary = collected.summary.to_dict() if collected.summary else None
-        self.store.put_result(self.campaign.name, cell.cell_id, attempt.attempt, summary, collected.gate.to_dict())
+        self.store.put_result(
+            self.campaign.name, cell.cell_id, attempt.attempt, summary, collected.gate.to_dict()
+        )
         self.store.set_state(
-            self.campaign.name, cell.cell_id, attempt.attempt, collected.state, collected.reason, collected.failure_class
+            self.campaign.name,
+            cell.cell_id,
+            attempt.attempt,
+            collected.state,
+            collected.reason,
+            collected.failure_class,
         )
         return collected
 

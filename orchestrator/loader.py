@@ -29,7 +29,10 @@ def validation_problems(err: ValidationError) -> list[str]:
     lines = []
     for item in err.errors():
         loc = item["loc"]
-        path = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[") or "(top level)"
+        path = (
+            ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+            or "(top level)"
+        )
         kind = item["type"]
         if kind == "extra_forbidden":
             allowed = _allowed_here(loc)
@@ -49,7 +52,9 @@ def load_campaign(path: Path) -> Campaign:
     """Parse and validate a campaign file; ConfigError names the file and every bad key path."""
     data = load_yaml_file(path)
     if not isinstance(data, dict):
-        raise ConfigError("a campaign file must be a YAML mapping (name:, trainer:, sweep:, ...)", file=str(path))
+        raise ConfigError(
+            "a campaign file must be a YAML mapping (name:, trainer:, sweep:, ...)", file=str(path)
+        )
     try:
         return Campaign.model_validate(data)
     except ValidationError as err:

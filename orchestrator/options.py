@@ -22,5 +22,7 @@ WorkspaceOpt = Annotated[
 CampaignFileArg = Annotated[
     Path, typer.Argument(help="Campaign YAML file (see `mbx schema campaign`).", show_default=False)
 ]
-CampaignNameArg = Annotated[str, typer.Argument(help="Campaign name, as in the file's `name:`.", show_default=False)]
+CampaignNameArg = Annotated[
+    str, typer.Argument(help="Campaign name, as in the file's `name:`.", show_default=False)
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]

@@ -6,7 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -25,7 +32,17 @@ err_console = Console(stderr=True, highlight=False)
 def _cell_rows(campaign: str, points: list[Point]) -> list[CellRow]:
     return [
         CellRow(
-            campaign, p.cell_id, p.point_id, p.repeat, i, p.label, p.params, p.recipe, p.resources, p.env, True
+            campaign,
+            p.cell_id,
+            p.point_id,
+            p.repeat,
+            i,
+            p.label,
+            p.params,
+            p.recipe,
+            p.resources,
+            p.env,
+            True,
         )
         for i, p in enumerate(points)
     ]
@@ -70,15 +87,21 @@ class ProgressReporter:
             self.running += 1
         elif event.kind == "adopted":
             self.running += 1
-            self.progress.console.print(f"  adopted running attempt {event.attempt} of {cell.cell_id} [{cell.label}]")
+            self.progress.console.print(
+                f"  adopted running attempt {event.attempt} of {cell.cell_id} [{cell.label}]"
+            )
         elif event.kind == "skipped":
             self.progress.advance(self.task)
-            self.progress.console.print(Text(f"  = {cell.cell_id} [{cell.label}] already completed", style="dim"))
+            self.progress.console.print(
+                Text(f"  = {cell.cell_id} [{cell.label}] already completed", style="dim")
+            )
         elif event.kind == "finished":
             self.running -= 1
             self.progress.advance(self.task)
             self.progress.console.print(_finished_line(cell, event))
-            if event.collected and (event.collected.state != "completed" or event.collected.gate.verdict == "fail"):
+            if event.collected and (
+                event.collected.state != "completed" or event.collected.gate.verdict == "fail"
+            ):
                 self.failed += 1
         self._detail()
 
@@ -130,7 +153,10 @@ def run_campaign(
     store = Store(workspace)
     try:
         store.upsert_campaign(
-            campaign.name, str(source_file) if source_file else None, campaign.model_dump(mode="json"), launcher_name
+            campaign.name,
+            str(source_file) if source_file else None,
+            campaign.model_dump(mode="json"),
+            launcher_name,
         )
         cells = _cell_rows(campaign.name, points)
         store.sync_cells(campaign.name, cells)
@@ -207,10 +233,18 @@ class _WandbLogger:
             return
         from reports.wandb_log import log_attempt
 
-        view = next((c for c in campaign_view(self.store, self.campaign.name).cells if c.cell_id == cell.cell_id), None)
+        view = next(
+            (c for c in campaign_view(self.store, self.campaign.name).cells if c.cell_id == cell.cell_id),
+            None,
+        )
         if view is None:
             return
-        config = {"campaign": self.campaign.name, "cell_id": cell.cell_id, "params": cell.params, "recipe": cell.recipe}
+        config = {
+            "campaign": self.campaign.name,
+            "cell_id": cell.cell_id,
+            "params": cell.params,
+            "recipe": cell.recipe,
+        }
         config["resources"] = cell.resources
         try:
             result = log_attempt(self.campaign.wandb, self.campaign.name, view, config, self.store.workspace)
@@ -283,8 +317,20 @@ def status_payload(view: CampaignView) -> list[dict[str, Any]]:
 
 def status_table(view: CampaignView) -> Table:
     table = Table(title=f"{view.name}: {len(view.cells)} cell(s), window {view.window}", title_justify="left")
-    for column in ("cell id", "params", "state", "att.", "TFLOP/s/GPU", "ms/step", "peak GiB", "loss", "verdict"):
-        table.add_column(column, justify="right" if column in ("att.", "TFLOP/s/GPU", "ms/step", "peak GiB") else "left")
+    for column in (
+        "cell id",
+        "params",
+        "state",
+        "att.",
+        "TFLOP/s/GPU",
+        "ms/step",
+        "peak GiB",
+        "loss",
+        "verdict",
+    ):
+        table.add_column(
+            column, justify="right" if column in ("att.", "TFLOP/s/GPU", "ms/step", "peak GiB") else "left"
+        )
     for cell in view.cells:
         table.add_row(*_status_cells(cell))
     return table
@@ -338,4 +384,3 @@ def campaign_names(workspace: Path) -> list[str]:
         return store.campaign_names()
     finally:
         store.close()
-

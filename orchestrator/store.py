@@ -148,7 +148,9 @@ class Store:
         self._db.execute("COMMIT")
 
     # campaigns -----------------------------------------------------------------------------------------
-    def upsert_campaign(self, name: str, source_file: str | None, spec: dict[str, Any], launcher: str) -> None:
+    def upsert_campaign(
+        self, name: str, source_file: str | None, spec: dict[str, Any], launcher: str
+    ) -> None:
         now = time.time()
         with self.transaction() as db:
             db.execute(
@@ -198,7 +200,11 @@ class Store:
                 )
 
     def cells(self, campaign: str, active_only: bool = True) -> list[CellRow]:
-        query = "SELECT * FROM cells WHERE campaign=?" + (" AND active=1" if active_only else "") + " ORDER BY ordinal"
+        query = (
+            "SELECT * FROM cells WHERE campaign=?"
+            + (" AND active=1" if active_only else "")
+            + " ORDER BY ordinal"
+        )
         return [
             CellRow(
                 r["campaign"],
@@ -221,7 +227,8 @@ class Store:
         """Reserve the next attempt number of a cell (state 'submitted', no job id yet)."""
         with self.transaction() as db:
             row = db.execute(
-                "SELECT COALESCE(MAX(attempt), 0) AS n FROM attempts WHERE campaign=? AND cell_id=?", (campaign, cell_id)
+                "SELECT COALESCE(MAX(attempt), 0) AS n FROM attempts WHERE campaign=? AND cell_id=?",
+                (campaign, cell_id),
             ).fetchone()
             number = int(row["n"]) + 1
             run_dir = str(run_dir_of(number))
@@ -274,13 +281,16 @@ class Store:
 
     def attempt(self, campaign: str, cell_id: str, attempt: int) -> AttemptRow | None:
         row = self._db.execute(
-            "SELECT * FROM attempts WHERE campaign=? AND cell_id=? AND attempt=?", (campaign, cell_id, attempt)
+            "SELECT * FROM attempts WHERE campaign=? AND cell_id=? AND attempt=?",
+            (campaign, cell_id, attempt),
         ).fetchone()
         return self._attempt(row) if row else None
 
     def attempts(self, campaign: str, cell_id: str | None = None) -> list[AttemptRow]:
         if cell_id is None:
-            rows = self._db.execute("SELECT * FROM attempts WHERE campaign=? ORDER BY cell_id, attempt", (campaign,))
+            rows = self._db.execute(
+                "SELECT * FROM attempts WHERE campaign=? ORDER BY cell_id, attempt", (campaign,)
+            )
         else:
             rows = self._db.execute(
                 "SELECT * FROM attempts WHERE campaign=? AND cell_id=? ORDER BY attempt", (campaign, cell_id)
