@@ -316,21 +316,14 @@ def status_payload(view: CampaignView) -> list[dict[str, Any]]:
 
 
 def status_table(view: CampaignView) -> Table:
+    """Cells with their window figures; the swept values go under the cell id so it fits 80 columns."""
     table = Table(title=f"{view.name}: {len(view.cells)} cell(s), window {view.window}", title_justify="left")
-    for column in (
-        "cell id",
-        "params",
-        "state",
-        "att.",
-        "TFLOP/s/GPU",
-        "ms/step",
-        "peak GiB",
-        "loss",
-        "verdict",
-    ):
-        table.add_column(
-            column, justify="right" if column in ("att.", "TFLOP/s/GPU", "ms/step", "peak GiB") else "left"
-        )
+    table.add_column("cell / params", min_width=14, overflow="fold")
+    table.add_column("state")
+    for column in ("try", "TFLOP/s", "ms/step", "GiB"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("loss", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
     for cell in view.cells:
         table.add_row(*_status_cells(cell))
     return table
@@ -342,12 +335,11 @@ def _status_cells(cell: CellView) -> list[Any]:
     style = {"pass": "green", "fail": "red", "inconclusive": "yellow"}.get(verdict, "")
     state = cell.state + (f" ({cell.failure_class})" if cell.failure_class else "")
     return [
-        cell.cell_id,
-        Text(cell.label),
+        Text.assemble(cell.cell_id, "\n", (cell.label, "dim")),
         Text(state, style="red" if cell.state in ("failed", "timeout", "cancelled") else ""),
         str(cell.attempt or "—"),
         _fmt(s.tflops_per_gpu if s else None),
-        _fmt(s.step_time_ms if s else None),
+        _fmt(s.step_time_ms if s else None, 4),
         _fmt(s.peak_alloc_gib if s else None),
         f"{_fmt(s.first_loss)}→{_fmt(s.last_loss)}" if s else "—",
         Text(verdict, style=style),
