@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 import time
 import warnings
 from collections.abc import Callable
@@ -125,6 +126,82 @@ def run_summary(cell: CellView) -> dict[str, Any]:
     return summary
 
 
+# ---------------------------------------------------------------- the .wandb file
+
+FLUSH_TIMEOUT_S = 15.0
+_BLOCK = 32 * 1024  # the file is a LevelDB-style log of 32 KiB blocks
+_FILE_HEADER = 7  # b":W&B", a 2-byte magic, a 1-byte version
+_CHUNK_HEADER = struct.Struct("<IHB")  # crc32, length, type: 1 full, 2 first, 3 middle, 4 last
+
+
+def _raw_records(data: bytes) -> list[bytes]:
+    """The serialized records of a .wandb file; a torn record at the end is left out."""
+    if data[:4] != b":W&B":
+        return []
+    records: list[bytes] = []
+    pending = b""
+    pos = _FILE_HEADER
+    while pos + _CHUNK_HEADER.size <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _CHUNK_HEADER.size:  # block trailer padding
+            pos += left
+            continue
+        _crc, length, kind = _CHUNK_HEADER.unpack_from(data, pos)
+        if length == 0 and kind == 0:  # zero padding to the end of the block
+            pos += left
+            continue
+        chunk = data[pos + _CHUNK_HEADER.size : pos + _CHUNK_HEADER.size + length]
+        if len(chunk) < length:
+            break
+        pos += _CHUNK_HEADER.size + length
+        if kind == 1:
+            records.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            records.append(pending + chunk)
+            pending = b""
+    return records
+
+
+def read_run_file(path: Path) -> list[Any]:
+    """Every record of an offline run's run-<id>.wandb file, as wandb's own protobuf Record objects."""
+    from wandb.proto import wandb_internal_pb2
+
+    out = []
+    for raw in _raw_records(Path(path).read_bytes()):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        out.append(record)
+    return out
+
+
+def _complete(path: Path) -> bool:
+    """True once the run file ends with its exit record (wandb writes nothing of note after it)."""
+    from wandb.proto import wandb_internal_pb2
+
+    for raw in reversed(_raw_records(path.read_bytes())[-4:]):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "exit":
+            return True
+    return False
+
+
+def wait_for_run_file(folder: Path, timeout: float = FLUSH_TIMEOUT_S) -> bool:
+    """Wait until the offline run folder's .wandb file holds the exit record; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        files = list(Path(folder).glob("run-*.wandb"))
+        if files and _complete(files[0]):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
 def _one_line(text: str, limit: int = 400) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -213,9 +290,19 @@ def log_attempt(
             run.log(fields, step=step)
         run.summary.update(run_summary(cell))
         # offline: the offline-run-<time>-<id>/ folder holding run-<id>.wandb; online: the run id.
-        result = str(Path(run.dir).parent) if settings.mode == "offline" else str(run.id)
+        folder = Path(run.dir).parent
+        result = str(folder) if settings.mode == "offline" else str(run.id)
         run.finish()
         run = None
+        if settings.mode == "offline":
+            # finish() returns before wandb-core has flushed and closed the run file; wait for it.
+            stage = "flush"
+            if not wait_for_run_file(folder, FLUSH_TIMEOUT_S):
+                _warn(
+                    f"W&B run file of {what} was not complete after {FLUSH_TIMEOUT_S:.0f} s "
+                    f"(wandb may still be writing it): {folder}",
+                    on_warning,
+                )
         return result
     except Exception as error:  # W&B must never break a campaign
         reason = _one_line(f"{type(error).__name__}: {error}")
