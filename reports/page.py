@@ -47,9 +47,14 @@ DASH = "—"
 
 
 def fmt_number(value: Any, digits: int = 1, thousands: bool = True) -> str:
-    """A finite number with fixed decimals; '—' for None, NaN, inf or a non-number."""
+    """A finite number with fixed decimals ('—' for None, NaN, inf or a non-number).
+
+    Values too small to show at that precision (CPU-sized TFLOP/s) get 3 significant digits instead of 0.0.
+    """
     if not finite(value):
         return DASH
+    if value != 0 and abs(value) < 0.5 * 10**-digits:
+        return f"{value:.3g}"
     return f"{value:,.{digits}f}" if thousands else f"{value:.{digits}f}"
 
 
