@@ -233,26 +233,29 @@ class _WandbLogger:
             return
         from reports.wandb_log import log_attempt
 
-        view = next(
-            (c for c in campaign_view(self.store, self.campaign.name).cells if c.cell_id == cell.cell_id),
-            None,
-        )
+        views = campaign_view(self.store, self.campaign.name).cells
+        view = next((c for c in views if c.cell_id == cell.cell_id and c.attempt == attempt), None)
         if view is None:
             return
         config = {
             "campaign": self.campaign.name,
             "cell_id": cell.cell_id,
+            "attempt": attempt,
             "params": cell.params,
             "recipe": cell.recipe,
+            "resources": cell.resources,
         }
-        config["resources"] = cell.resources
         try:
-            result = log_attempt(self.campaign.wandb, self.campaign.name, view, config, self.store.workspace)
+            log_attempt(
+                self.campaign.wandb,
+                self.campaign.name,
+                view,
+                config,
+                self.store.workspace,
+                on_warning=self.warnings.append,
+            )
         except Exception as err:  # W&B must never break a campaign
-            result = None
             self.warnings.append(f"W&B logging of {cell.cell_id} failed: {err}")
-        if result is None and not self.warnings:
-            self.warnings.append("W&B logging returned no run (see messages above)")
 
     def report_warnings(self) -> None:
         for warning in dict.fromkeys(self.warnings):
