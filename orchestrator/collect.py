@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.store import AttemptRow, Store
+from orchestrator.store import AttemptRow, CellRow, Store
 from reports.gates import GateResult, GateSpec, evaluate
 from reports.metrics import read_metrics, read_status
 from reports.views import CampaignView, CellView
@@ -87,6 +87,34 @@ def read_fingerprint(run_dir: Path) -> dict[str, Any] | None:
     return picked or None
 
 
+def cell_view(
+    store: Store, name: str, cell: CellRow, attempt: AttemptRow | None, with_rows: bool = True
+) -> CellView:
+    """One cell as the report writers see it: its latest attempt, result, step rows and fingerprint."""
+    view = CellView(
+        cell_id=cell.cell_id,
+        point_id=cell.point_id,
+        repeat=cell.repeat,
+        label=cell.label,
+        params=cell.params,
+        state=attempt.state if attempt else "pending",
+    )
+    if attempt is None:
+        return view
+    view.attempt = attempt.attempt
+    view.reason = attempt.reason
+    view.failure_class = attempt.failure_class
+    view.run_dir = attempt.run_dir
+    result = store.result(name, cell.cell_id, attempt.attempt)
+    if result is not None:
+        view.summary = summary_from_dict(result.summary)
+        view.gate = GateResult.from_dict(result.gate) if result.gate else None
+    if with_rows:
+        view.rows = read_metrics(Path(attempt.run_dir))
+    view.fingerprint = read_fingerprint(Path(attempt.run_dir))
+    return view
+
+
 def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignView:
     """Everything the report writers need about one campaign, from the store and run dirs."""
     from orchestrator.campaign import Campaign
@@ -97,30 +125,7 @@ def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignVi
         raise KeyError(name)
     campaign = Campaign.model_validate(record["spec"])
     latest = store.latest_attempts(name)
-    cells: list[CellView] = []
-    for cell in store.cells(name):
-        attempt: AttemptRow | None = latest.get(cell.cell_id)
-        view = CellView(
-            cell_id=cell.cell_id,
-            point_id=cell.point_id,
-            repeat=cell.repeat,
-            label=cell.label,
-            params=cell.params,
-            state=attempt.state if attempt else "pending",
-        )
-        if attempt is not None:
-            view.attempt = attempt.attempt
-            view.reason = attempt.reason
-            view.failure_class = attempt.failure_class
-            view.run_dir = attempt.run_dir
-            result = store.result(name, cell.cell_id, attempt.attempt)
-            if result is not None:
-                view.summary = summary_from_dict(result.summary)
-                view.gate = GateResult.from_dict(result.gate) if result.gate else None
-            if with_rows:
-                view.rows = read_metrics(Path(attempt.run_dir))
-            view.fingerprint = read_fingerprint(Path(attempt.run_dir))
-        cells.append(view)
+    cells = [cell_view(store, name, cell, latest.get(cell.cell_id), with_rows) for cell in store.cells(name)]
     return CampaignView(
         name=name,
         description=campaign.description,

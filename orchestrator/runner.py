@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.campaign import Campaign
-from orchestrator.collect import campaign_view
+from orchestrator.collect import campaign_view, cell_view
 from orchestrator.engine import Engine, Event, Outcome, baseline_summaries, make_launcher
 from orchestrator.errors import UsageError
 from orchestrator.store import CellRow, Store
@@ -233,10 +233,8 @@ class _WandbLogger:
             return
         from reports.wandb_log import log_attempt
 
-        views = campaign_view(self.store, self.campaign.name).cells
-        view = next((c for c in views if c.cell_id == cell.cell_id and c.attempt == attempt), None)
-        if view is None:
-            return
+        record = self.store.attempt(self.campaign.name, cell.cell_id, attempt)
+        view = cell_view(self.store, self.campaign.name, cell, record)
         config = {
             "campaign": self.campaign.name,
             "cell_id": cell.cell_id,
