@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == ROOT / "launchers":
+    sys.path[0] = str(ROOT)  # run by path: launchers/*.py must not shadow top-level modules
 PORT_SPAN = 20000
 
 # Inherited values of these are never trusted (the trainer sets the cache ones per rank itself).
@@ -114,7 +116,9 @@ def prepare_env(entry: dict, port_base: int) -> dict[str, str]:
         env.pop(name, None)
     env.update(dist)
     if "OMP_NUM_THREADS" not in env and int(dist.get("LOCAL_WORLD_SIZE", "1")) > 1:
-        env["OMP_NUM_THREADS"] = env.get("SLURM_CPUS_PER_TASK") or "1"  # as torchrun does: no oversubscription
+        env["OMP_NUM_THREADS"] = (
+            env.get("SLURM_CPUS_PER_TASK") or "1"
+        )  # as torchrun does: no oversubscription
     env.update({str(k): str(v) for k, v in entry.get("env", {}).items()})
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p)
     return env

@@ -24,6 +24,7 @@ from launchers.slurm_common import (
     StateResolver,
     batch_key,
     cancel_jobs,
+    check_campaign,
     check_value,
     container_mounts,
     describe,
@@ -75,9 +76,13 @@ def _inside(experiment: Any) -> Iterator[Any]:
     from nemo_run.run.experiment import _current_experiment
 
     token = _current_experiment.set(experiment)
+    stdin = sys.stdin
+    sys.stdin = open(os.devnull)  # NeMo-Run's tunnels (invoke) would otherwise read and forward our stdin
     try:
         yield experiment
     finally:
+        sys.stdin.close()
+        sys.stdin = stdin
         _current_experiment.reset(token)
 
 
@@ -100,6 +105,7 @@ class NemoRunLauncher(Launcher):
     def __init__(self, settings: NemoRunSettings | None, workspace: Path, cluster: Any = None):
         super().__init__(settings, workspace, cluster)
         s = self.settings
+        check_campaign(cluster, s, workspace)
         self._tunnel: Any = None
         self.query = SlurmQuery(self._run_command, s.poll_interval_s, s.poll_max_interval_s)
         self.resolver = StateResolver(self.query, gone_after_s=s.gone_after_s)

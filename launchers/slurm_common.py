@@ -605,6 +605,9 @@ def describe(rendered: SlurmRendered) -> str:
     out = []
     for path, text in rendered.scripts.items():
         out.append(f"# ---- {path}\n{text.rstrip()}\n")
+    for path, text in rendered.files.items():
+        if path not in rendered.scripts:
+            out.append(f"# ---- {path} (read by the ranks; no shell sees it)\n{text.rstrip()}\n")
     for argv in rendered.submit_commands:
         out.append("$ " + shlex.join(argv))
     return "\n".join(out) + "\n"
@@ -625,3 +628,21 @@ def project_git_sha() -> str | None:
         except (OSError, subprocess.SubprocessError):
             _GIT_SHA.append(None)
     return _GIT_SHA[0]
+
+
+def check_campaign(campaign: Any, settings: SlurmSettings, workspace: Path) -> None:
+    """Refuse, before anything is written, campaign values that cannot go into a job script as one token."""
+    if campaign is None:
+        return
+    cluster = getattr(campaign, "cluster", None)
+    for key in ("partition", "account", "qos", "constraint", "python"):
+        value = getattr(cluster, key, None)
+        if value:
+            check_value(f"cluster.{key}", value)
+    sbatch_extra(campaign, settings)
+    container = getattr(campaign, "container", None)
+    if getattr(container, "image", None):
+        check_value("container.image", container.image)
+        container_mounts(campaign, settings, workspace)
+        if container.workdir:
+            check_value("container.workdir", container.workdir)

@@ -21,6 +21,7 @@ from launchers.slurm_common import (
     batch_dir,
     batch_key,
     cancel_jobs,
+    check_campaign,
     check_value,
     container_flags,
     describe,
@@ -126,6 +127,7 @@ class SubmititLauncher(Launcher):
     def __init__(self, settings: SubmititSettings | None, workspace: Path, cluster: Any = None):
         super().__init__(settings, workspace, cluster)
         s = self.settings
+        check_campaign(cluster, s, workspace)
         self.query = SlurmQuery(run_local, s.poll_interval_s, s.poll_max_interval_s)
         self.resolver = StateResolver(self.query, gone_after_s=s.gone_after_s)
 

@@ -1,0 +1,255 @@
+"""Slurm rendering without a cluster: golden sbatch files, quoting of hostile values, the dry-run CLI, rank env."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, TINY_MOE_RECIPE
+
+from launchers import _rank
+from launchers.base import LaunchSpec, Resources
+from launchers.dry_run import DryRunLauncher, DryRunSettings
+from launchers.slurm_common import SlurmRendered, slurm_minutes, wrapper_limit_s
+from launchers.submitit_slurm import SubmititLauncher, SubmititSettings
+from orchestrator.campaign import Campaign
+
+GOLDEN = Path(__file__).parent / "golden" / "sbatch"
+UPDATE = os.environ.get("MBX_UPDATE_GOLDEN") == "1"
+HOSTILE = "a 'b' \"c\" $(touch CANARY1) `touch CANARY2`; touch CANARY3 && x|y >z \\"
+
+
+def campaign(**overrides) -> Campaign:
+    data = {
+        "name": "golden",
+        "trainer": {"kind": "bundled", "recipe": TINY_MOE_RECIPE},
+        "resources": {"nodes": 1, "gpus_per_node": 2},
+        "cluster": {"partition": "debug", "gpus": False, "python": "python3"},
+        "env": {"values": {"MBX_NOTE": "hello world"}, "pass": ["HF_TOKEN", "WANDB_API_KEY"]},
+    }
+    for key, value in overrides.items():
+        data[key] = value
+    return Campaign.model_validate(data)
+
+
+def spec(
+    workspace: Path, cell: str, nodes: int = 1, ranks: int = 2, minutes: float | None = None, **kw
+) -> LaunchSpec:
+    run_dir = workspace / "golden" / cell / "1"
+    return LaunchSpec(
+        campaign="golden",
+        cell_id=cell,
+        attempt=1,
+        run_dir=run_dir,
+        resources=Resources(nodes, ranks, minutes),
+        module="trainer",
+        args=["--recipe", str(run_dir / "recipe.yaml"), "--out", str(run_dir)],
+        env=kw.get("env", {"MBX_NOTE": "hello world"}),
+        env_pass=["HF_TOKEN", "WANDB_API_KEY"],
+    )
+
+
+def normalize(text: str, workspace: Path) -> str:
+    return (
+        text.replace(str(workspace.resolve()), "<WS>")
+        .replace(str(workspace), "<WS>")
+        .replace(str(ROOT), "<MBX>")
+    )
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if not UPDATE:
+            pytest.fail(f"golden file {path} was missing and has been written; check it in and rerun")
+    assert text == path.read_text(), f"{name} differs from its golden file (MBX_UPDATE_GOLDEN=1 rewrites it)"
+
+
+def test_time_limits() -> None:
+    assert slurm_minutes(None) is None and slurm_minutes(0.2) == 1 and slurm_minutes(30) == 30
+    assert slurm_minutes(30.01) == 31
+    assert wrapper_limit_s(0.2, 30) == 12.0  # the asked limit, Slurm's is a whole minute
+    assert wrapper_limit_s(30, 30) == 1770.0  # 30 s before Slurm's own kill
+    assert wrapper_limit_s(None, 30) is None
+
+
+def test_submitit_golden_arrays_per_shape(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    c = campaign(cluster={"partition": "debug", "account": "acct", "qos": "high", "constraint": "h100&ib",
+                          "exclusive": True, "gpus": True, "python": "python3", "sbatch_extra": {"mail_type": "END"}},
+                 launchers={"submitit": {"array_parallelism": 2, "sbatch_parameters": {"comment": "sweep"}}})  # fmt: skip
+    launcher = SubmititLauncher(SubmititSettings.model_validate(c.launchers["submitit"]), workspace, c)
+    specs = [spec(workspace, "aaaa-r0", minutes=20), spec(workspace, "bbbb-r0", minutes=20),
+             spec(workspace, "cccc-r0", minutes=20), spec(workspace, "dddd-r0", nodes=2, ranks=4, minutes=60)]  # fmt: skip
+    rendered = launcher.render(specs)
+    assert [len(r.specs) for r in rendered] == [3, 1], "one array per shape (nodes, ranks, time limit)"
+    assert "#SBATCH --array=0-2%2" in next(iter(rendered[0].scripts.values()))
+    for index, item in enumerate(rendered):
+        script = next(iter(item.scripts.values()))
+        check_golden(f"submitit_shape{index}.sbatch", normalize(script, workspace))
+        assert item.submit_argv == ["sbatch", "--parsable", str(next(iter(item.scripts)))]
+    table = json.loads(rendered[0].files[next(p for p in rendered[0].files if p.name == "tasks.json")])
+    assert [t["cell_id"] for t in table] == ["aaaa-r0", "bbbb-r0", "cccc-r0"]
+    assert table[0]["env"]["MBX_NOTE"] == "hello world" and "HF_TOKEN" not in table[0]["env"]
+    assert table[0]["env_passed_by_name"] == ["HF_TOKEN", "WANDB_API_KEY"]
+    assert table[0]["argv"][:4] == ["python3", "-u", "-m", "trainer"]
+    assert table[0]["time_limit_s"] == 1170.0
+    # render is pure: same input, same output, nothing written
+    assert [r.files for r in launcher.render(specs)] == [r.files for r in rendered]
+    assert not workspace.exists()
+
+
+def test_submitit_golden_container(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    c = campaign(container={"image": "nvcr.io#nvidia/pytorch:25.01-py3", "mounts": ["/lustre/data:/data:ro"],
+                            "workdir": "/workspace"})  # fmt: skip
+    launcher = SubmititLauncher(None, workspace, c)
+    (item,) = launcher.render([spec(workspace, "aaaa-r0")])
+    script = next(iter(item.scripts.values()))
+    check_golden("submitit_container.sbatch", normalize(script, workspace))
+    assert "--container-image=nvcr.io#nvidia/pytorch:25.01-py3" in script
+    assert f"--container-mounts=/lustre/data:/data:ro,{ROOT}:{ROOT}," in script
+    assert "--container-workdir=/workspace" in script and "--container-env=HF_TOKEN,WANDB_API_KEY" in script
+    assert "hello world" not in script, "environment values go through the task table, not the script"
+
+
+def _fake_srun(bin_dir: Path) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    out = bin_dir / "argv.json"
+    srun = bin_dir / "srun"
+    srun.write_text(
+        f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(out)!r}, 'w'))\n"
+    )
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    return out
+
+
+def test_hostile_values_never_reach_a_shell(tmp_path: Path) -> None:
+    """Run the rendered script under bash with a fake srun: every value arrives as one verbatim argument."""
+    workspace = tmp_path / "w s'$(touch CANARY0)"
+    c = campaign(container={"image": "img" + HOSTILE, "mounts": ["/d" + HOSTILE.replace(",", "") + ":/d"],
+                            "workdir": "/w" + HOSTILE},  # fmt: skip
+                 cluster={"partition": "p" + HOSTILE, "gpus": False, "python": "python3",
+                          "sbatch_extra": {"comment": HOSTILE}})  # fmt: skip
+    launcher = SubmititLauncher(SubmititSettings(container_auto_mounts=False), workspace, c)
+    (item,) = launcher.render([spec(workspace, "aaaa-r0", env={"WEIRD": HOSTILE})])
+    script_path, script = next(iter(item.scripts.items()))
+    for path, text in item.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script_path)]).returncode == 0
+    argv_file = _fake_srun(tmp_path / "bin")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "0"}
+    subprocess.run(["bash", str(script_path)], cwd=tmp_path, env=env, check=True, timeout=30)
+    argv = json.loads(argv_file.read_text())
+    assert f"--container-image=img{HOSTILE}" in argv
+    assert f"--container-workdir=/w{HOSTILE}" in argv
+    table_path = str(next(p for p in item.files if p.name == "tasks.json"))
+    assert argv[-4:] == ["--tasks", table_path, "--port-base", "20000"]
+    assert not list(tmp_path.rglob("CANARY*")) and not list(Path.cwd().glob("CANARY*"))
+    table = json.loads(next(t for p, t in item.files.items() if p.name == "tasks.json"))
+    assert table[0]["env"]["WEIRD"] == HOSTILE
+    # #SBATCH lines are comments to bash and single-quoted for sbatch
+    assert re.search(r"^#SBATCH --partition='p.*'$", script, re.MULTILINE)
+
+
+@pytest.mark.parametrize("where", ["partition", "image", "extra"])
+def test_control_characters_are_refused(tmp_path: Path, where: str) -> None:
+    cluster = {"partition": "debug", "gpus": False}
+    container: dict = {}
+    if where == "partition":
+        cluster["partition"] = "debug\nrm -rf /"
+    elif where == "image":
+        container = {"image": "img\ntouch CANARY"}
+    else:
+        cluster["sbatch_extra"] = {"comment": "x\ny"}
+    c = campaign(cluster=cluster, container=container)
+    with pytest.raises(ValueError, match="control character"):
+        SubmititLauncher(None, tmp_path, c)
+
+
+def test_unknown_sbatch_parameter_lists_valid_ones() -> None:
+    with pytest.raises(ValueError, match="unknown sbatch parameter 'gpu_count'; valid: .*gres"):
+        SubmititSettings.model_validate({"sbatch_parameters": {"gpu_count": 2}})
+    with pytest.raises(ValueError, match="set by mbx"):
+        SubmititSettings.model_validate({"sbatch_parameters": {"nodes": 2}})
+
+
+def test_dry_run_is_the_backends_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    c = campaign()
+    specs = [spec(tmp_path, "aaaa-r0"), spec(tmp_path, "bbbb-r0")]
+    real = SubmititLauncher(None, tmp_path, c).render(specs)
+    dry = DryRunLauncher(DryRunSettings(), tmp_path, c)
+    assert [(r.files, r.submit_argv) for r in dry.render(specs)] == [(r.files, r.submit_argv) for r in real]
+    submitted = dry.submit(specs)
+    printed = capsys.readouterr().out
+    script_path, script = next(iter(real[0].scripts.items()))
+    assert script in printed and "$ sbatch --parsable " + str(script_path) in printed
+    assert script_path.read_text() == script  # written where the real submit writes it
+    assert {s.job_id for s in submitted} == {
+        f"dry-run-{s.job_id.split('-')[2]}-{i}" for i, s in enumerate(submitted)
+    }
+    assert json.loads((specs[0].run_dir / "status.json").read_text())["state"] == "cancelled"
+    assert set(dry.poll(submitted).values()) == {dry.poll(submitted)[submitted[0].job_id]}
+
+
+def test_dry_run_cli_submits_nothing(tmp_path: Path, mbx, write_campaign) -> None:
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    marker = tmp_path / "sbatch-called"
+    for name in ("sbatch", "srun", "squeue", "sacct", "scancel"):
+        tool = fake_bin / name
+        tool.write_text(f'#!/bin/sh\necho "$0 $*" >> {marker}\nexit 1\n')
+        tool.chmod(0o755)
+    data = yaml.safe_load((ROOT / "campaigns" / "quickstart.yaml").read_text())
+    data.update(
+        resources={"nodes": 1, "gpus_per_node": 2}, cluster={"gpus": False}, wandb={"mode": "disabled"}
+    )
+    file = write_campaign(data)
+    result = mbx("campaign", "run", str(file), "--launcher", "dry-run", "--workspace", str(tmp_path / "ws"),
+                 env={"PATH": f"{fake_bin}:{os.environ['PATH']}"})  # fmt: skip
+    assert "#SBATCH --array=0-3%4" in result.stdout, result.stdout + result.stderr
+    assert "$ sbatch --parsable " in result.stdout and "_rank.py --tasks" in result.stdout
+    assert not marker.exists(), marker.read_text() if marker.exists() else ""
+    assert "dry run: job script rendered, nothing submitted" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_nemo_run_golden(tmp_path: Path) -> None:
+    pytest.importorskip("nemo_run", reason="pip install 'mbx[nemo]' (nemo-run==0.11.1, leptonai==0.27.3)")
+    from launchers.nemo_run import NemoRunLauncher
+
+    workspace = tmp_path / "ws"
+    c = campaign(container={"image": "nvcr.io#nvidia/pytorch:25.01-py3", "workdir": "/workspace"},
+                 resources={"nodes": 1, "gpus_per_node": 2, "time_limit_min": 30})  # fmt: skip
+    launcher = NemoRunLauncher(None, workspace, c)
+    (item,) = launcher.render(
+        [spec(workspace, "aaaa-r0", minutes=30), spec(workspace, "bbbb-r0", minutes=30)]
+    )
+    assert isinstance(item, SlurmRendered) and len(item.scripts) == 2
+    first = next(iter(item.scripts.values()))
+    check_golden("nemo_run_container.sh", normalize(first, workspace))
+    assert "hello world" not in first and "--container-env HF_TOKEN,WANDB_API_KEY" in first
+    assert item.submit_commands[0][:3] == ["sbatch", "--requeue", "--parsable"]
+
+
+def test_hostlist_and_rank_env() -> None:
+    assert _rank.expand_hostlist("gpu[01-03,7],login-a,x[1-2]-ib") == [
+        "gpu01", "gpu02", "gpu03", "gpu7", "login-a", "x1-ib", "x2-ib"]  # fmt: skip
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+           "SLURM_JOB_NODELIST": "node[12-13]", "SLURM_JOB_ID": "123456", "SLURM_NTASKS_PER_NODE": "4(x2)"}  # fmt: skip
+    dist = _rank.dist_env(env, 20000)
+    assert dist == {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "NODE_RANK": "1",
+                    "MASTER_ADDR": "node12", "MASTER_PORT": str(20000 + 123456 % 20000)}  # fmt: skip
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}
+    assert _rank.dist_env(torchrun, 20000)["RANK"] == "1"
