@@ -38,6 +38,7 @@ ITERATION_FIELDS: dict[str, tuple[str | None, bool]] = {
     "number of skipped iterations": (None, True),
     "number of nan iterations": (None, True),
 }
+_SQUASHED_KEYS = frozenset(k.replace(" ", "").lower() for k in ITERATION_FIELDS)
 SKIPPED_KEY = "number of skipped iterations"
 NAN_KEY = "number of nan iterations"
 TRAIN_ITERS_KEY = "train iters"
@@ -100,7 +101,10 @@ class IterationLayout:
             key = raw.strip()
             if not key or raw != " " + key:
                 return None
-            target, is_int = ITERATION_FIELDS.get(key, (None, False))
+            spec = ITERATION_FIELDS.get(key)
+            if spec is None and key.replace(" ", "").lower() in _SQUASHED_KEYS:
+                return None  # a known key whose spaces a terminal wrap ate: the general path knows it
+            target, is_int = spec or (None, False)
             fields.append((key, target, is_int))
         return cls(keys, fields)
 

@@ -132,6 +132,7 @@ class MegatronLMParser(StreamParser):
     handles_gb_memory = False
     MARKERS = ("iteration", "- arguments -")
     RARE_MARKERS = ("memory (", "loss at iteration", "- arguments -")
+    FUZZY_END_KINDS = ("memory",)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -168,13 +169,13 @@ class MegatronLMParser(StreamParser):
                     if not self._memory_complete(line):
                         self._start_record("memory", line, eol)
                     elif not eol or self._may_continue(line):
-                        self._start_record("memory", line, eol)  # complete unless it continues
+                        self._start_record("memory", line, eol, tentative=True)
                     else:
                         self._finish("memory", line, eol)
                     return
             if "loss at iteration" in line:
                 if VALIDATION_RE.search(line) is not None:
-                    if line.rstrip().endswith("|") and eol and not self._may_continue(line):
+                    if line.rstrip().endswith("|") and eol:
                         self._finish("validation", line, eol)
                     else:
                         self._start_record("validation", line, eol)

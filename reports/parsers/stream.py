@@ -7,10 +7,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from reports.parsers.rows import Row, derive_tokens, merge_row, new_row
-from reports.parsers.text import starts_record, strip_ansi
+from reports.parsers.text import LABEL_RE, starts_record, strip_ansi
 
 MIN_WRAP_WIDTH = 40  # a terminal narrower than this is not worth guessing about
 MAX_WRAP_PARTS = 64
+# Every physical line of a wrapped record but the last is as wide as the terminal, less the
+# trailing spaces a copy/paste (or the log viewer) stripped: Megatron pads numbers with up to 11.
+WRAP_SLACK = 12
+_NUMBER_END = frozenset("0123456789.")
+_NUMBER_GOES_ON = frozenset("0123456789.eE+-")
 
 
 @dataclass
@@ -22,13 +27,16 @@ class OpenRecord:
     parts: list[str]
     eol: bool = True  # whether the last physical line ended with a newline
     width: int = 0  # widest physical line so far
+    tentative: bool = False  # complete as far as we can tell, unless its last number goes on
 
-    def text(self) -> str:
-        """The physical lines joined back into one: a line shorter than the widest one lost a
-        trailing space to the terminal (or to copy/paste), so it is joined with a space."""
+    def text(self, known_width: int | None = None) -> str:
+        """The physical lines joined back into one: a line narrower than the terminal (the widest
+        line seen) lost trailing spaces to the terminal or a copy/paste, so it is joined with a
+        space. While the width is unknown and every line lost a space, a key's space may be lost
+        ("mtp_1loss"); known keys are still recognised (`text.squash`)."""
         if len(self.parts) == 1:
             return self.parts[0]
-        widest = max(len(p) for p in self.parts[:-1])
+        widest = max(max(len(p) for p in self.parts[:-1]), known_width or 0)
         head = "".join(p if len(p) >= widest else p + " " for p in self.parts[:-1])
         return head + self.parts[-1]
 
@@ -50,6 +58,8 @@ class StreamParser:
     MARKERS: tuple[str, ...] = ()
     #: Those of `MARKERS` that are rare and break the bulk path: text between them goes to `_span`.
     RARE_MARKERS: tuple[str, ...] = ()
+    #: Records whose end is not marked (their last field runs to the end of the line).
+    FUZZY_END_KINDS: tuple[str, ...] = ()
 
     def __init__(self, *, lag: int | None = 1, seq_length: int | None = None, num_gpus: int | None = None):
         if lag is not None and lag < 1:
@@ -209,23 +219,28 @@ class StreamParser:
         raise NotImplementedError
 
     # ---- wrapped / cut records -----------------------------------------------------------------
-    def _start_record(self, kind: str, line: str, eol: bool) -> None:
-        """Hold `line` as the head of a record that is not complete yet (or may continue)."""
-        self._open = OpenRecord(kind, [line], eol, len(line))
+    def _start_record(self, kind: str, line: str, eol: bool, *, tentative: bool = False) -> None:
+        """Hold `line` as the head of a record that is not complete yet, or (`tentative`) that looks
+        complete but ends in a number the next physical line may continue."""
+        self._open = OpenRecord(kind, [line], eol, len(line), tentative)
 
     def _may_continue(self, line: str) -> bool:
-        """A complete memory/validation line as wide as the known wrap width may still continue."""
-        return self.wrap_width is not None and len(line) >= self.wrap_width - 1
+        """Whether a line that looks complete but ends in a number may be cut by a wrap: it is wide
+        enough to have been wrapped (or as wide as the known wrap width)."""
+        width = MIN_WRAP_WIDTH if self.wrap_width is None else self.wrap_width
+        return len(line) >= width - WRAP_SLACK and line[-1:] in _NUMBER_END
 
     def _continue(self, line: str, eol: bool) -> bool:
         rec = self._open
         assert rec is not None
         last = rec.parts[-1]
         wrapped = (
-            len(last) >= MIN_WRAP_WIDTH
-            and len(last) >= rec.width - 1
+            len(last) >= max(MIN_WRAP_WIDTH, rec.width) - WRAP_SLACK
             and len(rec.parts) < MAX_WRAP_PARTS
             and line.strip() != ""
+            and (not rec.tentative or line[:1] in _NUMBER_GOES_ON)
+            and LABEL_RE.match(line)
+            is None  # a terminal wrap has no launcher label; another rank's line does
             and not starts_record(line)
         )
         if not wrapped:
@@ -234,15 +249,24 @@ class StreamParser:
         rec.parts.append(line)
         rec.eol = eol
         rec.width = max(rec.width, len(line))
-        text = rec.text()
+        rec.tentative = False
+        text = rec.text(self.wrap_width)
         end = self._record_end(rec.kind, text)
-        if end is not None:
-            self._open = None
-            self.wrap_width = max(len(p) for p in rec.parts[:-1])
-            self._finish(rec.kind, text[:end], eol=True)
-            rest = text[end:]
-            if rest.strip():
-                self._dispatch(rest, eol)
+        if end is None:
+            return True
+        if (
+            rec.kind in self.FUZZY_END_KINDS
+            and len(line) >= rec.width - WRAP_SLACK
+            and line[-1:] in _NUMBER_END
+        ):
+            rec.tentative = True  # complete-looking, but this full-width line may cut its last number
+            return True
+        self._open = None
+        self.wrap_width = max(self.wrap_width or 0, *(len(p) for p in rec.parts[:-1]))
+        self._finish(rec.kind, text[:end], eol=True)
+        rest = text[end:]
+        if rest.strip():
+            self._dispatch(rest, eol)
         return True
 
     def _close_open(self) -> None:
@@ -250,8 +274,8 @@ class StreamParser:
         self._open = None
         if rec is not None:
             if len(rec.parts) > 1:
-                self.wrap_width = max(len(p) for p in rec.parts[:-1])
-            self._finish(rec.kind, rec.text(), eol=rec.eol)
+                self.wrap_width = max(self.wrap_width or 0, *(len(p) for p in rec.parts[:-1]))
+            self._finish(rec.kind, rec.text(self.wrap_width), eol=rec.eol)
 
     def _record_end(self, kind: str, text: str) -> int | None:  # pragma: no cover - abstract
         """Index just past the end of a complete record of `kind` in `text`, or None if incomplete."""
