@@ -1,0 +1,135 @@
+"""Failure classification on the fixtures of tests/data/failures (one realistic run per class) and on edge cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reports.failures import FAILURE_CLASSES, classify_failure, scan_logs
+
+FIXTURES = Path(__file__).parent / "data" / "failures"
+CASES = sorted(p for p in FIXTURES.iterdir() if p.is_dir())
+
+
+def logs_of(case: Path) -> list[Path]:
+    return sorted(p for p in case.iterdir() if p.name != "case.json")
+
+
+def test_every_class_has_a_fixture() -> None:
+    expected = {json.loads((c / "case.json").read_text())["expected"] for c in CASES}
+    assert expected == set(FAILURE_CLASSES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)
+def test_fixture(case: Path) -> None:
+    spec = json.loads((case / "case.json").read_text())
+    result = classify_failure(logs_of(case), spec["exit_codes"], exited=spec["exited"])
+    assert result.failure_class == spec["expected"], result.reason
+    assert result.retryable is spec["retryable"]
+    assert "\n" not in result.reason and result.reason.startswith(spec["expected"] + ": ")
+    if spec["file"] is None:
+        assert result.evidence is None
+    else:
+        assert result.evidence is not None
+        assert Path(result.evidence.file).name == spec["file"]
+        assert result.evidence.line_no == spec["line"]
+        line = (case / spec["file"]).read_text().splitlines()[spec["line"] - 1]
+        quoted = result.evidence.line
+        assert line.strip().startswith(quoted.removesuffix("…")) and len(quoted) <= 240
+        assert f"{spec['file']}:{spec['line']}" in result.reason
+
+
+def test_folder_of_logs_and_reason_quotes_the_line() -> None:
+    result = classify_failure(FIXTURES / "oom_cuda", [1])
+    assert result.failure_class == "oom"
+    assert (
+        "rank3.log:18" in result.reason and "CUDA out of memory. Tried to allocate 3.50 GiB" in result.reason
+    )
+    assert result.to_dict()["evidence"]["line_no"] == 18
+
+
+def test_retryable_classes_are_configurable() -> None:
+    case = FIXTURES / "timeout_slurm"
+    assert classify_failure(logs_of(case), [143]).retryable is False
+    assert classify_failure(logs_of(case), [143], retryable_classes={"timeout"}).retryable is True
+
+
+def test_progress_is_read_from_the_logs() -> None:
+    scan = scan_logs(logs_of(FIXTURES / "nan_grad_norm"))
+    assert (scan.last_step, scan.planned_steps) == (57, 500)
+    result = classify_failure(logs_of(FIXTURES / "hung_after_finish"), exited=False)
+    assert (result.last_step, result.planned_steps) == (20, 20)
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+ITER = " [2026-05-04 10:00:0{i}] iteration {i:8d}/{n:8d} | lm loss: 5.0E+00 | number of skipped iterations:   0 | number of nan iterations: {nan:3d} |\n"
+
+
+def iterations(last: int, total: int, nan_from: int | None = None) -> str:
+    return "".join(
+        ITER.format(i=i, n=total, nan=int(nan_from is not None and i >= nan_from)) for i in range(1, last + 1)
+    )
+
+
+def test_counted_nan_iterations_before_an_early_end(tmp_path: Path) -> None:
+    log = write(tmp_path, "rank0.log", iterations(8, 100, nan_from=7) + "Killed\n")
+    result = classify_failure([log], [1])
+    assert result.failure_class == "nan" and result.evidence.line_no == 7
+    # the same counts in a run that logged every step are not why it failed
+    done = write(tmp_path, "done.log", iterations(9, 9, nan_from=7))
+    assert classify_failure([done], [1]).failure_class == "unknown"
+
+
+def test_config_error_only_before_training_starts(tmp_path: Path) -> None:
+    late = write(tmp_path, "late.log", iterations(3, 10) + "ValueError: bad shape\n")
+    assert classify_failure([late], [1]).failure_class == "unknown"
+    early = write(tmp_path, "early.log", "ValueError: --num-experts must divide 64\n")
+    assert classify_failure([early], [1]).failure_class == "config"
+    missing = write(
+        tmp_path, "imp.log", iterations(3, 10) + "ModuleNotFoundError: No module named 'transformer_engine'\n"
+    )
+    assert classify_failure([missing], [1]).failure_class == "config"  # whenever it happens
+
+
+def test_exit_codes_without_messages(tmp_path: Path) -> None:
+    log = write(tmp_path, "rank0.log", iterations(3, 10))
+    assert classify_failure([log], [124]).failure_class == "timeout"
+    crash = classify_failure([log], [139, 0])
+    assert crash.failure_class == "infra" and crash.retryable and "SIGSEGV" in crash.reason
+    killed = classify_failure([log], [137])
+    assert killed.failure_class == "unknown" and "137 (SIGKILL)" in killed.reason  # no OOM evidence
+    stalled = classify_failure([log], [None], exited=False)
+    assert stalled.failure_class == "unknown" and "3/10" in stalled.reason
+
+
+def test_a_clean_end_is_not_a_failure(tmp_path: Path) -> None:
+    log = write(tmp_path, "rank0.log", iterations(5, 5) + "Connection reset by peer (during teardown)\n")
+    result = classify_failure([log], [0, 0])
+    assert result.failure_class == "unknown" and "no failure" in result.reason and not result.retryable
+
+
+def test_caller_knows_better_than_the_logs(tmp_path: Path) -> None:
+    log = write(tmp_path, "rank0.log", iterations(5, 10))
+    assert (
+        classify_failure([log], [None], exited=False, all_steps_logged=True).failure_class
+        == "hung_after_finish"
+    )
+    assert classify_failure([log], [None], exited=False, planned_steps=5).failure_class == "hung_after_finish"
+
+
+def test_natural_file_order_and_big_logs(tmp_path: Path) -> None:
+    noise = (
+        "INFO:megatron.core.timers:(min, max) time across ranks (ms): forward-backward: (1.0, 2.0)\n"
+        * 200_000
+    )
+    write(tmp_path, "rank10.log", noise + "[rank10]: torch.OutOfMemoryError: CUDA out of memory.\n")
+    write(tmp_path, "rank2.log", noise + "[rank2]: torch.OutOfMemoryError: CUDA out of memory.\n")
+    result = classify_failure(tmp_path, [1, 1])
+    assert Path(result.evidence.file).name == "rank2.log" and result.evidence.line_no == 200_001
