@@ -14,6 +14,7 @@ import os
 import resource
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -23,6 +24,7 @@ from trainer.flops import padded_vocab_size, step_flops, tflops_per_gpu
 from trainer.model import GPT
 from trainer.optim import build_optimizer, clip_gradients, lr_at, set_lr
 from trainer.parallelize import no_sync, parallelize, unwrap
+from trainer.profiling import StepProfiler
 from trainer.recipe import Recipe
 from trainer.support import check_supported
 
@@ -177,12 +179,15 @@ class Trainer:
         mem["rss_gib"] = peak_rss_gib()
         return mem
 
-    def run(self, on_row: Callable[[dict], None]) -> None:
+    def run(self, on_row: Callable[[dict], None], out_dir: Path | None = None) -> None:
         t = self.recipe.training
+        profiler = StepProfiler(out_dir, self.dist.rank)
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # SYNC: start the first step's clock on an idle GPU
         for step in range(1, t.steps + 1):
+            profiler.before_step(step)
             row = self.train_step(step)
+            profiler.after_step(step)
             if t.eval_interval and step % t.eval_interval == 0:
                 row["eval_loss"] = self.evaluate()
             on_row(row)

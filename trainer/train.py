@@ -112,7 +112,7 @@ def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
         trainer = Trainer(recipe, dist, log=lambda line: print(line, flush=True))
         print(trainer.describe(), flush=True)
         metrics = MetricsWriter(out_dir / "metrics.jsonl") if is_main else None
-        trainer.run(on_row=metrics.write if metrics else lambda row: None)
+        trainer.run(on_row=metrics.write if metrics else lambda row: None, out_dir=out_dir)
     except BaseException as err:  # noqa: BLE001 (Ctrl-C and SystemExit are failures too)
         traceback.print_exc(file=sys.stderr)
         state, reason, rc = "failed", one_line(err), 1

@@ -1,0 +1,56 @@
+"""Opt-in torch.profiler capture of a few training steps: MBX_TRAINER_PROFILE=START:COUNT writes profile.txt."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+PROFILE_ENV = "MBX_TRAINER_PROFILE"
+
+
+def profile_window() -> tuple[int, int] | None:
+    """(first step, last step) to profile from MBX_TRAINER_PROFILE=START:COUNT, or None."""
+    raw = os.environ.get(PROFILE_ENV, "").strip()
+    if not raw:
+        return None
+    start, _, count = raw.partition(":")
+    first = int(start)
+    return first, first + int(count or 1) - 1
+
+
+class StepProfiler:
+    """Profiles steps inside the window on global rank 0 and writes `<out>/profile.txt` (+ a Chrome trace)."""
+
+    def __init__(self, out_dir: Path | None, rank: int):
+        self.window = profile_window() if rank == 0 and out_dir is not None else None
+        self.out_dir = out_dir
+        self._profiler: torch.profiler.profile | None = None
+
+    def before_step(self, step: int) -> None:
+        if self.window is None or step != self.window[0]:
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._profiler = torch.profiler.profile(activities=activities, record_shapes=True)
+        self._profiler.__enter__()
+
+    def after_step(self, step: int) -> None:
+        if self._profiler is None or self.window is None or step != self.window[1]:
+            return
+        self._profiler.__exit__(None, None, None)
+        steps = self.window[1] - self.window[0] + 1
+        sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        table = self._profiler.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90)
+        grouped = self._profiler.key_averages(group_by_input_shape=True).table(
+            sort_by=sort, row_limit=40, max_name_column_width=70, max_shapes_column_width=80
+        )
+        assert self.out_dir is not None
+        (self.out_dir / "profile.txt").write_text(
+            f"# torch.profiler over steps {self.window[0]}..{self.window[1]} ({steps} steps), sorted by {sort}\n"
+            + table + "\n\n# by input shape\n" + grouped
+        )
+        self._profiler.export_chrome_trace(str(self.out_dir / "profile-trace.json"))
+        self._profiler = None
