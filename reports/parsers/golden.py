@@ -6,6 +6,7 @@ form where `values` is a list (step = start_step + i × step_interval) plus top-
 `iteration_timing_avg` (seconds). Steps are Megatron iteration numbers (1-based). `"nan"` is how the
 golden writer marks a point it has no value for (steps a resumed run did not run, the tail of a run
 that stopped early, sparsely sampled `iteration-time`), so it becomes None, not a NaN loss.
+Goldens never say whether an iteration was skipped or NaN: rows keep `skipped`/`nan` None.
 
 Megatron-Bridge goldens: `{"0": {"lm loss", "elapsed time per iteration (ms)", "GPU utilization"}, ...,
 "alloc": GB, "max_alloc": GB}`; keys are 0-based step indices, so step = key + 1 (key "0" is the
@@ -121,7 +122,7 @@ def _read_lm(data: dict[str, Any], series: dict[str, dict[str, Any]]) -> GoldenV
             points[metric] += 1
             row = by_step.get(step)
             if row is None:
-                row = by_step[step] = _golden_row(step)
+                row = by_step[step] = new_row(step)
             if target is not None:
                 row[target] = value * scale
             else:
@@ -148,7 +149,7 @@ def _read_bridge(data: dict[str, Any]) -> GoldenValues:
             if value is not None:
                 scalars[key] = value
             continue
-        row = _golden_row(int(key) + 1)
+        row = new_row(int(key) + 1)
         for metric, raw in entry.items():
             value = _value(raw)
             if value is None:
@@ -167,12 +168,6 @@ def _read_bridge(data: dict[str, Any]) -> GoldenValues:
         scalars["mem_max_allocated_gib"] = gb_to_gib(scalars["max_alloc"])
     rows.sort(key=lambda r: r["step"])
     return GoldenValues("megatron-bridge", rows, scalars, points, missing)
-
-
-def _golden_row(step: int) -> Row:
-    row = new_row(step)
-    # goldens do not say whether an iteration was skipped or NaN: leave None (unknown)
-    return row
 
 
 def read_card(path: str | os.PathLike[str]) -> list[CardFigure]:

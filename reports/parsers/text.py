@@ -16,6 +16,9 @@ _START_RE = re.compile(
     r"|DEBUG|Traceback|Step Time|iteration\s+\d|validation|test loss|> |-{8}|\S+\.py:\d+: |\w*(?:Error|Warning):)"
 )
 _MARKERS = ("iteration", "memory (", "Step Time :", "loss at ")
+_RECORD_RE = re.compile(
+    r"iteration\s+\d+\s*/\s*\d+|\(after \d+ iterations\) memory|Step Time :|loss at iteration"
+)
 
 
 def strip_ansi(line: str) -> str:
@@ -39,15 +42,7 @@ def starts_record(line: str) -> bool:
     _, rest = split_label(line)
     if _START_RE.match(rest):
         return True
-    return any(marker in rest for marker in _MARKERS) and _has_record_marker(rest)
-
-
-def _has_record_marker(text: str) -> bool:
-    return bool(
-        re.search(
-            r"iteration\s+\d+\s*/\s*\d+|\(after \d+ iterations\) memory|Step Time :|loss at iteration", text
-        )
-    )
+    return any(marker in rest for marker in _MARKERS) and _RECORD_RE.search(rest) is not None
 
 
 def to_number(text: str) -> float | int | None:
