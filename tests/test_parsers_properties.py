@@ -208,7 +208,8 @@ def logs(draw) -> tuple[str, list[dict[str, Any]]]:
             mem = render_memory(p["step"], 0, values, raw=draw(st.booleans()))
         if mem and memory_first:
             lines.append(mem)
-        tflops = p["elapsed"] % 500 if p["throughput"] is None else p["throughput"]  # Bridge prints one number twice
+        # Bridge prints one number in both places
+        tflops = p["elapsed"] % 500 if p["throughput"] is None else p["throughput"]
         step_time = f"Step Time : {p['elapsed'] / 1000:.2f}s GPU utilization: {tflops:.1f}MODEL_TFLOP/s/GPU"
         bridge = draw(st.sampled_from([None, "before", "after"]))
         if bridge == "before":
@@ -235,7 +236,9 @@ def test_rendered_logs_round_trip(log: tuple[str, list[dict[str, Any]]]) -> None
         want = expected_row(p)
         if p["throughput"] is None and f"Step Time : {p['elapsed'] / 1000:.2f}s" in text:
             want["tflops_per_gpu"] = row["tflops_per_gpu"]  # Bridge's Step Time line filled it in
-        row["extra"] = {k: v for k, v in row["extra"].items() if not k.startswith(("validation", "Step Time", "GPU"))}
+        row["extra"] = {
+            k: v for k, v in row["extra"].items() if not k.startswith(("validation", "Step Time", "GPU"))
+        }
         check_row(row, want)
 
 
