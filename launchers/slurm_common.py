@@ -436,11 +436,14 @@ def _tail(path: Path | None, lines: int = 15) -> str:
 
 
 def _interrupted_by_signal(status: dict[str, Any]) -> bool:
-    """A fallback status the attempt wrapper wrote after a signal: the scheduler knows better why."""
-    if status.get("written_by") != "launcher":
+    """A status written after a signal (the wrapper's fallback, or the trainer's own "terminated by signal"):
+    Slurm knows better why the signal came (scancel, time limit, preemption, another rank failing)."""
+    if status.get("state") == "completed":
         return False
     reason = str(status.get("reason", ""))
-    return status.get("state") == "cancelled" or "signal" in reason
+    return (status.get("written_by") == "launcher" and status.get("state") == "cancelled") or bool(
+        re.search(r"signal|SIGTERM|SIGKILL", reason)
+    )
 
 
 def scheduler_reason(sched: SchedulerState, job: Submitted) -> tuple[str, str]:
@@ -546,10 +549,14 @@ class StateResolver:
             first = self._final_since.setdefault(job.job_id, now)
             if now - first < self.settle_s:  # the wrapper may still be writing (or the file system lagging)
                 return JobState.RUNNING
-            if status is not None:
-                return _FILE_STATES.get(str(status.get("state")), JobState.FAILED)
-            self._write_scheduler_status(job, run_dir, sched)
-            return _FINAL[sched.state]
+            if status is None:
+                self._write_scheduler_status(job, run_dir, sched)
+                return _FINAL[sched.state]
+            if status.get("state") != "completed" and (not exited or _interrupted_by_signal(status)):
+                return self._correct(
+                    job, run_dir, status, sched
+                )  # the wrapper was killed or saw only a signal
+            return _FILE_STATES.get(str(status.get("state")), JobState.FAILED)
         if sched.state in _PENDING:
             return JobState.PENDING
         return JobState.RUNNING

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "scontrol")
 INSTALL_HINT = "apt-get install slurm-wlm munge (Debian; .ci/run does it)"
@@ -25,7 +28,7 @@ class SlurmCluster:
     root: Path
     conf: Path
     partition: str = "debug"
-    cpus: int = 4
+    cpus: int = 6
     processes: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -46,6 +49,10 @@ class SlurmCluster:
                 return
             time.sleep(0.5)
         raise TimeoutError("jobs still queued or running: " + " ".join(out))
+
+    def campaign(self, name: str, steps: int = 14, **overrides: object) -> dict:
+        """A small quickstart campaign for this cluster (see quickstart_campaign)."""
+        return quickstart_campaign(name, steps, **overrides)
 
     def cancel_all(self) -> None:
         self.run("scancel", "--user", getpass.getuser(), check=False)
@@ -107,7 +114,7 @@ PartitionName={partition} Nodes=localhost Default=YES MaxTime=INFINITE State=UP 
 """
 
 
-def start_cluster(root: Path, cpus: int = 4, partition: str = "debug", timeout: float = 60) -> SlurmCluster:
+def start_cluster(root: Path, cpus: int = 6, partition: str = "debug", timeout: float = 60) -> SlurmCluster:
     """Start munged, slurmctld and slurmd under `root` (own key, socket, ports, state); wait until the node is idle.
 
     `cpus` is what slurm.conf declares (config_overrides lets it exceed the real cores), so a few tiny jobs run
@@ -201,3 +208,20 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         else:
             os.environ["SLURM_CONF"] = previous
         stop_cluster(cluster)
+
+
+def quickstart_campaign(name: str, steps: int = 14, **overrides: object) -> dict:
+    """campaigns/quickstart.yaml made small for the Slurm tests: 2 points (top-k 1, 2), 2 ranks each, gloo on CPU."""
+    import sys
+
+    data = yaml.safe_load((ROOT / "campaigns" / "quickstart.yaml").read_text())
+    data["name"] = name
+    data["trainer"]["recipe"]["training"]["steps"] = steps
+    data["resources"] = {"nodes": 1, "gpus_per_node": 2}
+    data["sweep"] = {"axes": {"model.moe.top_k": [1, 2]}}
+    data["cluster"] = {"gpus": False, "python": sys.executable}
+    data["launchers"] = {"submitit": {"poll_interval_s": 1, "poll_max_interval_s": 4},
+                         "nemo-run": {"poll_interval_s": 1, "poll_max_interval_s": 4}}  # fmt: skip
+    data["wandb"] = {"mode": "disabled"}
+    data.update(overrides)
+    return data

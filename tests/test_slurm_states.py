@@ -1,0 +1,159 @@
+"""Job states on a real Slurm without accounting: scancel, mbx's time limit, Slurm's own TIMEOUT, vanished jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from launchers.base import JobState, LaunchSpec, Resources, Submitted
+from launchers.slurm_common import SlurmQuery, StateResolver
+from launchers.submitit_slurm import SubmititLauncher, SubmititSettings
+from orchestrator.campaign import Campaign
+
+pytest_plugins = ["slurm_cluster"]
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def native_timeout(slurm, tmp_path_factory: pytest.TempPathFactory) -> tuple[SubmititLauncher, Submitted]:
+    """A 1-minute job whose command outlives Slurm's limit (mbx sets no limit of its own): Slurm kills it.
+
+    Submitted first in this module so its ~80 s run overlaps the other tests.
+    """
+    workspace = tmp_path_factory.mktemp("native-timeout")
+    campaign = Campaign.model_validate({
+        "name": "native", "cluster": {"gpus": False, "python": sys.executable, "sbatch_extra": {"time": 1}},
+    })  # fmt: skip
+    launcher = SubmititLauncher(
+        SubmititSettings(poll_interval_s=1, poll_max_interval_s=2), workspace, campaign
+    )
+    run_dir = workspace / "native" / "cell-r0" / "1"
+    spec = LaunchSpec(campaign="native", cell_id="cell-r0", attempt=1, run_dir=run_dir,
+                      resources=Resources(1, 1, None), module=None, args=["sleep", "600"])  # fmt: skip
+    (job,) = launcher.submit([spec])
+    return launcher, job
+
+
+def test_native_timeout_job_starts(native_timeout) -> None:
+    launcher, job = native_timeout
+    deadline = time.time() + 30
+    while time.time() < deadline and launcher.poll([job])[job.job_id] == JobState.PENDING:
+        time.sleep(0.5)
+    assert launcher.poll([job])[job.job_id] == JobState.RUNNING
+    assert not launcher.query.sacct_enabled, "the test cluster has accounting disabled: squeue answers"
+
+
+def test_scancel_and_time_limit_campaign_goes_on(slurm, tmp_path: Path, cache_env, write_campaign) -> None:
+    """Three points: A is scancel'ed while running, B completes, C hits its 0.25 min limit; the campaign ends."""
+    workspace = tmp_path / "ws"
+    data = slurm.campaign("qs-states", sweep={"zip": [{
+        "training.steps": [100000, 14, 100000],
+        "resources.time_limit_min": [None, None, 0.25],
+    }]})  # fmt: skip
+    file = write_campaign(data)
+    env = {**os.environ, **cache_env, **slurm.env, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "campaign", "run", str(file), "--launcher", "submitit",
+         "--workspace", str(workspace)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        victim = _wait_for_running_point(workspace, "qs-states", steps=100000, timeout=120)
+        slurm.run("scancel", victim["job_id"])
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    assert proc.returncode == 1, out
+    db = sqlite3.connect(workspace / "mbx.sqlite")
+    rows = db.execute("SELECT c.params_json, a.state, a.reason, a.job_id FROM attempts a JOIN cells c USING "
+                      "(campaign, cell_id) WHERE a.campaign='qs-states'").fetchall()  # fmt: skip
+    by_point = {}
+    for params, state, reason, job_id in rows:
+        p = json.loads(params)
+        by_point[(p["training.steps"], p["resources.time_limit_min"])] = (state, reason, job_id)
+    cancelled, completed, timed_out = by_point[(100000, None)], by_point[(14, None)], by_point[(100000, 0.25)]
+    assert cancelled[0] == "cancelled" and "cancelled in Slurm (scancel" in cancelled[1], cancelled
+    assert cancelled[2] == victim["job_id"]
+    assert completed[0] == "completed", completed
+    assert timed_out[0] == "timeout" and "time limit" in timed_out[1], timed_out
+    assert "1/3 completed" in out and "cancelled in Slurm" in out
+    assert len({r[2].split("_")[0] for r in (cancelled, completed)}) == 1, "same shape, same array"
+    assert timed_out[2].split("_")[0] != cancelled[2].split("_")[0], "another time limit, another array"
+
+
+def _wait_for_running_point(workspace: Path, campaign: str, steps: int, timeout: float) -> dict:
+    """launch.json of the first point with `steps` steps and no time limit whose rank 0 has finished a step."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for launch in (workspace / campaign).glob("*/1/launch.json"):
+            try:
+                data = json.loads(launch.read_text())
+            except json.JSONDecodeError:
+                continue
+            log = launch.parent / "logs" / "rank-0.log"
+            if (data.get("job_id") and f"steps: {steps}" in (launch.parent / "recipe.yaml").read_text()
+                    and log.exists() and "step 1/" in log.read_text()
+                    and _has_no_time_limit(workspace, data["cell_id"], campaign)):  # fmt: skip
+                return data
+        time.sleep(0.5)
+    raise TimeoutError("no point reached step 1")
+
+
+def _has_no_time_limit(workspace: Path, cell_id: str, campaign: str) -> bool:
+    db = sqlite3.connect(workspace / "mbx.sqlite", timeout=30)
+    row = db.execute(
+        "SELECT resources_json FROM cells WHERE campaign=? AND cell_id=?", (campaign, cell_id)
+    ).fetchone()
+    db.close()
+    return row is not None and json.loads(row[0]).get("time_limit_min") is None
+
+
+def test_states_without_accounting(slurm, tmp_path: Path) -> None:
+    """Jobs squeue does not know: a finished run dir is final; one with nothing fails after gone_after_s."""
+    query = SlurmQuery(min_interval_s=0.01, max_interval_s=0.01)
+    resolver = StateResolver(query, gone_after_s=1.0, settle_s=0.2)
+    done, lost = tmp_path / "done", tmp_path / "lost"
+    for d in (done, lost):
+        d.mkdir()
+    (done / "status.json").write_text(json.dumps({"state": "completed"}))
+    (done / "exit.json").write_text(json.dumps({"exit_code": 0}))
+    jobs = [
+        Submitted("a", 1, "987654_0", {"run_dir": str(done)}),
+        Submitted("b", 1, "987655_3", {"run_dir": str(lost)}),
+    ]
+    states = resolver.resolve(jobs)
+    assert states["987654_0"] == JobState.COMPLETED, "the status file answers first, no scheduler needed"
+    deadline = time.time() + 10
+    while states["987655_3"] != JobState.FAILED and time.time() < deadline:
+        time.sleep(0.3)
+        states = resolver.resolve(jobs)
+    assert states["987655_3"] == JobState.FAILED
+    status = json.loads((lost / "status.json").read_text())
+    assert status["state"] == "failed" and "no longer known" in status["reason"]
+    assert not query.sacct_enabled and not query.errors
+
+
+def test_native_slurm_timeout(native_timeout) -> None:
+    """Slurm's TIMEOUT (the wrapper saw only SIGTERM and wrote 'cancelled') is recorded as timeout."""
+    launcher, job = native_timeout
+    deadline = time.time() + 180
+    state = launcher.poll([job])[job.job_id]
+    while not state.finished and time.time() < deadline:
+        time.sleep(1)
+        state = launcher.poll([job])[job.job_id]
+    assert state == JobState.TIMEOUT, state
+    status = json.loads((Path(job.info["run_dir"]) / "status.json").read_text())
+    assert status["state"] == "timeout" and "DUE TO TIME LIMIT" in status["reason"], status
+    assert status["slurm_state"] == "TIMEOUT" and status["attempt_wrapper"]["state"] == "cancelled"
+    assert launcher.exit_info(job)["slurm_state"] == "TIMEOUT"

@@ -1,0 +1,124 @@
+"""The quickstart campaign through submitit on a real one-node Slurm: one job array, 2 ranks per point, hostile values."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["slurm_cluster"]
+pytestmark = pytest.mark.slurm
+
+HOSTILE = 'it\'s "q" $(touch CANARY1) `touch CANARY2`; touch CANARY3 | x & y\nline2 \\ * ?'
+
+
+def _attempts(workspace: Path, campaign: str) -> list[tuple]:
+    db = sqlite3.connect(workspace / "mbx.sqlite")
+    rows = db.execute(
+        "SELECT cell_id, attempt, state, reason, job_id, run_dir FROM attempts WHERE campaign=? ORDER BY cell_id, attempt",
+        (campaign,),
+    ).fetchall()
+    db.close()
+    return rows
+
+
+def _batch_files(workspace: Path, campaign: str) -> dict[str, Path]:
+    return {p.parent.name: p.parent for p in (workspace / campaign / "slurm").glob("*/job.sbatch")}
+
+
+def test_quickstart_through_submitit(
+    slurm, mbx, tmp_path: Path, cache_env: dict[str, str], write_campaign
+) -> None:
+    workspace = tmp_path / "ws"
+    env_cache = (
+        tmp_path / f"env cache {HOSTILE}"
+    )  # reaches the trainer as an env.values entry (MBX_CACHE_DIR)
+    recipe_cache = (
+        tmp_path / f"recipe cache {HOSTILE}"
+    )  # reaches it as a swept string field (recipe cache_dir)
+    data = slurm.campaign(
+        "qs-submitit",
+        sweep={"zip": [{"model.moe.top_k": [1, 2], "cache_dir": [None, str(recipe_cache)]}]},
+        env={
+            "values": {"MBX_CACHE_DIR": str(env_cache), "MBX_HOSTILE": HOSTILE},
+            "pass": ["MBX_TEST_SECRET"],
+        },
+    )
+    file = write_campaign(data)
+    env = {**cache_env, **slurm.env, "MBX_TEST_SECRET": "s3cr3t-value-never-in-files",
+           "TRITON_CACHE_DIR": str(tmp_path / "login-node-triton")}  # fmt: skip
+
+    # 1. dry run: prints the scripts, submits nothing
+    dry = mbx("campaign", "run", str(file), "--launcher", "dry-run", "--workspace", str(workspace), env=env)
+    assert "#SBATCH --array=0-1%2" in dry.stdout, dry.stdout + dry.stderr
+    assert slurm.run("squeue", "-h", "-n", "mbx-qs-submitit-1n2g").stdout.strip() == ""
+    dry_batches = _batch_files(workspace, "qs-submitit")
+    assert len(dry_batches) == 1
+
+    # 2. the real submission of the same campaign
+    result = mbx(
+        "campaign", "run", str(file), "--launcher", "submitit", "--workspace", str(workspace), env=env
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS 2/2 completed" in result.stdout
+
+    rows = _attempts(workspace, "qs-submitit")
+    assert [(r[1], r[2]) for r in rows] == [(1, "cancelled"), (2, "completed")] * 2, rows
+    real = [r for r in rows if r[1] == 2]
+    array_ids = {r[4].split("_")[0] for r in real}
+    assert len(array_ids) == 1 and sorted(r[4].split("_")[1] for r in real) == ["0", "1"], (
+        "one array, two tasks"
+    )
+
+    # the script Slurm ran is the one the dry run printed (attempt numbers aside: they live in the task table)
+    batches = _batch_files(workspace, "qs-submitit")
+    (new_key,) = set(batches) - set(dry_batches)
+    (old_key,) = dry_batches
+    submitted = (batches[new_key] / "job.sbatch").read_text()
+    printed = (dry_batches[old_key] / "job.sbatch").read_text()
+    assert printed.replace(old_key, new_key) == submitted
+    assert submitted.strip() in dry.stdout.replace(old_key, new_key)
+    old_table = json.loads((dry_batches[old_key] / "tasks.json").read_text())
+    new_table = json.loads((batches[new_key] / "tasks.json").read_text())
+    volatile = {"attempt", "run_dir", "argv", "env"}
+    assert [{k: v for k, v in t.items() if k not in volatile} for t in old_table] == [
+        {k: v for k, v in t.items() if k not in volatile} for t in new_table
+    ]
+
+    for _, _, _, _, job_id, run_dir in real:
+        run = Path(run_dir)
+        for name in ("recipe.yaml", "launch.json", "metrics.jsonl", "status.json", "env.json", "exit.json"):
+            assert (run / name).exists(), f"{run}/{name} missing"
+        status = json.loads((run / "status.json").read_text())
+        assert status["state"] == "completed" and status["world_size"] == 2
+        assert (run / "logs" / "rank-0.log").exists() and (run / "logs" / "rank-1.log").exists()
+        launch = json.loads((run / "launch.json").read_text())
+        assert launch["job_id"] == job_id and launch["launcher"] == "submitit"
+        assert launch["node"]["slurm"]["SLURM_ARRAY_JOB_ID"] == job_id.split("_")[0]
+        assert launch["node"]["master_addr"] == "localhost" and launch["node"]["world_size"] == "2"
+        assert launch["fingerprint"]["hostname"] and launch["fingerprint"]["torch"]
+        assert launch["env_passed_by_name"] == ["MBX_TEST_SECRET"]
+
+    # hostile values arrived verbatim (the trainer's JIT cache record shows the root it used), nothing executed
+    roots = set()
+    for _, _, _, _, _, run_dir in real:
+        record = json.loads((Path(run_dir) / "logs" / "jit-cache-rank0.json").read_text())
+        roots.add(record["root"])
+        assert record["replaced"] == {}, "no JIT cache variable is inherited from the submitting shell"
+        rank1 = json.loads((Path(run_dir) / "logs" / "jit-cache-rank1.json").read_text())
+        assert rank1["rank"] == 1 and rank1["rank_dir"].endswith("rank-1")
+    assert roots == {str(env_cache), str(recipe_cache)}
+    assert not [p for p in tmp_path.rglob("CANARY*")] and not list(Path.cwd().glob("CANARY*"))
+    for path in workspace.rglob("*"):
+        if path.is_file() and path.suffix != ".sqlite":
+            assert "s3cr3t-value-never-in-files" not in path.read_text(errors="replace"), path
+
+    # collected, gated and reported like a local run
+    assert (workspace / "qs-submitit" / "report" / "index.html").exists()
+    status = mbx("campaign", "status", "qs-submitit", "--workspace", str(workspace), "--json", env=env)
+    payload = json.loads(status.stdout)
+    assert {c["state"] for c in payload} == {"completed"} and {c["verdict"] for c in payload} == {"pass"}
+    assert re.search(r"\d+_[01]", real[0][4])
