@@ -114,7 +114,9 @@ def main() -> None:
         print(
             f"generated {size / 1e9:.3f} GB, {steps} iterations in {time.perf_counter() - t0:.1f} s: {path}"
         )
+        load = os.getloadavg()
         t0 = time.perf_counter()
+        c0 = time.process_time()
         rows = 0
         with_memory = 0
         last = None
@@ -124,13 +126,18 @@ def main() -> None:
                 with_memory += 1
             last = row
         seconds = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         assert rows == steps, (rows, steps)
         assert last is not None and last["step"] == steps
         print(
             f"parsed {rows} rows ({with_memory} with memory) in {seconds:.2f} s: "
             f"{size / 1e9 / seconds:.3f} GB/s, {seconds / (size / 1e9):.2f} s per GB"
         )
-        print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
+        print(f"CPU time of the parse: {cpu:.2f} s ({size / 1e9 / cpu:.3f} GB/s of CPU)")
+        print(
+            f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average before/after "
+            f"{load[0]:.2f}/{os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M')}"
+        )
 
 
 if __name__ == "__main__":

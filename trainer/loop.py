@@ -22,7 +22,7 @@ from trainer.data import MockData
 from trainer.distributed import Dist, all_reduce_sum
 from trainer.flops import padded_vocab_size, step_flops, tflops_per_gpu
 from trainer.model import GPT
-from trainer.optim import build_optimizer, clip_gradients, lr_at, set_lr
+from trainer.optim import build_optimizer, clip_divisor, grad_norm, lr_at, set_lr
 from trainer.parallelize import no_sync, parallelize, unwrap
 from trainer.profiling import StepProfiler
 from trainer.recipe import Recipe
@@ -109,10 +109,12 @@ class Trainer:
             routed += out.tokens_routed * self.dp  # a host int, the same on every rank
         # DDP has all-reduced (averaged) the gradients during the last backward; sum the loss stats too.
         all_reduce_sum(stats, self.dist)
-        grad_norm = clip_gradients(self.param_list, self.recipe.optimizer.clip_grad)
+        norm = grad_norm(self.param_list)
+        # Clipping happens inside fused AdamW, which divides every gradient by grad_scale in its own pass.
+        self.optimizer.grad_scale = clip_divisor(norm, self.recipe.optimizer.clip_grad)
         # Skip non-finite steps on the device: fused AdamW leaves params and state untouched when found_inf=1.
         # loss and grad norm are identical on all ranks after the all-reduces, so all ranks agree.
-        found_inf = (~torch.isfinite(stats[0]) | ~torch.isfinite(grad_norm)).float()
+        found_inf = (~torch.isfinite(stats[0]) | ~torch.isfinite(norm)).float()
         self.optimizer.found_inf = found_inf
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -122,7 +124,7 @@ class Trainer:
 
         loss_sum, aux_sum, dropped = stats.tolist()  # SYNC (already synchronized above)
         skipped = bool(found_inf.item())  # SYNC (idem)
-        norm = float(grad_norm)  # SYNC (idem)
+        norm_value = float(norm)  # SYNC (idem)
         micro_batches = self.accum * self.dp
         loss_mean = loss_sum / micro_batches
         is_nan = not math.isfinite(loss_mean)
@@ -134,7 +136,7 @@ class Trainer:
         return {
             "step": step,
             "loss": loss_mean,
-            "grad_norm": norm,
+            "grad_norm": norm_value,
             "lr": lr,
             "step_time_ms": step_s * 1e3,
             "tflops_per_gpu": tflops_per_gpu(self.flops.total, step_s, self.dist.world_size),

@@ -130,6 +130,8 @@ class DispatchPlan(NamedTuple):
     weights: torch.Tensor  # [T, k] combine weights; dropped pairs are 0
     dropped: torch.Tensor  # scalar int64: (token, slot) pairs dropped by capacity
     padded: bool  # rows index x with a zero row appended
+    row_pairs: torch.Tensor  # [M] (token, slot) pair of each permuted row; T·k for an empty padded slot
+    keep: torch.Tensor | None  # [T, k] bool, pairs that kept their expert (None: dropless, all kept)
 
 
 def _positions(order: torch.Tensor, n: int) -> torch.Tensor:
@@ -158,7 +160,7 @@ def plan_dispatch(routing: Routing, num_experts: int, capacity: int | None = Non
     if capacity is None:  # dropless
         order = torch.argsort(flat, stable=True)  # pairs grouped by expert, token order inside a group
         return DispatchPlan(order // top_k, counts, counts.cumsum(0).to(torch.int32), _positions(order, n),
-                            weights, zero, padded=False)
+                            weights, zero, padded=False, row_pairs=order, keep=None)
 
     if drop_policy == "probs":
         by_weight = torch.argsort(weights.reshape(-1), descending=True, stable=True)
@@ -182,11 +184,13 @@ def plan_dispatch(routing: Routing, num_experts: int, capacity: int | None = Non
         slot = torch.where(keep_sorted, sorted_experts * capacity + rank, slots)  # dropped → a dump slot
         rows = torch.full((slots + 1,), num_tokens, dtype=torch.long, device=dev)  # T = the zero row
         rows[slot] = order // top_k
+        row_pairs = torch.full((slots + 1,), n, dtype=torch.long, device=dev)  # n = no pair (empty slot)
+        row_pairs[slot] = order
         pair_rows = torch.empty_like(order)
         pair_rows[order] = slot.clamp(max=slots - 1)  # dropped pairs read any row with weight 0
         full = torch.full((num_experts,), capacity, dtype=torch.long, device=dev)
         return DispatchPlan(rows[:slots], full, full.cumsum(0).to(torch.int32), pair_rows, weights, dropped,
-                            padded=True)
+                            padded=True, row_pairs=row_pairs[:slots], keep=keep.view(num_tokens, top_k))
 
     # Compact buffer of kept pairs only: its length is data dependent.
     num_kept = int(kept_counts.sum())  # SYNC: the kept count sizes the buffer (pad_to_capacity avoids it)
@@ -194,21 +198,67 @@ def plan_dispatch(routing: Routing, num_experts: int, capacity: int | None = Non
     pair_rows = torch.zeros_like(order)  # dropped pairs read row 0 with weight 0
     pair_rows[kept_order] = torch.arange(num_kept, device=dev)
     return DispatchPlan(kept_order // top_k, kept_counts, kept_counts.cumsum(0).to(torch.int32), pair_rows,
-                        weights, dropped, padded=False)
+                        weights, dropped, padded=False, row_pairs=kept_order, keep=keep.view(num_tokens, top_k))
+
+
+class _Dispatch(torch.autograd.Function):
+    """x[rows] → the expert-grouped buffer. Backward gathers each token's k row gradients through
+    `pair_rows` and sums them: no scatter, no atomics, deterministic (plain indexing's backward is an
+    accumulating index_put, a sort plus atomics)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
+        ctx.plan, ctx.num_tokens = plan, x.shape[0]
+        if plan.padded:
+            x = torch.cat([x, x.new_zeros(1, x.shape[1])])
+        return x.index_select(0, plan.rows)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        plan: DispatchPlan = ctx.plan
+        top_k = plan.weights.shape[1]
+        per_pair = grad.index_select(0, plan.pair_rows).view(ctx.num_tokens, top_k, grad.shape[-1])
+        if plan.keep is not None:  # dropped pairs point at some row but must receive nothing
+            per_pair = per_pair * plan.keep.unsqueeze(-1).to(per_pair.dtype)
+        return per_pair.sum(1), None
+
+
+class _Combine(torch.autograd.Function):
+    """Σ_j w[t, j] · y[pair_rows[t, j]] for every token. Backward: each row's gradient is its pair's weight
+    times its token's output gradient (a gather); the weights' gradient is a row-wise dot product."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, weights: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
+        num_tokens, top_k = weights.shape
+        per_pair = y.index_select(0, plan.pair_rows).view(num_tokens, top_k, y.shape[-1])
+        ctx.plan = plan
+        ctx.save_for_backward(y, weights)
+        return torch.bmm(weights.to(y.dtype).unsqueeze(1), per_pair).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        y, weights = ctx.saved_tensors
+        plan: DispatchPlan = ctx.plan
+        num_tokens, top_k = weights.shape
+        grad_y = grad_weights = None
+        if ctx.needs_input_grad[0]:
+            pair_weight = torch.cat([weights.reshape(-1), weights.new_zeros(1)]).to(grad_out.dtype)
+            source = torch.cat([grad_out, grad_out.new_zeros(1, grad_out.shape[1])]) if plan.padded else grad_out
+            grad_y = source.index_select(0, plan.rows) * pair_weight.index_select(0, plan.row_pairs).unsqueeze(1)
+        if ctx.needs_input_grad[1]:
+            per_pair = y.index_select(0, plan.pair_rows).view(num_tokens, top_k, y.shape[-1])
+            grad_weights = torch.bmm(per_pair, grad_out.unsqueeze(-1)).squeeze(-1).to(weights.dtype)
+        return grad_y, grad_weights, None
 
 
 def dispatch(x: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
     """Gather token rows into expert-grouped order: [T, h] → [M, h]."""
-    if plan.padded:
-        x = torch.cat([x, x.new_zeros(1, x.shape[1])])
-    return x[plan.rows]
+    return _Dispatch.apply(x, plan)
 
 
 def combine(y: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
-    """Weighted sum of each token's k expert outputs: [M, h] → [T, h] (a gather and a batched GEMV; no atomics)."""
-    num_tokens, top_k = plan.weights.shape
-    per_pair = y[plan.pair_rows].view(num_tokens, top_k, y.shape[-1])
-    return torch.bmm(plan.weights.to(y.dtype).unsqueeze(1), per_pair).squeeze(1)
+    """Weighted sum of each token's k expert outputs: [M, h] → [T, h] (gathers and a batched GEMV; no atomics)."""
+    return _Combine.apply(y, plan.weights, plan)
 
 
 # ---------------------------------------------------------------------------------------------
