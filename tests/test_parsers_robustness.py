@@ -300,3 +300,13 @@ def test_empty_and_unrelated_logs() -> None:
     assert parse_log("hello\nworld\n") == []
     with pytest.raises(ValueError):
         make_parser("megatron-deepspeed")  # type: ignore[arg-type]
+
+
+def test_bulk_rows_share_no_mutable_state() -> None:
+    """Identical lines (one layout, same values) still give independent rows and `extra` dicts."""
+    text = "\n".join(line(s, elapsed=1500.0, losses={"lm loss": 2.0}) for s in range(1, 50)) + "\n"
+    rows = parse_log(text)
+    assert len({id(r) for r in rows}) == len({id(r["extra"]) for r in rows}) == 49
+    rows[0]["extra"]["note"] = 1
+    rows[0]["loss"] = 0.0
+    assert "note" not in rows[1]["extra"] and rows[1]["loss"] == 2.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+from collections import deque
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -51,7 +52,6 @@ MEMO_FIELDS = frozenset(
 MEMO_LIMIT = 4096
 
 _BLANK = new_row(0)
-_NONE = repeat(None)
 _ZERO = repeat(0)
 _WS = r"[^\S\n\r]"  # whitespace within one line (the line path splits at "\r")
 # the timestamp rule of MegatronLMParser._iteration: "[dd...:...]" right before "iteration"
@@ -156,24 +156,19 @@ class IterationLayout:
                 by_name[name] = list(map(self._convert(name, int if is_int else float), col))
         except (ValueError, OverflowError):
             return None
-        extra_cols = [by_name[name] for name in self._extra_names]
-        extra_names = (*self._extra_names, TRAIN_ITERS_KEY)
-        extra_cols.append(totals)
+        extra_cols: list[tuple[str, Any]] = [(name, by_name[name]) for name in self._extra_names]
+        extra_cols.append((TRAIN_ITERS_KEY, totals))
         if stamps is not None:
-            extra_names = (*extra_names, TIMESTAMP_KEY)
-            extra_cols.append(stamps)
-        extras = map(dict, map(zip, repeat(extra_names), zip(*extra_cols, strict=False)))
+            extra_cols.append((TIMESTAMP_KEY, stamps))
         row_cols: dict[str, Any] = {
             target: by_name[name] for name, target, _ in self.fields if target is not None
         }
         row_cols["step"] = steps
         skipped = by_name.get(SKIPPED_KEY)
-        row_cols["skipped"] = _NONE if skipped is None else map(operator.gt, skipped, _ZERO)
+        row_cols["skipped"] = None if skipped is None else list(map(operator.gt, skipped, _ZERO))
         row_cols["nan"] = _nan_column(row_cols.get("loss"), by_name.get(NAN_KEY))
-        names = (*ROW_FIELDS, "extra")
-        cols = [row_cols.get(name, _NONE) for name in ROW_FIELDS]
-        cols.append(extras)
-        return list(map(dict, map(zip, repeat(names), zip(*cols, strict=False)))), steps
+        row_cols["extra"] = _dicts(extra_cols, len(steps))
+        return _dicts([(name, row_cols.get(name)) for name in (*ROW_FIELDS, "extra")], len(steps)), steps
 
     def _convert(self, name: str, kind: type):
         """`kind` itself, or a memoised `kind` for columns whose values repeat."""
@@ -206,17 +201,39 @@ def nan_flag(loss: float | None, nans: float | int | None) -> bool | None:
     return None if nans is None else nans > 0
 
 
-def _nan_column(losses: list[float] | None, nans: list[int] | None):
+def _nan_column(losses: list[float] | None, nans: list[int] | None) -> list[bool | None] | None:
     if losses is None:
-        return _NONE if nans is None else map(operator.gt, nans, _ZERO)
+        return None if nans is None else list(map(operator.gt, nans, _ZERO))
     bad = map(operator.not_, map(math.isfinite, losses))
     if nans is None:
-        return map(_true_or_none, bad)
-    return map(operator.or_, bad, map(operator.gt, nans, _ZERO))
+        return list(map(_true_or_none, bad))
+    return list(map(operator.or_, bad, map(operator.gt, nans, _ZERO)))
 
 
 def _true_or_none(bad: bool) -> bool | None:
     return True if bad else None
+
+
+def _dicts(columns: list[tuple[str, list[Any] | None]], n: int) -> list[dict[str, Any]]:
+    """`n` dicts from named columns (None: every value None), keys in column order. Columns that
+    hold one value throughout (loss scale, batch size, counts...) go into a template that is
+    copied per row; the others are filled in with `dict.update`, all in C."""
+    template: dict[str, Any] = {}
+    names: list[str] = []
+    values: list[list[Any]] = []
+    for name, col in columns:
+        if col is None:
+            template[name] = None
+        elif not isinstance(col[0], dict) and col.count(col[0]) == n:  # never share a mutable value
+            template[name] = col[0]
+        else:
+            template[name] = None
+            names.append(name)
+            values.append(col)
+    rows = list(map(dict.copy, repeat(template, n)))
+    if names:
+        deque(map(dict.update, rows, map(zip, repeat(names), zip(*values, strict=True))), maxlen=0)
+    return rows
 
 
 def _getter(indices: list[int]):
