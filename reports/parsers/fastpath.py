@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+import sys
 from collections import deque
 from itertools import repeat
 from operator import itemgetter
@@ -56,6 +57,7 @@ _ZERO = repeat(0)
 _WS = r"[^\S\n\r]"  # whitespace within one line (the line path splits at "\r")
 # the timestamp rule of MegatronLMParser._iteration: "[dd...:...]" right before "iteration"
 _STAMP = r"\[(\d\d[^\[\]\n\r\x1b:]*:[^\[\]\n\r\x1b]*)\]" + _WS + "*"
+_GREEDY = "*+" if sys.version_info >= (3, 11) else "*"  # possessive: no backtracking (3.11+)
 _HEAD = r"iteration" + _WS + r"+(\d+)" + _WS + "*/" + _WS + r"*(\d+)" + _WS + r"*\|"
 
 
@@ -138,7 +140,9 @@ class IterationLayout:
         "iteration" when `stamped`, else at the start of the line), up to its newline."""
         pattern = self._templates.get(stamped)
         if pattern is None:
-            body = "".join(" " + re.escape(name) + r":([^|:\n\r\x1b]*)\|" for name, _, _ in self.fields)
+            body = "".join(
+                " " + re.escape(name) + r":([^|:\n\r\x1b]" + _GREEDY + r")\|" for name, _, _ in self.fields
+            )
             head = _STAMP + _HEAD if stamped else "(?m)^" + _WS + "*" + _HEAD
             pattern = self._templates[stamped] = re.compile(head + body + _WS + r"*(?=\n)")
         return pattern
