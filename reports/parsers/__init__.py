@@ -1,9 +1,22 @@
 """Megatron-LM / Megatron-Bridge logs and golden values into mbx step rows (the metrics.jsonl contract).
 
-rows = parse_log("logs/rank7.log")                     # whole file, one row per step
-for row in iter_rows(open_file, lag=1): ...             # streaming, bounded memory
-parser = make_parser(); parser.feed(chunk); ...; parser.close()   # a growing log
-rows = parse_rank_logs(["rank0.log", "rank7.log"])      # several ranks of one run, merged by step
+    rows = parse_log("logs/rank7.log")                         # whole file, one row per step
+    for row in iter_rows("logs/rank7.log"): ...                 # streaming, one row held at a time
+    parser = make_parser(); parser.feed(chunk); ...; parser.close()  # a growing log, chunk by chunk
+    rows = parse_rank_logs(["rank0.log", "rank7.log"])          # ranks of one run, merged by step
+
+A row: `step` (Megatron's iteration number), `loss` ("lm loss"), `grad_norm`, `lr`, `step_time_ms`
+("elapsed time per iteration (ms)"), `tflops_per_gpu` ("throughput per GPU (TFLOP/s/GPU)", or
+Bridge's "GPU utilization" of the matching `Step Time` line), `tokens_per_s_per_gpu` (global batch
+size × seq_length / step time / GPUs, only when seq_length and GPU count are known), memory in GiB
+(`mem_allocated_gib`, `mem_max_allocated_gib`, `mem_reserved_gib`, `mem_max_reserved_gib`: Megatron-LM
+"MB" = MiB → / 1024, Bridge "GB" = 1e9 bytes → × 1e9 / 2**30; the largest over ranks), `skipped` and
+`nan` (True when Megatron counted a skipped / NaN iteration in the logging interval ending here, or
+the loss is not finite), `eval_loss` on steps with a validation line, and `extra` with every other
+field as printed ("consumed samples", "global batch size", "loss scale", "num zeros", other losses
+such as "mtp_1 loss" or "load_balancing_loss", the raw "number of skipped/nan iterations", "train
+iters", "timestamp", Bridge's "Step Time (s)", "validation lm loss PPL", ...). What the log does not
+show stays None.
 """
 
 from __future__ import annotations
