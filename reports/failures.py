@@ -4,8 +4,9 @@
     result.failure_class, result.retryable, result.reason
     # "oom", False, "oom: CUDA out of memory (logs/rank1.log:57): torch.OutOfMemoryError: CUDA out of ..."
 
-The logs are scanned in binary chunks for known signatures (a literal prefilter, then a regex), so
-multi-GB logs cost a few passes of `bytes.find`. Signatures are tried in a fixed priority order,
+The logs are scanned in binary chunks for known signatures (literal prefilters, then a regex); of a
+big log only the first 32 MiB and the last 64 MiB are searched (failures show at the start or at the
+end), the middle is only read to count lines. Signatures are tried in a fixed priority order,
 root causes before their echoes: a rank that runs out of memory makes the others hit NCCL watchdog
 timeouts, a Slurm time limit makes every rank print connection errors, so `oom` outranks `infra`
 and `timeout` outranks both. Within one signature the first file (natural order: rank2 before
@@ -37,6 +38,12 @@ FAILURE_CLASSES: tuple[str, ...] = (
 RETRYABLE_BY_DEFAULT: frozenset[str] = frozenset({"infra", "preempted"})
 
 CHUNK = 8 << 20
+# Failures show at the start of a log (configuration) or at its end (crash, kill, abort): of a big
+# log only the first HEAD and last TAIL bytes are searched (the middle is read to count lines), and
+# NaN counts only in the last WEAK_TAIL bytes, i.e. right before the run stopped.
+HEAD = 32 << 20
+TAIL = 64 << 20
+WEAK_TAIL = 1 << 20
 MAX_LINE = 240
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _ITERATION = re.compile(rb"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
@@ -309,7 +316,9 @@ def scan_logs(logs: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -
 
 
 def _scan_file(path: Path, name: str, scan: LogScan) -> None:
+    size = path.stat().st_size
     base_line = 0
+    offset = 0  # of `chunk` in the file
     carry = b""
     last: tuple[int, int] | None = None
     with open(path, "rb") as fh:
@@ -325,11 +334,20 @@ def _scan_file(path: Path, name: str, scan: LogScan) -> None:
                     continue
                 chunk, carry = data[:cut], data[cut:]
             if chunk:
-                _scan_chunk(chunk, name, base_line, scan)
+                end = offset + len(chunk)
+                searched = offset < HEAD or end > size - TAIL
+                weak_from = max(0, size - WEAK_TAIL - offset) if end > size - WEAK_TAIL else None
+                if name not in scan.first_iteration:
+                    m = _ITERATION.search(chunk)
+                    if m is not None:
+                        scan.first_iteration[name] = base_line + chunk.count(b"\n", 0, m.start()) + 1
+                if searched:
+                    _scan_chunk(chunk, name, base_line, scan, weak_from)
                 found = _last_iteration(chunk)
                 if found is not None:
                     last = found
                 base_line += chunk.count(b"\n")
+                offset = end
             if not block:
                 break
     if last is not None:
@@ -338,18 +356,19 @@ def _scan_file(path: Path, name: str, scan: LogScan) -> None:
         scan.planned_steps = total if scan.planned_steps is None else max(scan.planned_steps, total)
 
 
-def _scan_chunk(chunk: bytes, name: str, base_line: int, scan: LogScan) -> None:
-    if name not in scan.first_iteration:
-        m = _ITERATION.search(chunk)
-        if m is not None:
-            scan.first_iteration[name] = base_line + chunk.count(b"\n", 0, m.start()) + 1
+def _scan_chunk(chunk: bytes, name: str, base_line: int, scan: LogScan, weak_from: int | None) -> None:
     for sig in SIGNATURES:
         found = scan.evidence.setdefault(sig.name, [])
         if found and found[-1].file == name:
             continue  # only the first match of each file is kept
+        start = 0
+        if sig.if_incomplete:
+            if weak_from is None:
+                continue
+            start = weak_from
         if not any(n in chunk for n in sig.needles):
             continue
-        m = sig.pattern.search(chunk)
+        m = sig.pattern.search(chunk, start)
         if m is not None:
             found.append(_evidence(chunk, m.start(), name, base_line, sig.name))
 

@@ -133,3 +133,30 @@ def test_natural_file_order_and_big_logs(tmp_path: Path) -> None:
     write(tmp_path, "rank2.log", noise + "[rank2]: torch.OutOfMemoryError: CUDA out of memory.\n")
     result = classify_failure(tmp_path, [1, 1])
     assert Path(result.evidence.file).name == "rank2.log" and result.evidence.line_no == 200_001
+
+
+def test_big_logs_are_searched_at_both_ends_with_exact_line_numbers(tmp_path: Path, monkeypatch) -> None:
+    from reports import failures
+
+    monkeypatch.setattr(failures, "HEAD", 1 << 20)
+    monkeypatch.setattr(failures, "TAIL", 1 << 20)
+    monkeypatch.setattr(failures, "WEAK_TAIL", 1 << 16)
+    monkeypatch.setattr(failures, "CHUNK", 1 << 18)
+    filler = "INFO:megatron.core.timers:(min, max) time across ranks (ms): forward-backward: (1.0, 2.0)\n"
+    n = (1 << 20) // len(filler) + 1  # about 1 MiB of lines
+    text = (
+        iterations(5, 100, nan_from=4)  # NaN counts far from the end: not why the run stopped
+        + filler * (2 * n)
+        + "RuntimeError: Connection reset by peer\n"  # in the middle: not searched
+        + filler * (3 * n)
+        + "[rank0]: torch.OutOfMemoryError: CUDA out of memory.\n"
+        + filler * 10
+    )
+    log = write(tmp_path, "rank0.log", text)
+    result = classify_failure([log], [1])
+    assert result.failure_class == "oom"
+    assert result.evidence.line_no == 5 + 5 * n + 2
+    assert "network error" not in {
+        name for name, found in failures.scan_logs([log]).evidence.items() if found
+    }
+    assert result.last_step == 5
