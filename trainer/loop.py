@@ -21,6 +21,7 @@ import torch
 from trainer.data import MockData
 from trainer.distributed import Dist, all_reduce_sum
 from trainer.flops import padded_vocab_size, step_flops, tflops_per_gpu
+from trainer.master import MasterWeights
 from trainer.model import GPT
 from trainer.optim import build_optimizer, clip_divisor, grad_norm, lr_at, set_lr
 from trainer.parallelize import no_sync, parallelize, unwrap
@@ -67,9 +68,18 @@ class Trainer:
             model = GPT(m, t.seq_length, padded_vocab_size(m.vocab_size, recipe.parallel.tensor),
                         cross_entropy=recipe.cross_entropy)
         self.params = sum(p.numel() for p in model.parameters())
+        opt = recipe.optimizer
+        use_master = opt.master_weights if opt.master_weights is not None else self.bf16
+        self.master: MasterWeights | None = None
+        if use_master:
+            # fp32 main grads go through per-parameter hooks, which DDP's bucketed gradients do not allow:
+            # with DP > 1 the bf16 gradients are all-reduced and cast to fp32 once per step instead.
+            self.master = MasterWeights(model, opt, fp32_main_grads=opt.main_grads == "fp32" and not dist.initialized)
+            self.master.to_bf16(model)
+            self.compute += " with bf16 weights, fp32 master weights"
         self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist)
         self.param_list = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.model, recipe.optimizer)
+        self.optimizer = self.master.optimizer if self.master else build_optimizer(self.model, opt)
         # With TP = PP = CP = 1 every rank is its own data-parallel rank.
         self.data = MockData(t.seed, m.vocab_size, t.seq_length, t.micro_batch_size, dist.rank, self.dp,
                              self.accum, self.device)
@@ -109,7 +119,8 @@ class Trainer:
             routed += out.tokens_routed * self.dp  # a host int, the same on every rank
         # DDP has all-reduced (averaged) the gradients during the last backward; sum the loss stats too.
         all_reduce_sum(stats, self.dist)
-        norm = grad_norm(self.param_list)
+        grads = self.master.master_grads() if self.master else [p.grad for p in self.param_list if p.grad is not None]
+        norm = grad_norm(grads)
         # Clipping happens inside fused AdamW, which divides every gradient by grad_scale in its own pass.
         self.optimizer.grad_scale = clip_divisor(norm, self.recipe.optimizer.clip_grad)
         # Skip non-finite steps on the device: fused AdamW leaves params and state untouched when found_inf=1.
@@ -117,7 +128,10 @@ class Trainer:
         found_inf = (~torch.isfinite(stats[0]) | ~torch.isfinite(norm)).float()
         self.optimizer.found_inf = found_inf
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.master:
+            self.master.finish_step()  # fp32 master → bf16 weights, clear the step's gradients
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # SYNC: the step time covers all queued GPU work
         step_s = time.perf_counter() - t0

@@ -43,9 +43,8 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """Global L2 norm of the gradients, as a device tensor (no sync)."""
-    grads = [p.grad for p in params if p.grad is not None]
     # foreach=None: multi-tensor kernels on CUDA, a per-tensor loop on CPU (which has no foreach kernels).
     return torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None)
 

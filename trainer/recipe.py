@@ -148,6 +148,16 @@ class OptimizerConfig(_Strict):
     beta2: float = Field(0.95, ge=0, lt=1, description="Adam beta2.")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
     clip_grad: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 = off.")
+    master_weights: bool | None = Field(
+        None,
+        description="bf16 model weights with fp32 master copies in the optimizer (Megatron --bf16); "
+        "None = on for bf16 on GPU, off otherwise.",
+    )
+    main_grads: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="With master weights: accumulate micro-batch gradients in fp32 main grads (Megatron's "
+        "default) or in bf16 on the weights (a precision-aware optimizer's bf16 gradients; less memory traffic).",
+    )
 
 
 class Recipe(_Strict):
