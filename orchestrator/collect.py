@@ -25,15 +25,36 @@ class Collected:
     gate: GateResult
 
 
-def _failure_class(run_dir: Path, status: dict[str, Any]) -> str | None:
+def classify_attempt(run_dir: Path, status: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(failure class, the classifier's one-line reason) of an attempt that did not complete, from its logs."""
+    from reports.failures import classify_failure
+
+    state = status.get("state")
+    if state == "timeout":
+        return "timeout", None
+    if state == "preempted":
+        return "preempted", None
+    if state == "cancelled":
+        return None, None
+    exit_code = status.get("exit_code")
     try:
-        from reports.failures import classify_run_dir
-    except ImportError:  # classifier not available in this build
-        return None
+        exit_info = json.loads((run_dir / "exit.json").read_text())
+        exit_code = exit_info.get("exit_code", exit_code)
+    except (OSError, json.JSONDecodeError):
+        pass
+    planned = status.get("steps_planned")
+    completed = status.get("steps_completed")
+    logs = [run_dir / "logs"] if (run_dir / "logs").exists() else []
     try:
-        return classify_run_dir(run_dir, status)
-    except Exception:  # a classifier bug must never lose a result
-        return None
+        result = classify_failure(
+            logs,
+            exit_codes=[exit_code] if exit_code is not None else None,
+            all_steps_logged=(completed >= planned) if planned and completed is not None else None,
+            planned_steps=planned,
+        )
+    except Exception:  # a classifier problem must never lose a result
+        return None, None
+    return result.failure_class, result.reason
 
 
 def collect_attempt(
@@ -52,7 +73,11 @@ def collect_attempt(
     reason = status.get("reason")
     rows = read_metrics(run_dir)
     summary = summarize(rows, window) if rows else None
-    failure_class = None if state == "completed" else _failure_class(run_dir, status)
+    failure_class = None
+    if state != "completed":
+        failure_class, evidence = classify_attempt(run_dir, status)
+        if evidence and failure_class != "unknown" and (not reason or "no status.json" in reason):
+            reason = evidence
     gate = evaluate(gates, summary, state=state, reason=reason, baseline=baseline)
     return Collected(state, reason, failure_class, summary, gate)
 

@@ -46,7 +46,8 @@ TAIL = 64 << 20
 WEAK_TAIL = 1 << 20
 MAX_LINE = 240
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_ITERATION = re.compile(rb"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+# Megatron's `iteration N/M |` and the bundled trainer's `step N/M |` progress lines.
+_ITERATION = re.compile(rb"(?:iteration|^step|\nstep)\s+(\d+)\s*/\s*(\d+)\s*\|")
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,9 @@ SIGNATURES: tuple[Signature, ...] = (
             b"KeyError",
             b"FileNotFoundError",
             b"NotImplementedError",
+            b"NotSupportedError",
         ),
-        rb"\b(?:AssertionError|ValueError|TypeError|KeyError|FileNotFoundError|NotImplementedError)\b",
+        rb"\b(?:AssertionError|ValueError|TypeError|KeyError|FileNotFoundError|NotImplementedError|NotSupportedError)\b",
         startup_only=True,
     ),
     _sig(
@@ -403,7 +405,7 @@ def _at_startup(ev: Evidence, scan: LogScan) -> bool:
     if scan.last_step is None:
         return True
     first = scan.first_iteration.get(ev.file)
-    return first is not None and ev.line_no < first
+    return first is None or ev.line_no < first  # no progress line at all: it failed while starting
 
 
 def _log_files(logs: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -> list[Path]:
