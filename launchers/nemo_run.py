@@ -118,15 +118,15 @@ class NemoRunLauncher(Launcher):
     def tunnel(self, spec: LaunchSpec) -> Any:
         run = import_nemo_run()
         s = self.settings
-        if self._tunnel is None:
-            if s.tunnel == "ssh":
-                if not (s.host and s.user and s.job_dir):
-                    raise ValueError("launchers.nemo-run: tunnel 'ssh' needs host, user and job_dir")
+        if s.tunnel == "ssh":
+            if not (s.host and s.user and s.job_dir):
+                raise ValueError("launchers.nemo-run: tunnel 'ssh' needs host, user and job_dir")
+            if self._tunnel is None:  # one connection, shared
                 self._tunnel = run.SSHTunnel(host=s.host, user=s.user, job_dir=s.job_dir, identity=s.identity)
-            else:
-                job_dir = s.job_dir or str(self._base_dir(spec) / "experiments")
-                self._tunnel = run.LocalTunnel(job_dir=job_dir)
-        return self._tunnel
+            return self._tunnel
+        # one LocalTunnel per executor, as NeMo-Run's own examples do: a shared one collects every task's
+        # packaging jobs, and NeMo-Run serializes it with each task (quadratic in the number of tasks)
+        return run.LocalTunnel(job_dir=s.job_dir or str(self._base_dir(spec) / "experiments"))
 
     def _run_command(self, argv: list[str]) -> Any:
         if self.settings.tunnel != "ssh" or self.settings.executor != "slurm":
@@ -204,15 +204,12 @@ class NemoRunLauncher(Launcher):
         )
 
     # the Launcher hooks ----------------------------------------------------------------------------------
-    def render(self, specs: list[LaunchSpec]) -> list[SlurmRendered]:
-        """One Experiment for the batch; its sbatch scripts come from NeMo-Run's dry run (nothing submitted)."""
-        if not specs:
-            return []
+    def experiment(self, specs: list[LaunchSpec]) -> Any:
+        """The batch's Experiment: deterministic id (campaign + batch key), one task per attempt."""
         run = import_nemo_run()
         key = batch_key(specs)
         title = safe_name(f"mbx-{specs[0].campaign}")
-        folder = Path(self.workspace) / specs[0].campaign / "slurm" / f"nemo-{key}"
-        table = folder / TASKS_FILE
+        table = self._table(specs)
         experiment = run.Experiment(
             title, id=f"{title}_{key}", base_dir=str(self._base_dir(specs[0])), clean_mode=True,
             enable_goodbye_message=False, skip_status_at_exit=True, log_level="WARN",
@@ -221,11 +218,21 @@ class NemoRunLauncher(Launcher):
             for index, spec in enumerate(specs):
                 name = safe_name(f"{spec.cell_id}-a{spec.attempt}")
                 experiment.add(self.script(spec, table, index), executor=self.executor(spec), name=name)
-        files = {table: task_table(specs, self.cluster, self.settings, project_git_sha())}
+        return experiment
+
+    def _table(self, specs: list[LaunchSpec]) -> Path:
+        return Path(self.workspace) / specs[0].campaign / "slurm" / f"nemo-{batch_key(specs)}" / TASKS_FILE
+
+    def render(self, specs: list[LaunchSpec]) -> list[SlurmRendered]:
+        """The batch's sbatch scripts from NeMo-Run's own dry run of its Experiment (nothing submitted; the
+        Experiment dir it writes is removed again). launch() builds the same Experiment afresh and runs it."""
+        if not specs:
+            return []
+        files = {self._table(specs): task_table(specs, self.cluster, self.settings, project_git_sha())}
         scripts: dict[Path, str] = {}
         commands: list[list[str]] = []
         if self.settings.executor == "slurm":
-            table.parent.mkdir(parents=True, exist_ok=True)
+            experiment = self.experiment(specs)
             with _inside(experiment):
                 experiment.dryrun(log=False, exist_ok=True, delete_exp_dir=True)
             for job in experiment.jobs:
@@ -235,12 +242,14 @@ class NemoRunLauncher(Launcher):
                 remote = os.path.join(executor.tunnel.job_dir, f"{executor.job_name}_sbatch.sh")
                 commands.append(["sbatch", "--requeue", "--parsable", remote])
         item = SlurmRendered(list(specs), files, commands[0] if commands else None, scripts=scripts,
-                             submit_commands=commands, handle=experiment)  # fmt: skip
+                             submit_commands=commands)  # fmt: skip
         item.description = describe(item) if scripts else f"NeMo-Run local executor: {len(specs)} task(s)\n"
         return [item]
 
     def launch(self, rendered: SlurmRendered) -> list[Submitted]:
-        experiment = rendered.handle
+        # A fresh Experiment: reusing the dry-run one would make NeMo-Run serialize its shared tunnel (with every
+        # task's packaging job) into every task, three times over (quadratic in the number of tasks).
+        experiment = self.experiment(rendered.specs)
         with _inside(experiment):
             experiment.run(detach=True)
         submitted = []
