@@ -13,8 +13,9 @@ through a shell. Then, on every rank:
   from the submitting shell are removed (the trainer entry point sets them per rank);
 - stdout/stderr go to <run dir>/logs/rank-<r>.log.
 
-Rank 0 writes the node side of the environment fingerprint into launch.json and runs the command under
-launchers._attempt (time limit, exit.json, fallback status.json); the other ranks exec the command.
+Rank 0 writes the node side of the environment fingerprint (node.json, also merged into launch.json) and
+runs the command under launchers._attempt (time limit, exit.json, fallback status.json); the other ranks exec
+the command.
 A requeued job (SLURM_RESTART_COUNT > 0) first moves the previous run's outputs to <run dir>/requeued/<n>/.
 
 Standard library only: this runs inside the job's container, where only the mbx checkout is mounted.
@@ -52,7 +53,7 @@ DIST_VARIABLES = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
-RUN_OUTPUTS = ("status.json", "exit.json", "metrics.jsonl", "env.json", "jit_caches.json", "logs")
+RUN_OUTPUTS = ("status.json", "exit.json", "metrics.jsonl", "env.json", "node.json", "logs")
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
@@ -208,6 +209,9 @@ def write_node_fingerprint(run_dir: Path, entry: dict, env: dict[str, str], wait
             break
         time.sleep(0.5)
     node = {k: v for k, v in node_fingerprint(entry, env).items() if v is not None}
+    node_json = run_dir / "node.json"  # the node's own file: nothing on the login side rewrites it
+    node_json.with_name("node.json.tmp").write_text(json.dumps(node, indent=2))
+    os.replace(node_json.with_name("node.json.tmp"), node_json)
     data.setdefault("fingerprint", {}).update(node)
     slurm_keys = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST",
                   "SLURM_RESTART_COUNT", "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION")  # fmt: skip

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -35,6 +35,7 @@ class DryRunLauncher(Launcher):
 
     name = "dry-run"
     Settings = DryRunSettings
+    dry_run: ClassVar[bool] = True  # for an engine that renders and shows without recording attempts
 
     def __init__(self, settings: DryRunSettings | None, workspace: Path, cluster: Any = None):
         super().__init__(settings, workspace, cluster)
@@ -47,17 +48,14 @@ class DryRunLauncher(Launcher):
     def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
         return self.inner.render(specs)
 
-    def launch(self, rendered: Rendered) -> list[Submitted]:
+    def show(self, rendered: Rendered) -> Path:
+        """Write the job scripts where the real submit would (plus a summary file) and print them; no state."""
         scripts = rendered.scripts if isinstance(rendered, SlurmRendered) else {}
+        write_files(rendered.files)
         write_files({p: t for p, t in scripts.items() if p not in rendered.files})
         text = describe(rendered) if isinstance(rendered, SlurmRendered) else rendered.description
-        key = batch_key(rendered.specs)
-        out = (
-            Path(self.workspace)
-            / rendered.specs[0].campaign
-            / "dry-run"
-            / f"{self.settings.backend}-{key}.txt"
-        )
+        name = f"{self.settings.backend}-{batch_key(rendered.specs)}.txt"
+        out = Path(self.workspace) / rendered.specs[0].campaign / "dry-run" / name
         write_files({out: text})
         self.printed.append(text)
         if self.settings.print_scripts:
@@ -66,7 +64,14 @@ class DryRunLauncher(Launcher):
                 flush=True,
             )
             print(text, flush=True)
+        return out
+
+    def launch(self, rendered: Rendered) -> list[Submitted]:
+        """show(), then mark every attempt cancelled ("dry run") in its run dir: the engine records attempts."""
+        out = self.show(rendered)
+        scripts = rendered.scripts if isinstance(rendered, SlurmRendered) else {}
         first_script = str(next(iter(scripts), "")) or None
+        key = batch_key(rendered.specs)
         submitted = []
         for index, spec in enumerate(rendered.specs):
             _write_status(spec.run_dir, first_script)

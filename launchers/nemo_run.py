@@ -104,6 +104,10 @@ class NemoRunLauncher(Launcher):
 
     def __init__(self, settings: NemoRunSettings | None, workspace: Path, cluster: Any = None):
         super().__init__(settings, workspace, cluster)
+        import importlib.util
+
+        if importlib.util.find_spec("nemo_run") is None:  # fail before anything is written, without importing
+            raise RuntimeError(INSTALL_HINT)
         s = self.settings
         check_campaign(cluster, s, workspace)
         self._tunnel: Any = None

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PRECISIONS = ("fp32", "bf16", "fp8", "mxfp8", "nvfp4")
 BLACKWELL_ONLY_PRECISIONS = ("mxfp8", "nvfp4")
+QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")  # Transformer Engine modules under te.autocast
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "moe_dispatch")
+# Lowest compute capability (major·10 + minor) of each Transformer Engine quantized mode.
+MIN_ARCH = {"fp8": 89, "fp8/block": 90, "mxfp8": 100, "nvfp4": 100}
+FP8_ALIGN = 16  # TE FP8 GEMMs: every GEMM dimension a multiple of 16 (rows of 8, here 16 for the wgrad too)
 
 
 class _Strict(BaseModel):
@@ -54,10 +60,18 @@ class MoEConfig(_Strict):
         "single", description="One [E, N, K] parameter per projection, or one parameter per expert."
     )
     dispatch_chunk_tokens: int | None = Field(
-        None, ge=1, description="Route/permute tokens in chunks of this many, pipelined against the expert GEMMs."
+        None, ge=1, description="Route/permute tokens in chunks of this many, pipelined against the expert GEMMs "
+        "(on a GPU chunk i+1's permutation runs on a dispatcher stream while chunk i's GEMMs run; capacity is "
+        "then counted per chunk)."
+    )
+    dispatch_overlap: bool = Field(
+        True, description="With dispatch_chunk_tokens on a GPU: run dispatch/permute/combine on a separate CUDA "
+        "stream, overlapped with the expert GEMMs; false = the chunks run one after another on the compute stream."
     )
     dispatcher_sms: int | None = Field(
-        None, ge=1, description="Run dispatch/permute/combine in a CUDA green context of this many SMs (GPU only)."
+        None, ge=1, description="Run dispatch/permute/combine on the stream of a CUDA green context of this many "
+        "SMs (GPU only; the GEMMs keep the other SMs); without dispatch_chunk_tokens the one chunk's permutation "
+        "overlaps only the shared experts."
     )
 
     @model_validator(mode="after")
@@ -66,6 +80,8 @@ class MoEConfig(_Strict):
             raise ValueError(f"top_k ({self.top_k}) must be ≤ num_experts ({self.num_experts})")
         if self.pad_to_capacity and self.capacity_factor is None:
             raise ValueError("pad_to_capacity needs a capacity_factor (dropless has no capacity to pad to)")
+        if self.dispatcher_sms is not None and not self.dispatch_overlap:
+            raise ValueError("dispatcher_sms needs dispatch_overlap (the green-context stream is the overlap)")
         return self
 
 
@@ -174,7 +190,16 @@ class Recipe(_Strict):
     fp8_recipe: Literal["current", "delayed", "block"] = Field(
         "current", description="TE FP8 scaling recipe when precision is fp8."
     )
-    recompute: Literal["none", "selective", "full"] = Field("none", description="Activation recomputation.")
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="Activation recomputation: none; selective = the modules in recompute_modules "
+        "(Megatron --recompute-granularity selective); full = every transformer layer."
+    )
+    recompute_modules: list[Literal["core_attn", "moe_act", "moe_dispatch"]] | None = Field(
+        None, description="With recompute: selective, what is recomputed in the backward instead of kept "
+        "(Megatron --recompute-modules): core_attn = softmax(QKᵀ)V, moe_act = the expert activation's output "
+        "(the second expert GEMM's input), moe_dispatch = the permuted token buffer (the first expert GEMM's "
+        "input); None = all three."
+    )
     cross_entropy: Literal["native", "fused", "te"] = Field(
         "native", description="Loss: native fp32 CE, fused (vocab-chunked), or TE parallel cross entropy."
     )
@@ -193,7 +218,18 @@ class Recipe(_Strict):
             )
         if moe is None and self.parallel.expert > 1:
             raise ValueError("parallel.expert > 1 needs model.moe")
+        if self.recompute_modules is not None:
+            if self.recompute != "selective":
+                raise ValueError(f"recompute_modules applies only with recompute: selective (got {self.recompute})")
+            if not self.recompute_modules or len(set(self.recompute_modules)) != len(self.recompute_modules):
+                raise ValueError(f"recompute_modules must be non-empty without repeats (got {self.recompute_modules})")
         return self
+
+    def selective_modules(self) -> frozenset[str]:
+        """What selective recompute covers (empty unless recompute is selective)."""
+        if self.recompute != "selective":
+            return frozenset()
+        return frozenset(self.recompute_modules or RECOMPUTE_MODULES)
 
     def data_parallel_size(self, world_size: int) -> int:
         """DP implied by a world size, raising ValueError when the layout does not tile it."""
@@ -246,8 +282,95 @@ def launch_problems(recipe: Recipe, world_size: int, gpu_arch: str | None = None
             f"training.global_batch_size: {t.global_batch_size} is not divisible by micro_batch_size × DP = "
             f"{t.micro_batch_size} × {dp} = {t.micro_batch_size * dp}"
         )
-    if recipe.precision in BLACKWELL_ONLY_PRECISIONS and gpu_arch is not None and not gpu_arch.startswith("sm_10"):
-        problems.append(f"precision: {recipe.precision} needs a Blackwell GPU (sm_100+); this point targets {gpu_arch}")
+    device = "cpu" if recipe.device == "cpu" else None  # "auto" and "cuda" may both land on a GPU
+    problems.extend(knob_problems(recipe, device, arch_number(gpu_arch) if gpu_arch else None, gpu_arch))
+    return problems
+
+
+def arch_number(arch: str | tuple[int, int]) -> int:
+    """Compute capability as major·10 + minor: "sm_90" / "sm_90a" / "9.0" / (9, 0) → 90, "sm_100" → 100."""
+    if isinstance(arch, tuple):
+        return arch[0] * 10 + arch[1]
+    text = arch.strip().lower().removeprefix("sm_").removeprefix("compute_").rstrip("abf")
+    if "." in text:
+        major, minor = text.split(".", 1)
+        return int(major) * 10 + int(minor)
+    return int(text)
+
+
+def _tokens_per_chunk(recipe: Recipe) -> list[int]:
+    """The distinct chunk sizes one micro-batch's MoE layer dispatches (the last chunk may be shorter)."""
+    moe, t = recipe.model.moe, recipe.training
+    tokens = t.micro_batch_size * t.seq_length
+    chunk = min(moe.dispatch_chunk_tokens or tokens, tokens) if moe else tokens
+    return sorted({chunk} | ({tokens % chunk} if tokens % chunk else set()))
+
+
+def knob_problems(recipe: Recipe, device_type: str | None, arch: int | None, arch_name: str | None = None
+                  ) -> list[str]:
+    """What the performance knobs need of the machine, checked against what is known of it.
+
+    device_type "cpu"/"cuda" or None (unknown), arch = compute capability as major·10 + minor or None.
+    Shared by the pre-submit checks (the recipe alone) and the trainer at start-up (the real device).
+    Every problem starts with the recipe key path.
+    """
+    problems: list[str] = []
+    moe, prec = recipe.model.moe, recipe.precision
+    where = f"this point targets {arch_name or f'sm_{arch}'}"
+    on_cpu = device_type == "cpu"
+    cpu = "this run is on the CPU" if recipe.device != "cpu" else "this recipe sets device: cpu"
+    if prec in QUANTIZED_PRECISIONS:
+        if on_cpu:
+            problems.append(f"precision: {prec} runs Transformer Engine GEMMs on a CUDA GPU; {cpu}")
+        need = MIN_ARCH["fp8/block" if prec == "fp8" and recipe.fp8_recipe == "block" else prec]
+        if arch is not None and arch < need:
+            if prec in BLACKWELL_ONLY_PRECISIONS:
+                problems.append(f"precision: {prec} needs a Blackwell GPU (sm_100+); {where}")
+            elif need > MIN_ARCH["fp8"]:
+                problems.append(f"fp8_recipe: block (Float8BlockScaling) needs Hopper or newer (sm_90+); {where}")
+            else:
+                problems.append(f"precision: fp8 needs an FP8 GPU (Ada/Hopper, sm_89+); {where}")
+        problems.extend(_alignment_problems(recipe))
+    if recipe.cross_entropy == "te" and on_cpu:
+        problems.append(f"cross_entropy: te (Transformer Engine parallel_cross_entropy) needs a CUDA GPU; {cpu}")
+    if moe is not None:
+        if moe.grouped_gemm == "te" and on_cpu:
+            problems.append(f"model.moe.grouped_gemm: te (Transformer Engine GroupedLinear) needs a CUDA GPU; {cpu}")
+        if moe.dispatcher_sms is not None and on_cpu:
+            problems.append(f"model.moe.dispatcher_sms: green contexts need a CUDA GPU; {cpu}")
+    return problems
+
+
+def _alignment_problems(recipe: Recipe) -> list[str]:
+    """TE's quantized GEMMs need every GEMM dimension aligned (FP8: 16; MXFP8/NVFP4 blocks: 32)."""
+    m, moe, t, prec = recipe.model, recipe.model.moe, recipe.training, recipe.precision
+    align = FP8_ALIGN if prec == "fp8" else 32
+    dims = {
+        "model.hidden_size": m.hidden_size,
+        "query size (num_attention_heads × head size)": m.num_attention_heads * m.kv_channels,
+        "key/value size (num_query_groups × head size)": m.kv_heads * m.kv_channels,
+        "tokens per micro-batch (training.micro_batch_size × seq_length)": t.micro_batch_size * t.seq_length,
+    }
+    has_dense = moe is None or (moe.layer_freq > 1 and m.num_layers > 1)
+    if has_dense:
+        dims["model.ffn_hidden_size"] = m.ffn_hidden_size
+    if moe is not None and moe.num_shared_experts:
+        dims["shared-expert hidden size"] = moe.shared_expert_ffn_hidden_size or moe.ffn_hidden_size * moe.num_shared_experts
+    if moe is not None and moe.grouped_gemm == "te":
+        dims["model.moe.ffn_hidden_size"] = moe.ffn_hidden_size
+    problems = [f"precision: {prec} (Transformer Engine) needs {name} divisible by {align} (got {value})"
+                for name, value in dims.items() if value % align]
+    if moe is not None and moe.grouped_gemm == "te":
+        capacities = None
+        if moe.capacity_factor is not None and moe.pad_to_capacity:
+            capacities = [math.ceil(n * moe.top_k / moe.num_experts * moe.capacity_factor)
+                          for n in _tokens_per_chunk(recipe)]
+        if capacities is None or any(c % align for c in capacities):
+            got = "dropless: data-dependent group sizes" if capacities is None else f"capacity {capacities}"
+            problems.append(
+                f"model.moe.grouped_gemm: te under precision {prec} needs every expert's row count divisible by "
+                f"{align}: set capacity_factor with pad_to_capacity so the capacity is ({got})"
+            )
     return problems
 
 
