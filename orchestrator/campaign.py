@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from reports.failures import FAILURE_CLASSES
 from reports.gates import GateSpec
 from reports.wandb_log import WandbSettings
 from trainer.recipe import Recipe
@@ -32,6 +33,72 @@ class BundledTrainer(_Strict):
         None,
         description="A recipe YAML file (relative to the campaign file) used as the base; `recipe` overrides it.",
     )
+
+
+class CommandTrainer(_Strict):
+    """An external trainer (Megatron-LM, Megatron-Bridge, ...) started from an argv template; its logs are parsed."""
+
+    kind: Literal["command"] = Field(..., description="Run a command at every point.")
+    command: list[str] = Field(
+        ...,
+        min_length=1,
+        description=(
+            "argv template, never run by a shell, e.g. [python, pretrain_gpt.py]. `{name}` placeholders take "
+            "params (`{params.name}`), resources ({nodes}, {gpus_per_node}, {world_size}), `{env.NAME}`, "
+            "{campaign}, {campaign_dir}, and per attempt {run_dir}, {log_dir}, {cell_id}, {attempt}; a whole "
+            "element `{params}` marks where the rendered params go (default: the end); `{{`/`}}` are literal braces."
+        ),
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Base values rendered into the argv in `style` (sweep keys params.<name> or bare names override them); "
+            "a param used by a placeholder is not rendered again."
+        ),
+    )
+    style: Literal["megatron-lm", "megatron-bridge"] = Field(
+        "megatron-lm",
+        description=(
+            "megatron-lm: `--flag-name value` (underscores → dashes, true → bare flag, false/null → omitted, "
+            "lists → repeated values); megatron-bridge: Hydra-style `key.path=value` overrides."
+        ),
+    )
+    log_format: Literal["megatron-lm", "megatron-bridge", "auto"] = Field(
+        "auto", description="Dialect of the rank logs in <run dir>/logs/ (auto reads both)."
+    )
+    seq_length: int | None = Field(
+        None, ge=1, description="Sequence length for tokens/s when the log has no argument dump."
+    )
+    num_gpus: int | None = Field(
+        None,
+        ge=1,
+        description="GPUs for tokens/s/GPU; default the log's world_size, else nodes × gpus_per_node.",
+    )
+    steps: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Planned iterations (for failure classes and hang detection); default params train_iters "
+            "(train.train_iters for Bridge), else the log's `iteration N/M`."
+        ),
+    )
+
+
+def _trainer_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("kind", "bundled"))
+    return str(getattr(value, "kind", "bundled"))
+
+
+TRAINER_KINDS: dict[str, type[BaseModel]] = {"bundled": BundledTrainer, "command": CommandTrainer}
+Trainer = Annotated[
+    Annotated[BundledTrainer, Tag("bundled")] | Annotated[CommandTrainer, Tag("command")],
+    Discriminator(
+        _trainer_kind,
+        custom_error_type="invalid_trainer_kind",
+        custom_error_message="trainer.kind must be one of 'bundled', 'command'",
+    ),
+]
 
 
 class Resources(_Strict):
@@ -151,6 +218,42 @@ class Collect(_Strict):
     window: int = Field(
         10, ge=1, description="Summary window: the last N timed steps (the first step never counts)."
     )
+    exit_grace_s: float | None = Field(
+        60.0,
+        gt=0,
+        description=(
+            "Command trainers: once every planned step is logged, the process must exit within this many "
+            "seconds, else it is cancelled and recorded as hung_after_finish (its results are kept); null: wait."
+        ),
+    )
+
+
+class Retry(_Strict):
+    """Bounded retries of attempts that failed for a retryable reason (same cell, new attempt)."""
+
+    max_attempts: int = Field(
+        1, ge=1, le=20, description="Attempts per cell and campaign run, the first included (1: no retry)."
+    )
+    on: list[str] = Field(
+        default_factory=lambda: ["infra", "preempted"],
+        description=f"Failure classes worth another attempt; any of {', '.join(FAILURE_CLASSES)}.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on_key(cls, data: Any) -> Any:
+        """YAML 1.1 reads an unquoted `on:` key as the boolean true; take it back as `on`."""
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+    @field_validator("on")
+    @classmethod
+    def _known_classes(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if name not in FAILURE_CLASSES:
+                raise ValueError(f"{name!r} is not a failure class; allowed: {', '.join(FAILURE_CLASSES)}")
+        return names
 
 
 class Campaign(_Strict):
@@ -158,11 +261,15 @@ class Campaign(_Strict):
 
     name: str = Field(..., pattern=NAME_PATTERN, description="Campaign name (letters, digits, . _ -).")
     description: str = Field("", description="What this campaign measures.")
-    trainer: BundledTrainer = Field(default_factory=BundledTrainer, description="What runs at every point.")
+    trainer: Trainer = Field(
+        default_factory=BundledTrainer,
+        description="What runs at every point: kind bundled (a recipe) or command (an argv template).",
+    )
     resources: Resources = Field(default_factory=Resources, description="Nodes and ranks per point.")
     sweep: Sweep = Field(default_factory=Sweep, description="The points to run.")
     gates: GateSpec = Field(default_factory=GateSpec, description="Pass/fail limits for every cell.")
-    collect: Collect = Field(default_factory=Collect, description="Summary settings.")
+    collect: Collect = Field(default_factory=Collect, description="Summary and hang-detection settings.")
+    retry: Retry = Field(default_factory=Retry, description="Bounded retries of failed attempts.")
     launcher: str = Field(
         "local", description="Backend: local | submitit | nemo-run | dry-run (CLI --launcher wins)."
     )
@@ -181,6 +288,8 @@ class Campaign(_Strict):
         from orchestrator.yamlio import load_yaml_file
 
         base: dict[str, Any] = {}
+        if not isinstance(self.trainer, BundledTrainer):
+            return base
         if self.trainer.recipe_file:
             root = campaign_file.parent if campaign_file else Path.cwd()
             loaded = load_yaml_file(root / self.trainer.recipe_file)

@@ -73,8 +73,8 @@ def collect_attempt(
     reason = status.get("reason")
     rows = read_metrics(run_dir)
     summary = summarize(rows, window) if rows else None
-    failure_class = None
-    if state != "completed":
+    failure_class = status.get("failure_class")  # command trainers' status.json carries its class
+    if state != "completed" and "failure_class" not in status:
         failure_class, evidence = classify_attempt(run_dir, status)
         if evidence and failure_class != "unknown" and (not reason or "no status.json" in reason):
             reason = evidence

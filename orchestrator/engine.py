@@ -1,4 +1,4 @@
-"""Runs a campaign's cells through a launcher: submit, poll, collect, retry nothing twice, survive restarts."""
+"""Runs a campaign's cells through a launcher: submit, poll, follow logs, collect, bounded retries, survive restarts."""
 
 from __future__ import annotations
 
@@ -17,21 +17,27 @@ from orchestrator.campaign import Campaign
 from orchestrator.collect import Collected, collect_attempt, summary_from_dict
 from orchestrator.errors import RunError, UsageError
 from orchestrator.fingerprint import login_fingerprint
+from orchestrator.ingest import HUNG_FILE, LogFollower, finalize_command_attempt, write_json
+from orchestrator.retry import decide, last_step
 from orchestrator.store import ACTIVE_STATES, AttemptRow, CellRow, Store
 from orchestrator.yamlio import dump_yaml
 from reports.window import Summary
 
 POLL_INTERVAL_S = 0.5
+FOLLOW_INTERVAL_S = 1.0  # how often a running command attempt's logs are read
+CANCEL_WAIT_S = 30.0  # after cancelling a hung attempt, collect it even if the launcher still lists it
 
 
 @dataclass
 class Event:
     """Something the engine reports to its caller (progress display)."""
 
-    kind: str  # "submitted" | "finished" | "adopted" | "skipped"
+    kind: str  # "submitted" | "finished" | "adopted" | "skipped" | "retrying" | "progress" | "hung"
     cell: CellRow
     attempt: int
     collected: Collected | None = None
+    progress: tuple[int | None, int | None] | None = None  # (last step logged, planned steps)
+    note: str | None = None  # why a retry happens, or what was done to a hung attempt
 
 
 @dataclass
@@ -44,6 +50,8 @@ class Outcome:
     failed: list[tuple[CellRow, str]] = field(default_factory=list)  # (cell, why)
     gate_failures: list[tuple[CellRow, list[str]]] = field(default_factory=list)
     skipped: int = 0
+    # completed, but with a note (e.g. hung after its last step: results kept, process cancelled)
+    warnings: list[tuple[CellRow, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -115,6 +123,12 @@ class Engine:
         self.on_event = on_event or (lambda event: None)
         self.baseline = baseline or {}
         self.root = store.workspace / campaign.name
+        self._followers: dict[tuple[str, int], LogFollower] = {}
+        self._followed_at: dict[tuple[str, int], float] = {}
+        self._done_since: dict[tuple[str, int], float] = {}
+        self._cancelled_at: dict[tuple[str, int], float] = {}
+        self._tries: dict[str, int] = {}  # attempts of each cell made by this run
+        self._steps: dict[str, int | None] = {}  # last step of each cell's previous attempt in this run
 
     # paths and specs -----------------------------------------------------------------------------------
     def run_dir(self, cell: CellRow, attempt: int) -> Path:
@@ -127,6 +141,20 @@ class Engine:
             gpus_per_node=int(cell.resources["gpus_per_node"]),
             time_limit_min=cell.resources.get("time_limit_min"),
         )
+        if _is_command(cell):
+            from orchestrator.command import attempt_argv
+
+            return LaunchSpec(
+                campaign=self.campaign.name,
+                cell_id=cell.cell_id,
+                attempt=attempt.attempt,
+                run_dir=run_dir,
+                resources=resources,
+                module=None,  # the argv runs as given, as a list: no shell ever sees a value
+                args=attempt_argv(cell.recipe["argv"], run_dir, cell.cell_id, attempt.attempt),
+                env=dict(cell.env),
+                env_pass=list(self.campaign.env.pass_names),
+            )
         return LaunchSpec(
             campaign=self.campaign.name,
             cell_id=cell.cell_id,
@@ -141,7 +169,10 @@ class Engine:
 
     def _write_run_dir(self, cell: CellRow, spec: LaunchSpec) -> None:
         spec.run_dir.mkdir(parents=True, exist_ok=True)
-        (spec.run_dir / "recipe.yaml").write_text(dump_yaml(cell.recipe))
+        recipe = (
+            {**cell.recipe, "argv": spec.args, "env": dict(cell.env)} if _is_command(cell) else cell.recipe
+        )
+        (spec.run_dir / "recipe.yaml").write_text(dump_yaml(recipe))
         self._write_launch_json(spec, None)
 
     def _write_launch_json(self, spec: LaunchSpec, job: Submitted | None) -> None:
@@ -182,6 +213,7 @@ class Engine:
             elif attempt is not None and attempt.state in ACTIVE_STATES and attempt.job_id:
                 job = Submitted(cell.cell_id, attempt.attempt, attempt.job_id, attempt.job_info)
                 in_flight[attempt.job_id] = (cell, attempt, job)
+                self._tries[cell.cell_id] = 1
                 self.on_event(Event("adopted", cell, attempt.attempt))
             else:
                 if attempt is not None and attempt.state in ACTIVE_STATES:
@@ -202,17 +234,102 @@ class Engine:
                 continue
             states = self.launcher.poll([job for _, _, job in in_flight.values()])
             for job_id, state in states.items():
-                if not state.finished and not self._status_written(in_flight[job_id][1], state):
-                    continue
-                cell, attempt, job = in_flight.pop(job_id)
+                cell, attempt, job = in_flight[job_id]
+                if not state.finished and not self._status_written(attempt, state):
+                    if not self._watch(cell, attempt, job):
+                        continue
+                in_flight.pop(job_id)
                 collected = self._collect(cell, attempt, state)
-                self._count_finished(
-                    outcome, cell, self.store.attempt(cell.campaign, cell.cell_id, attempt.attempt)
-                )
+                record = self.store.attempt(cell.campaign, cell.cell_id, attempt.attempt)
+                if self._retry(cell, attempt, collected):
+                    pending.append(cell)
+                    continue
+                self._count_finished(outcome, cell, record)
                 self.on_event(Event("finished", cell, attempt.attempt, collected))
             if in_flight:
                 time.sleep(POLL_INTERVAL_S)
         return outcome
+
+    # command trainers: follow logs, hang detection, retries --------------------------------------------
+    def _watch(self, cell: CellRow, attempt: AttemptRow, job: Submitted) -> bool:
+        """Follow a running command attempt's logs; cancel it when every planned step is logged but it
+        does not exit within collect.exit_grace_s. True when it should be collected now anyway."""
+        if not _is_command(cell):
+            return False
+        key = (cell.cell_id, attempt.attempt)
+        now = time.time()
+        if key in self._cancelled_at:
+            return now - self._cancelled_at[key] > CANCEL_WAIT_S  # cancelled, but the launcher still lists it
+        follower = self._follower(cell, attempt)
+        if now - self._followed_at.get(key, 0.0) >= FOLLOW_INTERVAL_S:
+            self._followed_at[key] = now
+            if follower.update():
+                progress = (
+                    follower.progress.last_step,
+                    cell.recipe.get("steps") or follower.progress.planned,
+                )
+                self.on_event(Event("progress", cell, attempt.attempt, progress=progress))
+        grace = self.campaign.collect.exit_grace_s
+        planned = cell.recipe.get("steps") or follower.progress.planned
+        last = follower.progress.last_step
+        if grace is None or not planned or last is None or last < planned:
+            return False
+        since = self._done_since.setdefault(key, now)
+        if now - since < grace:
+            return False
+        write_json(
+            Path(attempt.run_dir) / HUNG_FILE,
+            {
+                "last_step": last,
+                "planned": planned,
+                "grace_s": grace,
+                "all_logged_at": since,
+                "cancelled_at": now,
+            },
+        )
+        self._cancelled_at[key] = now
+        self.launcher.cancel([job])
+        self.on_event(
+            Event(
+                "hung",
+                cell,
+                attempt.attempt,
+                note=f"all {last}/{planned} steps logged, no exit in {grace:.0f} s",
+            )
+        )
+        return False
+
+    def _follower(self, cell: CellRow, attempt: AttemptRow) -> LogFollower:
+        key = (cell.cell_id, attempt.attempt)
+        if key not in self._followers:
+            recipe = cell.recipe
+            self._followers[key] = LogFollower(
+                Path(attempt.run_dir) / "logs",
+                recipe.get("log_format") or "auto",
+                seq_length=recipe.get("seq_length"),
+                num_gpus=recipe.get("num_gpus"),
+            )
+        return self._followers[key]
+
+    def _retry(self, cell: CellRow, attempt: AttemptRow, collected: Collected) -> bool:
+        """Whether the cell gets another attempt; a stop for a retryable class is noted in the reason."""
+        tries = self._tries.get(cell.cell_id, 1)
+        steps = last_step(Path(attempt.run_dir))
+        before = self._steps.get(cell.cell_id)
+        decision = decide(self.campaign.retry, collected.state, collected.failure_class, tries, steps, before)
+        if not decision.retry:
+            if decision.why:
+                reason = f"{collected.reason or collected.state}; {decision.why}"
+                collected.reason = reason
+                self.store.set_state(
+                    self.campaign.name, cell.cell_id, attempt.attempt, collected.state, reason,
+                    collected.failure_class,
+                )  # fmt: skip
+            return False
+        self._tries[cell.cell_id] = tries + 1
+        self._steps[cell.cell_id] = steps or 0
+        self.on_event(Event("retrying", cell, attempt.attempt, collected, note=decision.why))
+        return True
 
     def _status_written(self, attempt: AttemptRow, state: JobState) -> bool:
         """Whether a job the scheduler still lists has already finished by its run dir (status file first)."""
@@ -223,6 +340,7 @@ class Engine:
     def _submit(self, batch: list[CellRow]) -> list[tuple[CellRow, AttemptRow, Submitted]]:
         specs: list[tuple[CellRow, AttemptRow, LaunchSpec]] = []
         for cell in batch:
+            self._tries.setdefault(cell.cell_id, 1)
             attempt = self.store.new_attempt(
                 self.campaign.name, cell.cell_id, self.launcher.name, lambda n, c=cell: self.run_dir(c, n)
             )
@@ -242,7 +360,9 @@ class Engine:
         return result
 
     def _collect(self, cell: CellRow, attempt: AttemptRow, state: JobState) -> Collected:
-        baseline = self.baseline.get(cell.point_id)
+        baseline = baseline_for(self.baseline, cell)
+        if _is_command(cell):
+            self._finalize_command(cell, attempt)
         collected = collect_attempt(
             Path(attempt.run_dir), self.campaign.gates, self.campaign.collect.window, baseline, state.value
         )
@@ -260,6 +380,23 @@ class Engine:
         )
         return collected
 
+    def _finalize_command(self, cell: CellRow, attempt: AttemptRow) -> None:
+        """A command attempt's logs → metrics.jsonl and status.json (a collection problem never stops the run)."""
+        key = (cell.cell_id, attempt.attempt)
+        run_dir = Path(attempt.run_dir)
+        world = int(cell.resources.get("nodes", 1)) * int(cell.resources.get("gpus_per_node", 1))
+        try:
+            finalize_command_attempt(
+                run_dir, cell.recipe, world, self.campaign.retry.on, self._followers.pop(key, None)
+            )
+        except Exception as err:  # noqa: BLE001 - recorded in the run dir instead
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_json(
+                run_dir / "status.json",
+                {"state": "failed", "reason": f"mbx could not collect the logs: {err!r}", "failure_class": "unknown",
+                 "written_by": "mbx collect (command trainer)"},
+            )  # fmt: skip
+
     def _count_finished(self, outcome: Outcome, cell: CellRow, attempt: AttemptRow | None) -> None:
         if attempt is None:
             return
@@ -267,19 +404,45 @@ class Engine:
             outcome.failed.append((cell, f"{attempt.state}: {attempt.reason or 'no reason recorded'}"))
             return
         outcome.completed += 1
+        if attempt.failure_class:  # completed with a class: hung after its last step (results kept)
+            outcome.warnings.append((cell, attempt.reason or attempt.failure_class))
         result = self.store.result(self.campaign.name, cell.cell_id, attempt.attempt)
         if result and result.gate and result.gate.get("verdict") == "fail":
             messages = [c["message"] for c in result.gate.get("checks", []) if c.get("ok") is False]
             outcome.gate_failures.append((cell, messages))
 
 
+def _is_command(cell: CellRow) -> bool:
+    return cell.recipe.get("kind") == "command"
+
+
+SOLE_BASELINE = "*"  # key of the baseline summary that serves every cell (a baseline with a single point)
+
+
+def params_key(params: dict[str, Any]) -> str:
+    return "params:" + json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def baseline_for(baselines: dict[str, Summary], cell: CellRow) -> Summary | None:
+    """A cell's baseline: the same point, else the baseline cell with equal swept values, else the
+    baseline campaign's only point (e.g. one ingested past run)."""
+    return (
+        baselines.get(cell.point_id)
+        or (baselines.get(params_key(cell.params)) if cell.params else None)
+        or baselines.get(SOLE_BASELINE)
+    )
+
+
 def baseline_summaries(store: Store, campaign: Campaign) -> dict[str, Summary]:
-    """Window summaries of the baseline campaign's completed cells, by point id (first repeat wins)."""
+    """Window summaries of the baseline campaign's completed cells by point id (first repeat wins),
+    by swept values (`params:...`), and under `*` when the baseline has a single point."""
     if not campaign.baseline:
         return {}
     summaries: dict[str, Summary] = {}
     latest = store.latest_attempts(campaign.baseline)
+    points: set[str] = set()
     for cell in store.cells(campaign.baseline):
+        points.add(cell.point_id)
         attempt = latest.get(cell.cell_id)
         if attempt is None or attempt.state != "completed" or cell.point_id in summaries:
             continue
@@ -287,4 +450,8 @@ def baseline_summaries(store: Store, campaign: Campaign) -> dict[str, Summary]:
         summary = summary_from_dict(result.summary) if result else None
         if summary is not None:
             summaries[cell.point_id] = summary
+            if cell.params:
+                summaries.setdefault(params_key(cell.params), summary)
+    if len(points) == 1 and summaries:
+        summaries[SOLE_BASELINE] = next(iter(summaries.values()))
     return summaries

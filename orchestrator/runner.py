@@ -69,6 +69,7 @@ class ProgressReporter:
         self.task = self.progress.add_task(name, total=total, detail="")
         self.running = 0
         self.failed = 0
+        self.steps: dict[str, str] = {}  # cell id → "step 12/50" of running command attempts
 
     def __enter__(self) -> ProgressReporter:
         self.progress.start()
@@ -79,6 +80,10 @@ class ProgressReporter:
 
     def _detail(self) -> None:
         detail = f"running {self.running}" + (f", failed {self.failed}" if self.failed else "")
+        if self.steps:
+            detail += (
+                " (" + ", ".join(list(self.steps.values())[:4]) + (", …" if len(self.steps) > 4 else "") + ")"
+            )
         self.progress.update(self.task, detail=detail)
 
     def __call__(self, event: Event) -> None:
@@ -95,8 +100,27 @@ class ProgressReporter:
             self.progress.console.print(
                 Text(f"  = {cell.cell_id} [{cell.label}] already completed", style="dim")
             )
+        elif event.kind == "progress" and event.progress:
+            last, planned = event.progress
+            self.steps[cell.cell_id] = f"step {last}" + (f"/{planned}" if planned else "")
+        elif event.kind == "hung":
+            self.progress.console.print(
+                Text.assemble(("  ! ", "bold yellow"), f"{cell.cell_id} [{cell.label}] hung after finishing: ",
+                              (f"{event.note}; cancelling it (results kept)", "yellow"))
+            )  # fmt: skip
+        elif event.kind == "retrying":
+            self.running -= 1
+            self.steps.pop(cell.cell_id, None)
+            collected = event.collected
+            assert collected is not None
+            self.progress.console.print(
+                Text.assemble(("  ↻ ", "bold yellow"), f"{cell.cell_id} [{cell.label}] attempt {event.attempt} "
+                              f"{collected.state} ({collected.failure_class}): ",
+                              (collected.reason or "no reason", "yellow"), f" — retrying ({event.note})")
+            )  # fmt: skip
         elif event.kind == "finished":
             self.running -= 1
+            self.steps.pop(cell.cell_id, None)
             self.progress.advance(self.task)
             self.progress.console.print(_finished_line(cell, event))
             if event.collected and (
@@ -172,6 +196,10 @@ def resume_campaign(
     store = Store(workspace)
     try:
         record = _record(store, name)
+        if record["launcher"] == "ingest":
+            raise UsageError(
+                f"campaign {name!r} holds logs ingested with `mbx ingest`: there is nothing to resume"
+            )
         campaign = _apply_parallel(Campaign.model_validate(record["spec"]), record["launcher"], parallel)
         backend = make_launcher(campaign, record["launcher"], store.workspace)
         return _drive(store, campaign, backend, store.cells(name), make_report, log_wandb)
@@ -264,6 +292,8 @@ def _print_outcome(outcome: Outcome) -> None:
     done = f"{outcome.completed}/{outcome.total} completed"
     if outcome.skipped:
         done += f" ({outcome.skipped} skipped: already completed)"
+    for cell, note in outcome.warnings:
+        console.print(Text(f"  note: {cell.cell_id} [{cell.label}] {note}", style="yellow"))
     if outcome.ok:
         console.print(Text.assemble(("PASS ", "bold green"), done + ", every gate passed"))
         return
@@ -355,6 +385,8 @@ def cancel_campaign(workspace: Path, name: str) -> int:
     try:
         record = _record(store, name)
         campaign = Campaign.model_validate(record["spec"])
+        if record["launcher"] == "ingest":
+            return 0
         active = [a for a in store.attempts(name) if a.state in ("submitted", "running") and a.job_id]
         by_launcher: dict[str, list[Any]] = {}
         for attempt in active:

@@ -343,3 +343,69 @@ class Store:
             json.loads(row["gate_json"]) if row["gate_json"] else None,
             row["verdict"],
         )
+
+    # ingested runs -------------------------------------------------------------------------------------
+    def record_ingested(
+        self,
+        spec: dict[str, Any],
+        cell: CellRow,
+        attempt: int,
+        run_dir: str,
+        state: str,
+        reason: str | None,
+        failure_class: str | None,
+        summary: dict[str, Any] | None,
+        gate: dict[str, Any] | None,
+    ) -> None:
+        """One ingested run (`mbx ingest`): campaign, cell, finished attempt and result, in one transaction."""
+        now = time.time()
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO campaigns VALUES (?,?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
+                "spec_json=excluded.spec_json, updated_at=excluded.updated_at",
+                (cell.campaign, None, json.dumps(spec), "ingest", now, now),
+            )
+            db.execute(
+                "INSERT INTO cells VALUES (?,?,?,?,?,?,?,?,?,?,1) ON CONFLICT(campaign, cell_id) DO UPDATE SET "
+                "label=excluded.label, params_json=excluded.params_json, recipe_json=excluded.recipe_json, active=1",
+                (
+                    cell.campaign,
+                    cell.cell_id,
+                    cell.point_id,
+                    cell.repeat,
+                    cell.ordinal,
+                    cell.label,
+                    json.dumps(cell.params),
+                    json.dumps(cell.recipe),
+                    json.dumps(cell.resources),
+                    json.dumps(cell.env),
+                ),
+            )
+            db.execute(
+                "INSERT INTO attempts (campaign, cell_id, attempt, launcher, run_dir, state, reason, failure_class, "
+                "submitted_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    cell.campaign,
+                    cell.cell_id,
+                    attempt,
+                    "ingest",
+                    run_dir,
+                    state,
+                    reason,
+                    failure_class,
+                    now,
+                    now,
+                ),
+            )
+            db.execute(
+                "INSERT INTO results VALUES (?,?,?,?,?,?,?)",
+                (
+                    cell.campaign,
+                    cell.cell_id,
+                    attempt,
+                    json.dumps(summary) if summary is not None else None,
+                    json.dumps(gate) if gate is not None else None,
+                    gate.get("verdict") if gate else None,
+                    now,
+                ),
+            )

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.campaign import Campaign, Resources
+from orchestrator.campaign import Campaign, CommandTrainer, Resources
 from orchestrator.errors import ConfigError
 from orchestrator.keys import set_path, split_namespace, unknown_key_problem
 from trainer.recipe import Recipe, launch_problems
@@ -106,13 +106,21 @@ def _short_labels(keys: list[str]) -> dict[str, str]:
     return short
 
 
-def _key_problems(campaign: Campaign) -> list[str]:
-    problems = []
+def _key_locations(campaign: Campaign) -> list[tuple[str, str]]:
     locations = [(f"sweep.axes.{k}", k) for k in campaign.sweep.axes]
     locations += [(f"sweep.zip[{i}].{k}", k) for i, g in enumerate(campaign.sweep.zip) for k in g]
     locations += [(f"sweep.cells[{i}].{k}", k) for i, c in enumerate(campaign.sweep.cells) for k in c]
     locations += [(f"sweep.exclude[{i}].{k}", k) for i, r in enumerate(campaign.sweep.exclude) for k in r]
-    for where, key in locations:
+    return locations
+
+
+def _key_problems(campaign: Campaign) -> list[str]:
+    if isinstance(campaign.trainer, CommandTrainer):
+        from orchestrator.command import key_problems
+
+        return key_problems(campaign, _key_locations(campaign))
+    problems = []
+    for where, key in _key_locations(campaign):
         namespace, rest = split_namespace(key)
         if namespace == "recipe":
             problem = unknown_key_problem(rest)
@@ -145,6 +153,8 @@ def expand(campaign: Campaign, campaign_file: Path | None = None) -> list[Point]
     problems = _key_problems(campaign)
     if problems:
         raise ConfigError(problems, file=file)
+    if isinstance(campaign.trainer, CommandTrainer):
+        return _expand_command(campaign, campaign_file)
     base_recipe = campaign.base_recipe(campaign_file)
     keys = swept_keys(campaign)
     short = _short_labels(keys)
@@ -196,6 +206,48 @@ def expand(campaign: Campaign, campaign_file: Path | None = None) -> list[Point]
                     recipe=recipe.model_dump(mode="json"),
                     resources=resources.model_dump(mode="json"),
                     env=docs["env"],
+                    label=label,
+                )
+            )
+    if problems:
+        raise ConfigError(problems, file=file)
+    return points
+
+
+def _expand_command(campaign: Campaign, campaign_file: Path | None) -> list[Point]:
+    """Points of a command campaign: cell ids hash the resolved argv, env and resources."""
+    from orchestrator.command import TemplateError, expansion_problems, resolve_point
+
+    file = str(campaign_file) if campaign_file else None
+    keys = swept_keys(campaign)
+    short = _short_labels(keys)
+    problems: list[str] = []
+    points: list[Point] = []
+    seen: set[str] = set()
+    for assignment in assignments(campaign):
+        label = ", ".join(f"{short[k]}={assignment[k]}" for k in keys if k in assignment) or "base"
+        where = f"point [{label}]: " if assignment else ""
+        try:
+            resolved = resolve_point(campaign, assignment, campaign_file)
+        except (TemplateError, ValidationError) as err:
+            for problem in expansion_problems(err, where):
+                if problem not in problems:
+                    problems.append(problem)
+            continue
+        point_id = point_digest(resolved.identity)
+        if point_id in seen:
+            continue
+        seen.add(point_id)
+        for repeat in range(campaign.sweep.repeats):
+            points.append(
+                Point(
+                    cell_id=f"{point_id}-r{repeat}",
+                    point_id=point_id,
+                    repeat=repeat,
+                    params=dict(assignment),
+                    recipe=resolved.recipe,
+                    resources=resolved.resources,
+                    env=resolved.env,
                     label=label,
                 )
             )

@@ -1,0 +1,343 @@
+"""Command trainers: params rendered Megatron-LM or Megatron-Bridge style, argv templates with {placeholders}, points."""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator.campaign import Campaign, CommandTrainer, Resources
+from orchestrator.keys import deep_merge, set_path
+
+# `{name}` or `{a.b.c}`; `{{` and `}}` are literal braces; `${...}` (OmegaConf interpolation) is left alone.
+PLACEHOLDER_RE = re.compile(r"\{\{|\}\}|(?<!\$)\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
+# Filled in per attempt by the engine; kept literally (and in the cell identity) until then.
+RUNTIME_NAMES = ("run_dir", "log_dir", "cell_id", "attempt")
+RESOURCE_NAMES = ("nodes", "gpus_per_node", "world_size", "time_limit_min")
+PARAMS_SLOT = "{params}"
+NAMESPACES = ("params", "resources", "env")
+
+
+class TemplateError(ValueError):
+    """A template or params problem, reported as a campaign error."""
+
+
+# ---- values ------------------------------------------------------------------------------------------------
+def scalar_text(value: Any) -> str:
+    """A scalar as argv text: true/false for booleans, repr-exact floats, strings verbatim."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _hydra_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    return scalar_text(value)
+
+
+def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as dotted leaves, in insertion order (an empty mapping stays a leaf)."""
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, path + "."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def nest(params: dict[str, Any]) -> dict[str, Any]:
+    """Dotted keys (`model.seq_length: 4096`) as nested mappings, so sweeps address one spelling."""
+    nested: dict[str, Any] = {}
+    for key, value in params.items():
+        value = nest(value) if isinstance(value, dict) else value
+        parts = str(key).split(".")
+        node = nested
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise TemplateError(f"params: {key!r} sets a key below {part!r}, which already holds a value")
+            node = child
+        last = parts[-1]
+        if last in node and (isinstance(node[last], dict) != isinstance(value, dict)):
+            raise TemplateError(f"params: {key!r} is given both as a value and as a section")
+        node[last] = deep_merge(node[last], value) if isinstance(value, dict) and last in node else value
+    return nested
+
+
+def render_megatron_lm(params: dict[str, Any]) -> list[str]:
+    """`--flag-name value` tokens: underscores → dashes, true → bare flag, false/None/[] → omitted,
+    lists → the flag followed by every item."""
+    argv: list[str] = []
+    for key, value in params.items():
+        if isinstance(value, dict):
+            raise TemplateError(f"params.{key}: megatron-lm params are flat flag names, not sections")
+        flag = "--" + str(key).lstrip("-").replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, list | tuple):
+            if value:
+                argv.append(flag)
+                for item in value:
+                    if isinstance(item, dict | list | tuple):
+                        raise TemplateError(f"params.{key}: list items must be scalars")
+                    argv.append(scalar_text(item))
+        else:
+            argv += [flag, scalar_text(value)]
+    return argv
+
+
+def render_megatron_bridge(params: dict[str, Any]) -> list[str]:
+    """Hydra-style overrides `key.path=value` (nested mappings flattened; true/false, null, [a,b]).
+
+    Strings go in verbatim: quote them in the campaign file the way Hydra wants them
+    (`"'a value with spaces'"`) when they hold characters Hydra's grammar reads specially.
+    """
+    return [f"{key}={_hydra_value(value)}" for key, value in flatten(params).items()]
+
+
+def render_params(params: dict[str, Any], style: str) -> list[str]:
+    if style == "megatron-bridge":
+        return render_megatron_bridge(params)
+    return render_megatron_lm(params)
+
+
+# ---- templates ----------------------------------------------------------------------------------------------
+def placeholders(template: list[str]) -> list[str]:
+    """Every placeholder name in a template, in order of appearance."""
+    return [m.group(1) for item in template for m in PLACEHOLDER_RE.finditer(item) if m.group(1)]
+
+
+def _brace_escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _substitute(item: str, lookup: dict[str, Any], keep: tuple[str, ...]) -> list[str]:
+    """One template element → zero, one or several argv elements.
+
+    With `keep` (a first stage: some placeholders are filled later), literal braces stay doubled and
+    substituted values are brace-escaped, so the later stage leaves them verbatim."""
+    text = _brace_escape if keep else str
+    whole = PLACEHOLDER_RE.fullmatch(item)
+    if whole and whole.group(1) and whole.group(1) not in keep:
+        value = lookup[whole.group(1)]
+        if value is None:
+            return []
+        if isinstance(value, list | tuple):
+            if any(isinstance(v, dict | list | tuple) for v in value):
+                raise TemplateError(f"{item}: list items must be scalars")
+            return [text(scalar_text(v)) for v in value]
+        if isinstance(value, dict):
+            raise TemplateError(f"{item}: is a section, not a value")
+        return [text(scalar_text(value))]
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name is None:
+            return m.group(0) if keep else m.group(0)[0]
+        if name in keep:
+            return m.group(0)
+        value = lookup[name]
+        if isinstance(value, dict | list | tuple) or value is None:
+            raise TemplateError(
+                f"{item!r}: {{{name}}} is {_kind(value)}; only a whole argv element can take it"
+            )
+        return text(scalar_text(value))
+
+    return [PLACEHOLDER_RE.sub(one, item)]
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return "a list" if isinstance(value, list | tuple) else "a section"
+
+
+def fill(template: list[str], lookup: dict[str, Any], keep: tuple[str, ...] = ()) -> list[str]:
+    """The template with every placeholder replaced (those in `keep` stay, with `{{`/`}}` as written)."""
+    argv: list[str] = []
+    for item in template:
+        argv.extend(_substitute(item, lookup, keep))
+    return argv
+
+
+def attempt_argv(argv: list[str], run_dir: Path, cell_id: str, attempt: int) -> list[str]:
+    """A point's argv with its per-attempt placeholders filled in (what the launcher runs)."""
+    lookup = {
+        "run_dir": str(run_dir),
+        "log_dir": str(Path(run_dir) / "logs"),
+        "cell_id": cell_id,
+        "attempt": attempt,
+    }
+    return fill(argv, lookup)
+
+
+# ---- points ------------------------------------------------------------------------------------------------
+@dataclass
+class Resolved:
+    """One point of a command campaign, resolved: what runs (argv), its environment and resources."""
+
+    argv: list[str]  # per-attempt placeholders still in it
+    params: dict[str, Any]
+    env: dict[str, str]
+    resources: dict[str, Any]
+    recipe: dict[str, Any]  # what recipe.yaml records
+    identity: dict[str, Any]  # the input of the cell id
+
+
+def split_key(key: str, style: str) -> tuple[str, str]:
+    """(namespace, rest) of a sweep key of a command campaign; bare names address params."""
+    head, _, rest = key.partition(".")
+    if head in NAMESPACES and rest:
+        namespace = head
+    elif head == "recipe" and rest:
+        raise TemplateError(f"{key!r}: a command trainer has no recipe; sweep params.{rest} instead")
+    else:
+        namespace, rest = "params", key
+    if namespace == "env" and "." in rest:
+        raise TemplateError(f"{key!r}: env keys are single names, got {rest!r}")
+    if namespace == "params" and style == "megatron-lm" and "." in rest:
+        raise TemplateError(f"{key!r}: megatron-lm params are flat flag names (no dots); got {rest!r}")
+    return namespace, rest
+
+
+def key_problems(campaign: Campaign, keys: list[tuple[str, str]]) -> list[str]:
+    """`where: problem` for sweep keys a command campaign cannot address."""
+    from orchestrator.keys import unknown_key_problem
+
+    trainer = campaign.trainer
+    assert isinstance(trainer, CommandTrainer)
+    problems = []
+    for where, key in keys:
+        try:
+            namespace, rest = split_key(key, trainer.style)
+        except TemplateError as err:
+            problems.append(f"{where}: {err}")
+            continue
+        if namespace == "resources":
+            problem = unknown_key_problem(rest, Resources, "resources")
+            if problem:
+                problems.append(f"{where}: {problem}")
+    return problems
+
+
+def planned_steps(trainer: CommandTrainer, params: dict[str, Any]) -> int | None:
+    """The planned iterations: the `steps` hint, else the params' train_iters (Bridge: train.train_iters)."""
+    if trainer.steps:
+        return trainer.steps
+    flat = flatten(params)
+    for key in ("train_iters", "train.train_iters"):
+        value = flat.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def resolve_point(campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None) -> Resolved:
+    """The argv, env and resources of one point (sweep assignment applied). Raises TemplateError/ValidationError."""
+    trainer = campaign.trainer
+    assert isinstance(trainer, CommandTrainer)
+    bridge = trainer.style == "megatron-bridge"
+    params = nest(copy.deepcopy(trainer.params)) if bridge else copy.deepcopy(trainer.params)
+    resources_doc = campaign.resources.model_dump()
+    env = dict(campaign.env.values)
+    for key, value in assignment.items():
+        namespace, rest = split_key(key, trainer.style)
+        if namespace == "env":
+            env[rest] = scalar_text(value)
+        elif namespace == "resources":
+            set_path(resources_doc, rest, value)
+        elif bridge:
+            set_path(params, rest, value)
+        else:
+            params[rest] = copy.deepcopy(value)
+    resources = Resources.model_validate(resources_doc)
+    res = resources.model_dump(mode="json")
+    res["world_size"] = resources.nodes * resources.gpus_per_node
+
+    names = placeholders(trainer.command)
+    if trainer.command.count(PARAMS_SLOT) > 1:
+        raise TemplateError("trainer.command: `{params}` may appear once")
+    flat = flatten(params) if bridge else params
+    root = campaign_file.parent.resolve() if campaign_file else Path.cwd()
+    fixed: dict[str, Any] = {"campaign": campaign.name, "campaign_dir": str(root)}
+    fixed.update({name: res[name] for name in RESOURCE_NAMES})
+    lookup: dict[str, Any] = {}
+    consumed: set[str] = set()
+    for name in names:
+        if name in RUNTIME_NAMES or name == "params":
+            continue
+        head, _, rest = name.partition(".")
+        if name in fixed:
+            lookup[name] = fixed[name]
+        elif head == "resources" and rest in res:
+            lookup[name] = res[rest]
+        elif head == "env" and rest:
+            if rest not in env:
+                raise TemplateError(
+                    f"trainer.command: {{{name}}}: {rest!r} is not set in env.values"
+                    + (f" (set: {', '.join(env)})" if env else "")
+                )
+            lookup[name] = env[rest]
+        else:
+            key = rest if head == "params" and rest else name
+            if key in flat:
+                lookup[name] = flat[key]
+                consumed.add(key)
+            elif bridge and any(k.startswith(key + ".") for k in flat):
+                raise TemplateError(f"trainer.command: {{{name}}} is a section of params, not a value")
+            else:
+                known = [*fixed, *RUNTIME_NAMES, *(f"params.{k}" for k in flat), *(f"env.{k}" for k in env)]
+                raise TemplateError(
+                    f"trainer.command: unknown placeholder {{{name}}}; known here: {', '.join(known)}"
+                )
+    remaining = {k: v for k, v in flat.items() if k not in consumed}
+    rendered = render_params(remaining, trainer.style)
+    template = list(trainer.command)
+    if PARAMS_SLOT in template:
+        index = template.index(PARAMS_SLOT)
+        head_argv = fill(template[:index], lookup, RUNTIME_NAMES)
+        tail_argv = fill(template[index + 1 :], lookup, RUNTIME_NAMES)
+        argv = [*head_argv, *map(_brace_escape, rendered), *tail_argv]
+    else:
+        argv = [*fill(template, lookup, RUNTIME_NAMES), *map(_brace_escape, rendered)]
+    steps = planned_steps(trainer, params)
+    recipe = {
+        "kind": "command",
+        "argv": argv,
+        "params": params,
+        "style": trainer.style,
+        "log_format": trainer.log_format,
+        "seq_length": trainer.seq_length,
+        "num_gpus": trainer.num_gpus,
+        "steps": steps,
+    }
+    identity = {
+        "trainer": "command",
+        "argv": argv,
+        "env": env,
+        "resources": resources.model_dump(mode="json", exclude_defaults=True),
+    }
+    return Resolved(argv, params, env, resources.model_dump(mode="json"), recipe, identity)
+
+
+def expansion_problems(err: Exception, where: str) -> list[str]:
+    if isinstance(err, ValidationError):
+        from orchestrator.sweep import _pydantic_problems
+
+        return _pydantic_problems(err, f"{where}resources.")
+    return [f"{where}{err}"]
