@@ -100,7 +100,8 @@ def test_unsupported_feature_fails_with_a_clear_status(tmp_path):
     assert proc.returncode == 1
     st = status(out)
     assert st["state"] == "failed" and st["steps_completed"] == 0
-    assert st["reason"].startswith("NotSupportedError: precision=fp8")
+    assert st["reason"].startswith("NotSupportedError: precision: fp8 runs Transformer Engine GEMMs on a CUDA GPU")
+    assert "pip install transformer-engine[pytorch]" in st["reason"]
     assert "\n" not in st["reason"]
     assert "Traceback" in proc.stderr
 

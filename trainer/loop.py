@@ -21,13 +21,15 @@ import torch
 from trainer.data import MockData
 from trainer.distributed import Dist, all_reduce_sum
 from trainer.flops import padded_vocab_size, step_flops, tflops_per_gpu
+from trainer.green import dispatcher_stream
 from trainer.master import MasterWeights
 from trainer.model import GPT
 from trainer.optim import build_optimizer, clip_divisor, grad_norm, lr_at, set_lr
-from trainer.parallelize import no_sync, parallelize, unwrap
+from trainer.parallelize import attach_dispatcher, no_sync, parallelize, unwrap
 from trainer.profiling import StepProfiler
-from trainer.recipe import Recipe
+from trainer.recipe import QUANTIZED_PRECISIONS, Recipe, arch_number, te_knobs
 from trainer.support import check_supported
+from trainer.te_support import prepare_model, te_import_error
 
 GIB = float(1 << 30)
 # Test hook: comma-separated 1-based steps at which global rank 0 multiplies its loss by NaN, to check that
@@ -49,7 +51,12 @@ class Trainer:
     def __init__(self, recipe: Recipe, dist: Dist, log: Callable[[str], None] = print):
         self.recipe, self.dist, self.log = recipe, dist, log
         self.device = dist.device
-        check_supported(recipe, dist.world_size, self.device.type)
+        # Refuse what this machine cannot run before anything is built (status.json names the key).
+        cuda = self.device.type == "cuda"
+        arch = arch_number(torch.cuda.get_device_capability(self.device)) if cuda else None
+        te_error = te_import_error() if te_knobs(recipe) else None
+        check_supported(recipe, dist.world_size, self.device.type, arch, te_error)
+        self.green_context, self.dispatcher = self._dispatcher_stream()
         t, m = recipe.training, recipe.model
 
         self.dp = recipe.data_parallel_size(dist.world_size)
@@ -57,8 +64,9 @@ class Trainer:
         self.accum = self.global_batch // (t.micro_batch_size * self.dp)
         self.flops = step_flops(recipe, dist.world_size)
 
-        # Precision: bf16 autocast on GPU (fp32 weights, grads and optimizer state); the CPU computes in fp32.
-        self.bf16 = self.device.type == "cuda" and recipe.precision == "bf16"
+        # Precision: bf16 autocast on GPU (fp8/mxfp8/nvfp4: TE's quantized GEMMs inside it); the CPU computes
+        # in fp32.
+        self.bf16 = cuda and recipe.precision in ("bf16", *QUANTIZED_PRECISIONS)
         self.compute = "bf16 autocast" if self.bf16 else "fp32"
         if self.device.type == "cpu" and recipe.precision == "bf16":
             self.compute = "fp32 (precision bf16 on CPU means fp32 compute: no bf16 autocast on CPU)"
@@ -67,6 +75,10 @@ class Trainer:
         with torch.device(self.device):
             model = GPT(m, t.seq_length, padded_vocab_size(m.vocab_size, recipe.parallel.tensor),
                         cross_entropy=recipe.cross_entropy)
+        attach_dispatcher(model, self.dispatcher)
+        self.te = prepare_model(model, recipe, self.device)  # TE modules in, before master weights are taken
+        if self.te.paths.uses_te:
+            self.compute += f" + {self.te.describe()}"
         self.params = sum(p.numel() for p in model.parameters())
         opt = recipe.optimizer
         use_master = opt.master_weights if opt.master_weights is not None else self.bf16
@@ -77,7 +89,8 @@ class Trainer:
             self.master = MasterWeights(model, opt, fp32_main_grads=opt.main_grads == "fp32" and not dist.initialized)
             self.master.to_bf16(model)
             self.compute += " with bf16 weights, fp32 master weights"
-        self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist)
+        self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist,
+                                 recompute_modules=recipe.selective_modules() or None)
         self.param_list = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.master.optimizer if self.master else build_optimizer(self.model, opt)
         # With TP = PP = CP = 1 every rank is its own data-parallel rank.
@@ -86,10 +99,30 @@ class Trainer:
         self.inject_nan = _inject_nan_steps()
         self.skipped = self.nan_steps = self.completed = 0
 
+    def _dispatcher_stream(self) -> tuple[object, object]:
+        """(green context, stream) the MoE dispatcher runs on: a green context's with dispatcher_sms, a plain
+        side stream with chunked overlapped dispatch on a GPU, else (None, None): no separate stream."""
+        moe = self.recipe.model.moe
+        if moe is None or self.device.type != "cuda":
+            return None, None
+        if moe.dispatcher_sms is not None:
+            return dispatcher_stream(moe.dispatcher_sms, self.device)  # NotSupportedError where it cannot work
+        if moe.dispatch_chunk_tokens is not None and moe.dispatch_overlap:
+            return None, torch.cuda.Stream(self.device)
+        return None, None
+
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.bf16:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor, model: torch.nn.Module | None = None):
+        """The model's forward, under TE's quantized autocast when the recipe asks for fp8/mxfp8/nvfp4."""
+        model = self.model if model is None else model
+        if self.te.quant_recipe is None:
+            return model(inputs, targets)
+        with self.te.forward_context():
+            return model(inputs, targets)
 
     def describe(self) -> str:
         r, t = self.recipe, self.recipe.training
@@ -109,7 +142,7 @@ class Trainer:
         for micro in range(self.accum):
             inputs, targets = self.data.train_batch(step, micro)
             with no_sync(self.model, sync=micro == self.accum - 1), self.autocast():
-                out = self.model(inputs, targets)
+                out = self.forward(inputs, targets)
                 loss = out.loss
                 if step in self.inject_nan and micro == 0 and self.dist.rank == 0:
                     loss = loss * float("nan")
@@ -173,7 +206,7 @@ class Trainer:
         for micro in range(iters):
             inputs, targets = self.data.eval_batch(micro)
             with self.autocast():
-                total += model(inputs, targets).loss.double()
+                total += self.forward(inputs, targets, model).loss.double()
         model.train()
         all_reduce_sum(total, self.dist)
         return total.item() / (iters * self.dp)  # SYNC (evaluation is outside the timed step)

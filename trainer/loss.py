@@ -1,4 +1,4 @@
-"""Output layer + next-token cross entropy: native (full fp32 logits) or fused (token-chunked, no full logits)."""
+"""Output layer + next-token cross entropy: native (full fp32 logits), fused (token-chunked), or TE's kernel."""
 
 from __future__ import annotations
 
@@ -19,7 +19,14 @@ def cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
         return F.cross_entropy(logits.float(), t)  # fp32 softmax over the full [N, V] logits
     if kind == "fused":
         return FusedLinearCrossEntropy.apply(h, weight, t)
-    raise NotImplementedError(f"cross_entropy={kind!r} is not implemented yet (use native or fused)")
+    if kind == "te":
+        from trainer.te_support import te_cross_entropy
+
+        # TE's Triton kernel reads the compute-dtype logits [B, S, V] and does the softmax in fp32 itself
+        # (no fp32 copy of the logits); per-token losses back, averaged here.
+        logits = F.linear(hidden, weight)
+        return te_cross_entropy()(logits, targets, 0.0, False, None).float().mean()
+    raise ValueError(f"cross_entropy: unknown {kind!r} (native, fused or te)")
 
 
 class FusedLinearCrossEntropy(torch.autograd.Function):

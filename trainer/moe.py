@@ -5,15 +5,28 @@ Routing (which experts a token goes to, with what weight) is kept apart from dis
 (grouped GEMMs over that buffer), so that expert parallelism, chunked dispatch and other
 GEMM back-ends can replace one piece without touching the others.
 
-Device→host syncs: none in the default (dropless, grouped_mm) path. Two opt-in paths
+Device→host syncs: none in the default (dropless, grouped_mm) path. Three opt-in paths
 sync, each marked where it happens: capacity dropping without `pad_to_capacity`
-(the compact buffer's size is data-dependent) and the `loop` GEMM fallback.
+(the compact buffer's size is data-dependent), the `loop` GEMM fallback and TE GroupedLinear
+experts without `pad_to_capacity` (both need the group sizes on the host).
+
+Opt-in paths, each apart from the default one:
+- chunked dispatch (`dispatch_chunk_tokens`): on a GPU chunk i+1's routing/permutation runs on a
+  dispatcher stream (an ordinary side stream, or a green context's of `dispatcher_sms` SMs) while chunk
+  i's expert GEMMs run on the compute stream, and chunk i's combine overlaps chunk i+1's GEMMs; CUDA
+  events order them, `record_stream` keeps the caching allocator from handing a buffer to one stream
+  while the other still reads it. On the CPU the same code runs the chunks one after another.
+- selective recompute of `moe_dispatch` (the permuted buffer, the first expert GEMM's input) and
+  `moe_act` (the activation's output, the second expert GEMM's input): saved-tensor hooks keep a recipe
+  instead of the tensor and the backward re-makes it (a gather, an activation).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +43,64 @@ def activate(h: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "squared_relu":
         return F.relu(h).square()
     raise ValueError(f"unknown activation {kind!r}")
+
+
+def activate_with_remake(h: torch.Tensor, kind: str) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
+    """activate(h) and a function that recomputes it from tensors the activation's backward keeps anyway
+    (SwiGLU: the gate/up halves of h; squared ReLU: relu(h), not h, which relu's backward does not keep)."""
+    if kind == "swiglu":
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up, lambda: F.silu(gate) * up
+    if kind == "squared_relu":
+        r = F.relu(h)
+        return r.square(), lambda: r.square()
+    raise ValueError(f"unknown activation {kind!r}")
+
+
+class _Remake(NamedTuple):
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+
+
+@contextlib.contextmanager
+def saved_as_recompute(target: torch.Tensor, remake: Callable[[], torch.Tensor] | None) -> Iterator[None]:
+    """Inside: autograd keeps no tensor that aliases `target`; the backward calls `remake()` (no grad) instead.
+
+    Selective recompute for one tensor (Megatron's --recompute-modules moe_act and the like): every saved
+    tensor sharing `target`'s storage (the tensor itself, or views such as a loop GEMM's per-expert
+    slices) is packed as its view geometry, and unpacked as that view of one re-made tensor. Other
+    saved tensors pass through. `remake=None`, or a target that does not own its whole storage (a view
+    of something bigger), is a no-op.
+    """
+    storage = target.untyped_storage()
+    owns = target.is_contiguous() and target.storage_offset() == 0 and \
+        storage.nbytes() == target.numel() * target.element_size()
+    if remake is None or not owns:
+        yield
+        return
+    # The hooks live as long as the graph: they must not hold `target` itself, or nothing is saved.
+    ptr, device, dtype = storage.data_ptr(), target.device, target.dtype
+    made: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> Any:
+        try:
+            same = t.device == device and t.dtype == dtype and t.untyped_storage().data_ptr() == ptr
+        except (RuntimeError, NotImplementedError):  # tensors without storage (fake, quantized wrappers)
+            same = False
+        return _Remake(t.size(), t.stride(), t.storage_offset()) if same else t
+
+    def unpack(packed: Any) -> torch.Tensor:
+        if not isinstance(packed, _Remake):
+            return packed
+        if not made:
+            with torch.no_grad():
+                made.append(remake())
+        full = made[0]
+        return full.as_strided(packed.size, packed.stride, full.storage_offset() + packed.offset)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -132,6 +203,7 @@ class DispatchPlan(NamedTuple):
     padded: bool  # rows index x with a zero row appended
     row_pairs: torch.Tensor  # [M] (token, slot) pair of each permuted row; T·k for an empty padded slot
     keep: torch.Tensor | None  # [T, k] bool, pairs that kept their expert (None: dropless, all kept)
+    capacity: int | None = None  # rows per expert when padded to capacity (group sizes known on the host)
 
 
 def _positions(order: torch.Tensor, n: int) -> torch.Tensor:
@@ -190,7 +262,8 @@ def plan_dispatch(routing: Routing, num_experts: int, capacity: int | None = Non
         pair_rows[order] = slot.clamp(max=slots - 1)  # dropped pairs read any row with weight 0
         full = torch.full((num_experts,), capacity, dtype=torch.long, device=dev)
         return DispatchPlan(rows[:slots], full, full.cumsum(0).to(torch.int32), pair_rows, weights, dropped,
-                            padded=True, row_pairs=row_pairs[:slots], keep=keep.view(num_tokens, top_k))
+                            padded=True, row_pairs=row_pairs[:slots], keep=keep.view(num_tokens, top_k),
+                            capacity=capacity)
 
     # Compact buffer of kept pairs only: its length is data dependent.
     num_kept = int(kept_counts.sum())  # SYNC: the kept count sizes the buffer (pad_to_capacity avoids it)
@@ -201,6 +274,13 @@ def plan_dispatch(routing: Routing, num_experts: int, capacity: int | None = Non
                         weights, dropped, padded=False, row_pairs=kept_order, keep=keep.view(num_tokens, top_k))
 
 
+def gather_rows(x: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
+    """The permuted buffer x[rows] (a zero row appended first in padded mode), outside autograd."""
+    if plan.padded:
+        x = torch.cat([x, x.new_zeros(1, x.shape[1])])
+    return x.index_select(0, plan.rows)
+
+
 class _Dispatch(torch.autograd.Function):
     """x[rows] → the expert-grouped buffer. Backward gathers each token's k row gradients through
     `pair_rows` and sums them: no scatter, no atomics, deterministic (plain indexing's backward is an
@@ -209,9 +289,7 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
         ctx.plan, ctx.num_tokens = plan, x.shape[0]
-        if plan.padded:
-            x = torch.cat([x, x.new_zeros(1, x.shape[1])])
-        return x.index_select(0, plan.rows)
+        return gather_rows(x, plan)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -271,20 +349,25 @@ class GroupedExperts(nn.Module):
 
     `expert_weights="single"` keeps one parameter per projection, "discrete" one per expert (stacked for
     grouped_mm on every call). Both start from the same values for the same seed.
-    `gemm="torch"`: torch.nn.functional.grouped_mm (one kernel per projection); "loop": one matmul per expert.
+    `gemm="torch"`: torch.nn.functional.grouped_mm (one kernel per projection); "loop": one matmul per expert;
+    "te": the same initial weights, to be replaced by `GroupedLinearExperts` on TE's GroupedLinear
+    (`trainer.te_support.prepare_model` does that; this module refuses to run with gemm "te").
+    `recompute_act` (set by selective recompute's moe_act) keeps the activation's output out of the saved
+    tensors; `forward(..., remake_input=f)` (moe_dispatch) does the same for the input buffer.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, activation: str,
                  init_std: float, output_std: float, expert_weights: str = "single", gemm: str = "torch"):
         super().__init__()
-        if gemm not in ("torch", "loop"):
-            raise NotImplementedError(f"model.moe.grouped_gemm={gemm!r} is not implemented yet (use torch or loop)")
+        if gemm not in ("torch", "loop", "te"):
+            raise ValueError(f"model.moe.grouped_gemm: unknown {gemm!r} (torch, loop or te)")
         if gemm == "torch" and (hidden_size % 8 or ffn_hidden_size % 8):
             raise ValueError(
                 f"grouped_mm needs 16-byte row strides in bf16: hidden_size ({hidden_size}) and the expert "
                 f"ffn_hidden_size ({ffn_hidden_size}) must be multiples of 8; or use grouped_gemm: loop"
             )
         self.activation, self.gemm, self.num_experts = activation, gemm, num_experts
+        self.recompute_act = False
         up = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         w1 = torch.empty(num_experts, up, hidden_size).normal_(0.0, init_std)
         w2 = torch.empty(num_experts, hidden_size, ffn_hidden_size).normal_(0.0, output_std)
@@ -300,13 +383,19 @@ class GroupedExperts(nn.Module):
             return torch.stack(list(self.w1)).to(dtype), torch.stack(list(self.w2)).to(dtype)
         return self.w1.to(dtype), self.w2.to(dtype)
 
-    def forward(self, x: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
+    def _stacked_dtype(self) -> torch.dtype:
+        return (self.w1[0] if self.discrete else self.w1).dtype
+
+    def forward(self, x: torch.Tensor, plan: DispatchPlan, remake_input: Callable | None = None) -> torch.Tensor:
         dtype = compute_dtype(x)
         x = x.to(dtype)
+        if self.recompute_act or remake_input is not None:
+            return self._forward_recomputing(x, plan, remake_input)
         if self.gemm == "torch":
             w1, w2 = self._stacked(dtype)
             h = grouped_mm(x, w1.transpose(-2, -1), plan.offs)
             return grouped_mm(activate(h, self.activation), w2.transpose(-2, -1), plan.offs)
+        self._refuse_te()
         sizes = plan.counts.tolist()  # SYNC: the loop needs the group sizes on the host
         outs = []
         for e, xe in enumerate(x.split(sizes)):
@@ -314,13 +403,106 @@ class GroupedExperts(nn.Module):
             outs.append(activate(h, self.activation) @ self.w2[e].to(dtype).t())
         return torch.cat(outs)
 
+    def _refuse_te(self) -> None:
+        if self.gemm == "te":
+            raise RuntimeError("model.moe.grouped_gemm: te runs on TE GroupedLinear experts; build the model "
+                               "through the Trainer (trainer.te_support.prepare_model swaps them in)")
+
+    @torch.compiler.disable  # saved-tensor hooks run eagerly
+    def _forward_recomputing(self, x: torch.Tensor, plan: DispatchPlan, remake_input: Callable | None
+                             ) -> torch.Tensor:
+        """The same GEMMs, with the input buffer and/or the activation output re-made in the backward."""
+        self._refuse_te()
+        dtype = x.dtype
+        if self.gemm == "torch":
+            w1, w2 = self._stacked(dtype)
+
+            def project(inp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                return grouped_mm(inp, w.transpose(-2, -1), plan.offs)
+        else:
+            sizes = plan.counts.tolist()  # SYNC: the loop needs the group sizes on the host
+            w1, w2 = self.w1, self.w2
+
+            def project(inp: torch.Tensor, w: Any) -> torch.Tensor:
+                return torch.cat([xe @ w[e].to(dtype).t() for e, xe in enumerate(inp.split(sizes))])
+        with saved_as_recompute(x, remake_input):
+            h = project(x, w1)
+        a, remake_a = activate_with_remake(h, self.activation)
+        with saved_as_recompute(a, remake_a if self.recompute_act else None):
+            return project(a, w2)
+
+
+class GroupedLinearExperts(nn.Module):
+    """The expert MLPs of a GroupedExperts on a GroupedLinear class with Transformer Engine's interface:
+    cls(num_gemms, in_features, out_features, bias=, params_dtype=, device=), parameters
+    weight0..weight{E-1} [out, in], forward(x, m_splits: list[int]). Same weights, same maths; TE's class
+    comes in from `trainer.te_support` (this module never imports TE)."""
+
+    def __init__(self, experts: GroupedExperts, grouped_linear_cls: Any, device: Any = None):
+        super().__init__()
+        self.activation, self.num_experts = experts.activation, experts.num_experts
+        self.recompute_act = experts.recompute_act
+        w1, w2 = experts._stacked(experts._stacked_dtype())  # [E, up, h], [E, h, ffn]
+        self.fc1 = grouped_linear_cls(self.num_experts, w1.shape[2], w1.shape[1], bias=False,
+                                      params_dtype=w1.dtype, device=device)
+        self.fc2 = grouped_linear_cls(self.num_experts, w2.shape[2], w2.shape[1], bias=False,
+                                      params_dtype=w2.dtype, device=device)
+        with torch.no_grad():
+            for e in range(self.num_experts):
+                getattr(self.fc1, f"weight{e}").copy_(w1[e])
+                getattr(self.fc2, f"weight{e}").copy_(w2[e])
+
+    def forward(self, x: torch.Tensor, plan: DispatchPlan, remake_input: Callable | None = None) -> torch.Tensor:
+        x = x.to(compute_dtype(x))
+        if plan.capacity is not None:  # pad_to_capacity: every group holds `capacity` rows, known on the host
+            splits = [plan.capacity] * self.num_experts
+        else:
+            splits = plan.counts.tolist()  # SYNC: GroupedLinear takes the group sizes as a host list
+        with saved_as_recompute(x, remake_input):
+            h = self.fc1(x, splits)
+        a, remake_a = activate_with_remake(h, self.activation)
+        with saved_as_recompute(a, remake_a if self.recompute_act else None):
+            return self.fc2(a, splits)
+
+
+# ---------------------------------------------------------------------------------------------
+# The layer, and the dispatcher stream of the chunked pipeline.
+# ---------------------------------------------------------------------------------------------
+
+
+def _on(stream: Any) -> contextlib.AbstractContextManager:
+    """Issue work on `stream` (None: where it is issued now: the CPU, or no overlap)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _record(stream: Any) -> Any:
+    return stream.record_event() if stream is not None else None
+
+
+def _wait(stream: Any, event: Any) -> None:
+    if stream is not None:
+        stream.wait_event(event)
+
+
+def _used_by(stream: Any, *tensors: torch.Tensor | None) -> None:
+    """Tensors made on one stream and read on `stream`: the caching allocator must not hand their memory to
+    new work of the making stream before `stream`'s work queued so far is done (record_stream)."""
+    if stream is not None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                t.record_stream(stream)
+
 
 class MoELayer(nn.Module):
     """Router → dispatch → grouped experts → combine, plus optional shared experts on every token.
 
-    With `dispatch_chunk_tokens`, tokens are dispatched, computed and combined chunk by chunk (capacity is
-    then per chunk). The chunks run one after another for now: overlapping chunk i+1's permutation with
-    chunk i's GEMMs (a second stream, or a green context of `dispatcher_sms` SMs) slots in at this loop.
+    Default (no `dispatch_chunk_tokens`, no dispatcher stream): one dispatch, one pair of grouped GEMMs, one
+    combine, in order on the current stream. With `dispatch_chunk_tokens` the tokens are dispatched, computed
+    and combined chunk by chunk (capacity is then per chunk), pipelined (`_pipelined`): with a `dispatcher`
+    stream (set from outside: an ordinary side stream, or a green context's) routing/permutation and combine
+    run there, overlapped with the GEMMs on the compute stream; without one (CPU, dispatch_overlap false)
+    the very same code runs the chunks one after another.
+    `recompute_dispatch` (selective recompute's moe_dispatch) re-makes the permuted buffer in the backward.
     """
 
     def __init__(self, hidden_size: int, activation: str, cfg: MoEConfig, init_std: float, output_std: float,
@@ -331,28 +513,88 @@ class MoELayer(nn.Module):
         self.experts = GroupedExperts(cfg.num_experts, hidden_size, cfg.ffn_hidden_size, activation, init_std,
                                       output_std, cfg.expert_weights, cfg.grouped_gemm)
         self.shared = shared
+        self.dispatcher: Any = None  # torch.cuda.Stream (or a green context's) for the chunked pipeline
+        self.recompute_dispatch = False
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, S, h] → (output [B, S, h], aux loss, dropped (token, slot) pairs)."""
         flat = x.reshape(-1, x.shape[-1])
         routing = self.router(flat)  # one router GEMM and one aux loss over all tokens, chunked or not
-        chunk = self.cfg.dispatch_chunk_tokens or flat.shape[0]
-        outs, dropped = [], []
-        for start in range(0, flat.shape[0], chunk):
-            part = slice(start, start + chunk)
-            out, drop = self._routed(flat[part], Routing(routing.experts[part], routing.weights[part], routing.aux_loss))
-            outs.append(out)
-            dropped.append(drop)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)
-        if self.shared is not None:
-            out = out + self.shared(flat)
-        return out.view_as(x), routing.aux_loss, dropped[0] if len(dropped) == 1 else torch.stack(dropped).sum()
+        if self.cfg.dispatch_chunk_tokens is None and self.dispatcher is None:
+            out, dropped = self._routed(flat, routing)
+            if self.shared is not None:
+                out = out + self.shared(flat)
+        elif self.dispatcher is not None and flat.is_cuda:
+            out, dropped = self._pipelined_on_streams(flat, routing)
+        else:
+            out, dropped = self._pipelined(flat, routing, None)
+        return out.view_as(x), routing.aux_loss, dropped
 
-    def _routed(self, flat: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dispatch → experts → combine for one chunk of tokens (capacity counts this chunk's tokens)."""
+    def _plan(self, routing: Routing) -> DispatchPlan:
+        """Capacity (counted over this chunk's tokens) and the permutation of one chunk."""
         cfg = self.cfg
         capacity = None
         if cfg.capacity_factor is not None:
-            capacity = expert_capacity(flat.shape[0], cfg.top_k, cfg.num_experts, cfg.capacity_factor)
-        plan = plan_dispatch(routing, cfg.num_experts, capacity, cfg.drop_policy, cfg.pad_to_capacity)
-        return combine(self.experts(dispatch(flat, plan), plan), plan), plan.dropped
+            capacity = expert_capacity(routing.experts.shape[0], cfg.top_k, cfg.num_experts, cfg.capacity_factor)
+        return plan_dispatch(routing, cfg.num_experts, capacity, cfg.drop_policy, cfg.pad_to_capacity)
+
+    def _experts(self, buf: torch.Tensor, plan: DispatchPlan, tokens: torch.Tensor) -> torch.Tensor:
+        if self.recompute_dispatch:
+            return self.experts(buf, plan, lambda: gather_rows(tokens, plan).to(buf.dtype))
+        return self.experts(buf, plan)
+
+    def _routed(self, flat: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dispatch → experts → combine of all tokens at once (the default path)."""
+        plan = self._plan(routing)
+        return combine(self._experts(dispatch(flat, plan), plan, flat), plan), plan.dropped
+
+    @torch.compiler.disable  # streams, events and record_stream run eagerly
+    def _pipelined_on_streams(self, flat: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._pipelined(flat, routing, self.dispatcher)
+
+    def _pipelined(self, flat: torch.Tensor, routing: Routing, side: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chunks of `dispatch_chunk_tokens` tokens; with a `side` stream the dispatcher work overlaps the GEMMs.
+
+        Issue order (one CPU thread): permute chunk 0 (side) · shared experts (compute) · then per chunk i:
+        GEMMs i (compute, after permute i) · permute i+1 (side, beside GEMMs i) · combine i (side, after
+        GEMMs i, beside GEMMs i+1). Outputs join on the compute stream at the end.
+        """
+        main = torch.cuda.current_stream(flat.device) if side is not None else None
+        total = flat.shape[0]
+        chunk = self.cfg.dispatch_chunk_tokens or total
+        parts = [slice(start, min(start + chunk, total)) for start in range(0, total, chunk)]
+        if side is not None:
+            side.wait_stream(main)  # x and the routing are ready before the first permutation
+            _used_by(side, flat, routing.experts, routing.weights)
+
+        def permute(part: slice) -> tuple[torch.Tensor, DispatchPlan, torch.Tensor, Any]:
+            with _on(side):
+                tokens = flat[part]
+                plan = self._plan(Routing(routing.experts[part], routing.weights[part], routing.aux_loss))
+                buf = dispatch(tokens, plan)
+                ready = _record(side)
+            _used_by(main, buf, *(t for t in plan if isinstance(t, torch.Tensor)))
+            return tokens, plan, buf, ready
+
+        pending = permute(parts[0])
+        shared = self.shared(flat) if self.shared is not None else None  # compute stream, beside permute 0
+        outs, dropped = [], []
+        for i in range(len(parts)):
+            tokens, plan, buf, ready = pending
+            _wait(main, ready)
+            y = self._experts(buf, plan, tokens)
+            done = _record(main)
+            _used_by(side, y)
+            if i + 1 < len(parts):
+                pending = permute(parts[i + 1])  # the next chunk's permutation runs beside these GEMMs
+            with _on(side):
+                _wait(side, done)
+                outs.append(combine(y, plan))
+            dropped.append(plan.dropped)
+            _used_by(main, outs[-1])
+        if side is not None:
+            main.wait_stream(side)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if shared is not None:
+            out = out + shared
+        return out, dropped[0] if len(dropped) == 1 else torch.stack(dropped).sum()

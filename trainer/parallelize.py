@@ -1,4 +1,4 @@
-"""What wraps the model from outside: activation recompute, torch.compile, data parallelism (DDP)."""
+"""What wraps the model from outside: activation recompute, the MoE dispatcher stream, torch.compile, DDP."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.distributed import Dist
 from trainer.model import GPT
+from trainer.moe import MoELayer
+from trainer.recipe import RECOMPUTE_MODULES
 
 
 class Recompute(nn.Module):
@@ -25,18 +27,33 @@ class Recompute(nn.Module):
         return checkpoint(self.inner, *args, use_reentrant=False, preserve_rng_state=False)
 
 
-def apply_recompute(model: GPT, mode: str) -> None:
+def apply_recompute(model: GPT, mode: str, modules: frozenset[str] | None = None) -> None:
     """full: every transformer layer (Megatron --recompute-granularity full, uniform, 1 layer per chunk);
-    selective: the core attention only (Megatron's selective recompute of softmax(QKᵀ)V)."""
+    selective: the `modules` (default all of RECOMPUTE_MODULES, as Megatron's --recompute-modules):
+    core_attn wraps softmax(QKᵀ)V in a checkpoint; moe_act and moe_dispatch keep the expert activation's
+    output and the permuted token buffer out of the saved tensors (trainer.moe.saved_as_recompute)."""
     if mode == "none":
         return
+    if mode not in ("full", "selective"):
+        raise ValueError(f"unknown recompute mode {mode!r}")
+    modules = frozenset(RECOMPUTE_MODULES) if modules is None else modules
     for i, layer in enumerate(model.layers):
         if mode == "full":
             model.layers[i] = Recompute(layer)
-        elif mode == "selective":
+            continue
+        if "core_attn" in modules:
             layer.attn.core = Recompute(layer.attn.core)
-        else:
-            raise ValueError(f"unknown recompute mode {mode!r}")
+        if isinstance(layer.mlp, MoELayer):
+            layer.mlp.recompute_dispatch = "moe_dispatch" in modules
+            layer.mlp.experts.recompute_act = "moe_act" in modules
+
+
+def attach_dispatcher(model: nn.Module, stream: object) -> int:
+    """Give every MoE layer the dispatcher stream of the chunked pipeline (None = no overlap); returns how many."""
+    layers = [m for m in model.modules() if isinstance(m, MoELayer)]
+    for layer in layers:
+        layer.dispatcher = stream
+    return len(layers)
 
 
 def apply_compile(model: GPT) -> None:
@@ -45,9 +62,10 @@ def apply_compile(model: GPT) -> None:
         model.layers[i] = torch.compile(layer)
 
 
-def parallelize(model: GPT, *, recompute: str, compile: bool, dist: Dist) -> nn.Module:
+def parallelize(model: GPT, *, recompute: str, compile: bool, dist: Dist,
+                recompute_modules: frozenset[str] | None = None) -> nn.Module:
     """Apply recompute, then compile, then DDP when world > 1 (gradients all-reduced in buckets during backward)."""
-    apply_recompute(model, recompute)
+    apply_recompute(model, recompute, recompute_modules)
     if compile:
         apply_compile(model)
     if not dist.initialized:

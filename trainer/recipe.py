@@ -306,6 +306,29 @@ def _tokens_per_chunk(recipe: Recipe) -> list[int]:
     return sorted({chunk} | ({tokens % chunk} if tokens % chunk else set()))
 
 
+TE_INSTALL = "pip install transformer-engine[pytorch]"
+
+
+def te_knobs(recipe: Recipe) -> list[str]:
+    """The `key: value` settings of this recipe that run through Transformer Engine."""
+    knobs = []
+    if recipe.precision in QUANTIZED_PRECISIONS:
+        knobs.append(f"precision: {recipe.precision}")
+    if recipe.cross_entropy == "te":
+        knobs.append("cross_entropy: te")
+    if recipe.model.moe is not None and recipe.model.moe.grouped_gemm == "te":
+        knobs.append("model.moe.grouped_gemm: te")
+    return knobs
+
+
+def missing_te_problems(recipe: Recipe, te_error: str | None) -> list[str]:
+    """One problem per TE knob when Transformer Engine cannot be imported (te_error says why; None = it can)."""
+    if te_error is None:
+        return []
+    return [f"{knob} needs Transformer Engine, which cannot be imported here ({te_error}): {TE_INSTALL}"
+            for knob in te_knobs(recipe)]
+
+
 def knob_problems(recipe: Recipe, device_type: str | None, arch: int | None, arch_name: str | None = None
                   ) -> list[str]:
     """What the performance knobs need of the machine, checked against what is known of it.
@@ -316,7 +339,7 @@ def knob_problems(recipe: Recipe, device_type: str | None, arch: int | None, arc
     """
     problems: list[str] = []
     moe, prec = recipe.model.moe, recipe.precision
-    where = f"this point targets {arch_name or f'sm_{arch}'}"
+    where = f"the target GPU is {arch_name or f'sm_{arch}'}"
     on_cpu = device_type == "cpu"
     cpu = "this run is on the CPU" if recipe.device != "cpu" else "this recipe sets device: cpu"
     if prec in QUANTIZED_PRECISIONS:

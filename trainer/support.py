@@ -1,16 +1,27 @@
-"""What the bundled trainer can run today: each recipe knob it cannot honour yet, with the reason (no torch)."""
+"""What the bundled trainer can run on this machine: each recipe knob it cannot honour, with the reason (no torch).
+
+Called at Trainer construction with what is known of the real device (type, compute capability) and of
+Transformer Engine (its import error, if any), so an impossible run fails before its first step with a
+status.json reason that starts with the recipe key path. The pre-submit checks
+(`trainer.recipe.launch_problems`) share `knob_problems` with this, knowing less.
+"""
 
 from __future__ import annotations
 
-from trainer.recipe import SUPPORTED_PARALLEL, Recipe
+from trainer.recipe import SUPPORTED_PARALLEL, Recipe, knob_problems, missing_te_problems
 
 
 class NotSupportedError(NotImplementedError):
-    """A recipe asks for something this trainer does not implement (yet); the message names the key."""
+    """A recipe asks for something this trainer cannot do here; the message starts with the key path."""
 
 
-def unsupported(recipe: Recipe, world_size: int, device_type: str) -> list[str]:
-    """Every `key: reason` this run cannot honour (empty = it can run)."""
+def unsupported(recipe: Recipe, world_size: int, device_type: str, arch: int | None = None,
+                te_error: str | None = None) -> list[str]:
+    """Every `key: reason` this run cannot honour (empty = it can run).
+
+    arch: the GPU's compute capability as major·10 + minor (None on the CPU or when unknown);
+    te_error: why transformer_engine cannot be imported (None = it can, or no knob needs it).
+    """
     problems: list[str] = []
     p = recipe.parallel
     for name, only in SUPPORTED_PARALLEL.items():
@@ -26,20 +37,13 @@ def unsupported(recipe: Recipe, world_size: int, device_type: str) -> list[str]:
                             f"micro_batch_size × DP = {t.micro_batch_size} × {dp}")
     except ValueError as err:
         problems.append(f"parallel: {err}")
-    if recipe.precision in ("fp8", "mxfp8", "nvfp4"):
-        problems.append(f"precision={recipe.precision}: not implemented yet (needs Transformer Engine)")
-    if recipe.cross_entropy == "te":
-        problems.append("cross_entropy=te: not implemented yet (use native or fused)")
-    moe = recipe.model.moe
-    if moe is not None:
-        if moe.grouped_gemm == "te":
-            problems.append("model.moe.grouped_gemm=te: not implemented yet (use torch or loop)")
-        if moe.dispatcher_sms is not None:
-            problems.append("model.moe.dispatcher_sms: green-context dispatch is not implemented yet")
+    problems.extend(knob_problems(recipe, device_type, arch))
+    problems.extend(missing_te_problems(recipe, te_error))
     return problems
 
 
-def check_supported(recipe: Recipe, world_size: int, device_type: str) -> None:
-    problems = unsupported(recipe, world_size, device_type)
+def check_supported(recipe: Recipe, world_size: int, device_type: str, arch: int | None = None,
+                    te_error: str | None = None) -> None:
+    problems = unsupported(recipe, world_size, device_type, arch, te_error)
     if problems:
         raise NotSupportedError("; ".join(problems))

@@ -1,0 +1,203 @@
+"""Transformer Engine behind import guards: which TE path a recipe takes, clear errors without TE, the TE modules.
+
+Importing the trainer never imports transformer_engine; only a recipe that asks for a TE knob does, at
+Trainer construction. The knobs:
+- `precision: fp8` (Hopper/Ada) with `fp8_recipe` current → Float8CurrentScaling, delayed → DelayedScaling,
+  block → Float8BlockScaling; `precision: mxfp8` → MXFP8BlockScaling and `nvfp4` → NVFP4BlockScaling
+  (Blackwell, sm_100+). The transformer blocks' dense linear layers (QKV, attention output, dense and
+  shared-expert MLPs) become `te.Linear` and the forward runs under `te.autocast` (`te.fp8_autocast` in
+  TE releases before it); the output layer stays bf16, as in Megatron. The routed experts run in the
+  quantized format only with `grouped_gemm: te`.
+- `model.moe.grouped_gemm: te`: the expert MLPs become two `te.GroupedLinear` (one GEMM per expert inside
+  TE, group sizes on the host: a sync per layer unless `pad_to_capacity` makes them static).
+- `cross_entropy: te`: TE's `parallel_cross_entropy` (a Triton kernel over bf16 logits, fp32 math).
+
+The selection logic takes the device type, compute capability and TE's import error as parameters, so
+it is tested on a CPU without TE; the module swaps take the TE classes as parameters for the same reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.recipe import QUANTIZED_PRECISIONS, TE_INSTALL, Recipe, te_knobs
+from trainer.support import NotSupportedError
+
+INSTALL = TE_INSTALL
+
+# (precision, fp8_recipe) → transformer_engine.common.recipe class
+QUANT_RECIPES = {
+    ("fp8", "current"): "Float8CurrentScaling",
+    ("fp8", "delayed"): "DelayedScaling",
+    ("fp8", "block"): "Float8BlockScaling",
+    ("mxfp8", None): "MXFP8BlockScaling",
+    ("nvfp4", None): "NVFP4BlockScaling",
+}
+
+
+def te_import_error() -> str | None:
+    """None when `transformer_engine.pytorch` imports here, else why not (one line)."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as err:  # noqa: BLE001 (absent, or present but broken: either way unusable)
+        return f"{type(err).__name__}: {err}".splitlines()[0]
+    return None
+
+
+@dataclass(frozen=True)
+class TEPaths:
+    """Which implementation each TE-able part of the model takes."""
+
+    dense_linear: str  # "torch" (nn.Linear) | "te" (te.Linear under te.autocast)
+    experts: str  # "torch" (grouped_mm) | "loop" | "te" (te.GroupedLinear)
+    cross_entropy: str  # "native" | "fused" | "te"
+    quant_recipe: str | None  # transformer_engine.common.recipe class name, None = no quantized GEMMs
+
+    @property
+    def uses_te(self) -> bool:
+        return "te" in (self.dense_linear, self.experts, self.cross_entropy)
+
+
+def select_paths(recipe: Recipe) -> TEPaths:
+    """The implementation of each part for this recipe (assumes its problems were checked: `support`)."""
+    quantized = recipe.precision in QUANTIZED_PRECISIONS
+    quant = None
+    if quantized:
+        quant = QUANT_RECIPES[(recipe.precision, recipe.fp8_recipe if recipe.precision == "fp8" else None)]
+    moe = recipe.model.moe
+    return TEPaths(
+        dense_linear="te" if quantized else "torch",
+        experts=moe.grouped_gemm if moe is not None else "torch",
+        cross_entropy=recipe.cross_entropy,
+        quant_recipe=quant,
+    )
+
+
+def require_te(knob: str) -> Any:
+    """transformer_engine.pytorch, or NotSupportedError naming the knob and the install command."""
+    try:
+        import transformer_engine.pytorch as te
+    except Exception as err:  # noqa: BLE001
+        raise NotSupportedError(f"{knob} needs Transformer Engine, which cannot be imported here "
+                                f"({type(err).__name__}: {err}): {INSTALL}") from err
+    return te
+
+
+def make_quant_recipe(name: str, recipe_module: Any) -> Any:
+    """An instance of transformer_engine.common.recipe.<name> with TE's defaults (HYBRID format for fp8)."""
+    cls = getattr(recipe_module, name, None)
+    if cls is None:
+        raise NotSupportedError(f"precision: this Transformer Engine has no {name} recipe (too old?): {INSTALL}")
+    return cls()
+
+
+def te_autocast(te: Any, quant_recipe: Any) -> contextlib.AbstractContextManager:
+    """`te.autocast(enabled=True, recipe=...)` (TE ≥ 2.17), else the older `te.fp8_autocast(fp8_recipe=...)`."""
+    autocast = getattr(te, "autocast", None)
+    if autocast is not None:
+        return autocast(enabled=True, recipe=quant_recipe)
+    return te.fp8_autocast(enabled=True, fp8_recipe=quant_recipe)
+
+
+@functools.cache
+def te_cross_entropy() -> Callable:
+    """TE's parallel_cross_entropy(logits [B, S, V], targets [B, S], label_smoothing, reduce_loss, group)."""
+    require_te("cross_entropy: te")
+    try:
+        from transformer_engine.pytorch.cross_entropy import parallel_cross_entropy
+    except ImportError:
+        from transformer_engine.pytorch import parallel_cross_entropy
+    return parallel_cross_entropy
+
+
+# ---------------------------------------------------------------------------------------------
+# Module swaps (the TE classes come in as parameters).
+# ---------------------------------------------------------------------------------------------
+
+
+def swap_linears(model: Any, make_linear: Callable[[int, int], Any]) -> int:
+    """Replace every nn.Linear inside the transformer blocks by make_linear(in, out) holding the same weight.
+
+    The output layer (logits) is left alone. Returns how many were replaced.
+    """
+    import torch
+    from torch import nn
+
+    replaced = 0
+    for block in model.layers:
+        for parent in list(block.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear and child.bias is None:
+                    new = make_linear(child.in_features, child.out_features)
+                    with torch.no_grad():
+                        new.weight.copy_(child.weight)
+                    setattr(parent, name, new)
+                    replaced += 1
+    return replaced
+
+
+def te_linear_factory(te: Any, device: Any, dtype: Any) -> Callable[[int, int], Any]:
+    """make_linear for swap_linears: te.Linear without bias on `device`."""
+    return lambda fan_in, fan_out: te.Linear(fan_in, fan_out, bias=False, params_dtype=dtype, device=device)
+
+
+def use_te_experts(model: Any, grouped_linear_cls: Any, device: Any) -> int:
+    """Replace the expert MLPs of every MoE layer by GroupedLinearExperts on `grouped_linear_cls`."""
+    from trainer.moe import GroupedLinearExperts, MoELayer
+
+    replaced = 0
+    for module in model.modules():
+        if isinstance(module, MoELayer):
+            module.experts = GroupedLinearExperts(module.experts, grouped_linear_cls, device)
+            replaced += 1
+    return replaced
+
+
+@dataclass
+class TERuntime:
+    """What the trainer needs at run time: the paths taken and the context the forward runs under."""
+
+    paths: TEPaths
+    quant_recipe: Any = None
+    te: Any = None
+
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        """te.autocast around the forward when GEMMs are quantized; nothing otherwise."""
+        if self.quant_recipe is None:
+            return contextlib.nullcontext()
+        return te_autocast(self.te, self.quant_recipe)
+
+    def describe(self) -> str:
+        p = self.paths
+        parts = []
+        if p.quant_recipe:
+            parts.append(f"TE {p.quant_recipe} for the block linears" + (" and experts" if p.experts == "te" else ""))
+        if p.experts == "te":
+            parts.append("TE GroupedLinear experts")
+        if p.cross_entropy == "te":
+            parts.append("TE parallel cross entropy")
+        return ", ".join(parts)
+
+
+def prepare_model(model: Any, recipe: Recipe, device: Any) -> TERuntime:
+    """Swap in the TE modules this recipe asks for (before master weights are taken) and return the runtime."""
+    paths = select_paths(recipe)
+    if not paths.uses_te:
+        return TERuntime(paths)
+    import torch
+
+    te = require_te(te_knobs(recipe)[0])
+    dtype = torch.float32  # master-weight set-up casts to bf16 afterwards, as for the torch modules
+    if paths.experts == "te":
+        use_te_experts(model, te.GroupedLinear, device)
+    quant = None
+    if paths.dense_linear == "te":
+        swap_linears(model, te_linear_factory(te, device, dtype))
+        from transformer_engine.common import recipe as te_recipe
+
+        quant = make_quant_recipe(paths.quant_recipe, te_recipe)
+    return TERuntime(paths, quant, te)
