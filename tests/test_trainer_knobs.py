@@ -315,3 +315,28 @@ def test_grouped_gemm_te_experts_refuse_to_run_unswapped():
     plan = plan_dispatch(Routing(torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1), torch.zeros(())), 4)
     with pytest.raises(RuntimeError, match="grouped_gemm: te"):
         experts(torch.randn(3, 8), plan)
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks/gpu_checks.py (run on an H200, not here): imports cleanly and every run's recipe is valid.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_gpu_checks_script_is_ready():
+    import importlib.util
+
+    from trainer.cli import load_recipe
+    from trainer.recipe import launch_problems
+
+    path = trainer_helpers.ROOT / "benchmarks" / "gpu_checks.py"
+    spec = importlib.util.spec_from_file_location("gpu_checks", path)
+    gpu_checks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_checks)
+    assert set(gpu_checks.GROUPS) == {"green", "layer", "dispatch", "recompute", "loss", "gemm", "te"}
+    assert gpu_checks.main(["--list"]) == 0
+    refused = {}
+    for runs in gpu_checks.RUNS.values():
+        for name, overrides in runs:
+            recipe = load_recipe(str(gpu_checks.MOE_PROXY), [*gpu_checks.BASE, "training.steps=12", *overrides])
+            refused[name] = launch_problems(recipe, 1, gpu_arch="sm_90")
+    assert {name for name, problems in refused.items() if problems} == {"mxfp8-refused-below-sm100"}

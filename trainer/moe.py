@@ -73,10 +73,12 @@ def saved_as_recompute(target: torch.Tensor, remake: Callable[[], torch.Tensor] 
     saved tensors pass through. `remake=None`, or a target that does not own its whole storage (a view
     of something bigger), is a no-op.
     """
+    if remake is None:
+        yield
+        return
     storage = target.untyped_storage()
-    owns = target.is_contiguous() and target.storage_offset() == 0 and \
-        storage.nbytes() == target.numel() * target.element_size()
-    if remake is None or not owns:
+    if not (target.is_contiguous() and target.storage_offset() == 0
+            and storage.nbytes() == target.numel() * target.element_size()):
         yield
         return
     # The hooks live as long as the graph: they must not hold `target` itself, or nothing is saved.

@@ -12,8 +12,10 @@ Trainer construction. The knobs:
   TE, group sizes on the host: a sync per layer unless `pad_to_capacity` makes them static).
 - `cross_entropy: te`: TE's `parallel_cross_entropy` (a Triton kernel over bf16 logits, fp32 math).
 
-The selection logic takes the device type, compute capability and TE's import error as parameters, so
-it is tested on a CPU without TE; the module swaps take the TE classes as parameters for the same reason.
+What the machine must offer (a CUDA GPU, its compute capability, TE importable) is checked at Trainer
+construction by `trainer.support.unsupported`, which takes the device type, capability and TE's import
+error as parameters (so it is tested on a CPU without TE); `select_paths` picks the implementations from
+the recipe alone, and the module swaps take the TE classes as parameters for the same reason.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any
 
 from trainer.recipe import QUANTIZED_PRECISIONS, TE_INSTALL, Recipe, te_knobs
@@ -191,13 +194,21 @@ def prepare_model(model: Any, recipe: Recipe, device: Any) -> TERuntime:
     import torch
 
     te = require_te(te_knobs(recipe)[0])
+    version = getattr(import_module("transformer_engine"), "__version__", "unknown")
     dtype = torch.float32  # master-weight set-up casts to bf16 afterwards, as for the torch modules
     if paths.experts == "te":
-        use_te_experts(model, te.GroupedLinear, device)
+        try:
+            use_te_experts(model, te.GroupedLinear, device)
+        except Exception as err:  # noqa: BLE001 (an interface this code does not know: say so before training)
+            raise NotSupportedError(f"model.moe.grouped_gemm: te: could not build TE GroupedLinear experts with "
+                                    f"transformer_engine {version}: {type(err).__name__}: {err}") from err
     quant = None
     if paths.dense_linear == "te":
-        swap_linears(model, te_linear_factory(te, device, dtype))
-        from transformer_engine.common import recipe as te_recipe
-
+        try:
+            swap_linears(model, te_linear_factory(te, device, dtype))
+            from transformer_engine.common import recipe as te_recipe
+        except Exception as err:  # noqa: BLE001
+            raise NotSupportedError(f"precision: {recipe.precision}: could not build TE Linear layers with "
+                                    f"transformer_engine {version}: {type(err).__name__}: {err}") from err
         quant = make_quant_recipe(paths.quant_recipe, te_recipe)
     return TERuntime(paths, quant, te)
