@@ -240,10 +240,10 @@ class Engine:
                         continue
                 in_flight.pop(job_id)
                 collected = self._collect(cell, attempt, state)
-                record = self.store.attempt(cell.campaign, cell.cell_id, attempt.attempt)
                 if self._retry(cell, attempt, collected):
                     pending.append(cell)
                     continue
+                record = self.store.attempt(cell.campaign, cell.cell_id, attempt.attempt)
                 self._count_finished(outcome, cell, record)
                 self.on_event(Event("finished", cell, attempt.attempt, collected))
             if in_flight:

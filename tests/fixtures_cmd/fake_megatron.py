@@ -52,7 +52,9 @@ def main() -> int:
     parser.add_argument("--hang-s", type=float, default=0.0)
     args, unknown = parser.parse_known_args()
     if args.echo:
-        Path(args.echo).write_text(json.dumps({"argv": sys.argv, "env": dict(os.environ), "unknown": unknown}))
+        Path(args.echo).write_text(
+            json.dumps({"argv": sys.argv, "env": dict(os.environ), "unknown": unknown})
+        )
     if args.fail == "config":
         parser.error("unrecognized arguments: --moe-router-topk-typo")
 
@@ -75,7 +77,10 @@ def main() -> int:
             if " iteration " in line and "/" in line:
                 if fail_at is not None and iterations >= fail_at:
                     print(WATCHDOG, flush=True)
-                    print("torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0.", flush=True)
+                    print(
+                        "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0.",
+                        flush=True,
+                    )
                     return 1
                 iterations += 1
                 sys.stdout.write(scaled(line, args.fake_slowdown))
