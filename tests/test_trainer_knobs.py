@@ -172,6 +172,22 @@ def test_force_balance_routes_evenly_in_training():
     assert counts.tolist() == [6, 6, 6, 6]
 
 
+@pytest.mark.parametrize("chunk", [None, 12])
+def test_evaluating_between_steps_does_not_change_training(chunk):
+    def rows(**overrides: object) -> list[dict]:
+        data = trainer_helpers.recipe_dict(**{"training.steps": 4, "model.moe.dispatch_chunk_tokens": chunk,
+                                              **overrides})
+        trainer = Trainer(Recipe.model_validate(data), CPU, log=lambda line: None)
+        out: list[dict] = []
+        trainer.run(out.append)
+        return out
+
+    plain, evaluated = rows(), rows(**{"training.eval_interval": 1})
+    assert [r["loss"] for r in evaluated] == [r["loss"] for r in plain]
+    assert [r["grad_norm"] for r in evaluated] == [r["grad_norm"] for r in plain]
+    assert all("eval_loss" in r for r in evaluated) and not any("eval_loss" in r for r in plain)
+
+
 # ---------------------------------------------------------------------------------------------
 # Selective recompute: core attention, the expert activation and the permuted buffer.
 # ---------------------------------------------------------------------------------------------
