@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -254,7 +255,7 @@ class NemoRunLauncher(Launcher):
         # A fresh Experiment: reusing the dry-run one would make NeMo-Run serialize its shared tunnel (with every
         # task's packaging job) into every task, three times over (quadratic in the number of tasks).
         experiment = self.experiment(rendered.specs)
-        with _inside(experiment):
+        with _inside(experiment), self._local_path():
             experiment.run(detach=True)
         submitted = []
         now = time.time()
@@ -280,6 +281,22 @@ class NemoRunLauncher(Launcher):
                 self._local_jobs[job_id] = (experiment, job)
             submitted.append(Submitted(spec.cell_id, spec.attempt, job_id, info))
         return submitted
+
+    @contextlib.contextmanager
+    def _local_path(self) -> Iterator[None]:
+        """Local executor: torchrun starts `python`; make it the campaign's interpreter (cluster.python)."""
+        if self.settings.executor != "local":
+            yield
+            return
+        python = getattr(getattr(self.cluster, "cluster", None), "python", None) or sys.executable
+        found = shutil.which(python)
+        before = os.environ.get("PATH", "")
+        if found:
+            os.environ["PATH"] = os.pathsep.join([str(Path(found).parent), before])
+        try:
+            yield
+        finally:
+            os.environ["PATH"] = before
 
     def poll(self, jobs: list[Submitted]) -> dict[str, JobState]:
         if self.settings.executor == "slurm":

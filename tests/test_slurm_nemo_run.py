@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import ROOT
 
 pytest_plugins = ["slurm_cluster"]
 pytestmark = pytest.mark.slurm
@@ -62,3 +66,23 @@ def test_quickstart_through_nemo_run(
         if path.is_file() and path.suffix != ".sqlite":
             assert "nemo-s3cr3t" not in path.read_text(errors="replace"), path
     assert (workspace / "qs-nemo" / "report" / "index.html").exists()
+
+
+def test_nemo_run_local_executor(mbx, tmp_path: Path, cache_env: dict[str, str], write_campaign) -> None:
+    """launchers.nemo-run.executor: local runs the point through run.LocalExecutor (torchrun, 2 ranks)."""
+    pytest.importorskip("nemo_run", reason="NeMo-Run is optional: pip install 'mbx[nemo]'")
+
+    data = yaml.safe_load((ROOT / "campaigns" / "quickstart.yaml").read_text())
+    data.update(name="qs-nemo-local", resources={"nodes": 1, "gpus_per_node": 2}, wandb={"mode": "disabled"},
+                sweep={"axes": {"model.moe.top_k": [2]}}, cluster={"python": sys.executable},
+                launchers={"nemo-run": {"executor": "local", "poll_interval_s": 1}})  # fmt: skip
+    data["trainer"]["recipe"]["training"]["steps"] = 14
+    file = write_campaign(data)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if ".venv" not in p)
+    result = mbx("campaign", "run", str(file), "--launcher", "nemo-run", "--workspace", str(tmp_path / "ws"),
+                 env={**cache_env, "PATH": path})  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS 1/1 completed" in result.stdout
+    (run,) = (tmp_path / "ws" / "qs-nemo-local").glob("*/1")
+    assert json.loads((run / "status.json").read_text())["world_size"] == 2
+    assert (run / "logs" / "rank-1.log").exists() and (run / "exit.json").exists()
