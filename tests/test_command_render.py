@@ -204,3 +204,17 @@ def test_schema_errors(mbx, write_campaign):
         result.returncode == 2
         and "trainer.kind: must be one of 'bundled', 'command' (got 'cmd')" in result.stderr
     )
+
+
+def test_dispatcher_template_campaign_validates():
+    from conftest import ROOT
+
+    from orchestrator.loader import load_campaign
+
+    path = ROOT / "campaigns" / "megatron_bridge_moe_dispatcher.yaml"
+    points = expand(load_campaign(path), path)
+    assert len(points) == 12
+    envs = {p.env["NUM_OF_TOKENS_PER_CHUNK_COMBINE_API"] for p in points}
+    assert envs == {"64", "128"}
+    assert all("model.moe_flex_dispatcher_num_sms=" in " ".join(p.recipe["argv"]) for p in points)
+    assert all(p.recipe["steps"] == 30 for p in points)
