@@ -313,14 +313,13 @@ class NemoRunLauncher(Launcher):
         experiment, nemo_job = known
         from torchx.specs.api import is_terminal
 
-        if is_terminal(nemo_job.status(experiment._runner)):
-            status = self.resolver._files(job)[1]
-            return (
-                JobState(status["state"])
-                if status and status.get("state") in JobState._value2member_map_
-                else (JobState.FAILED)
-            )
-        return JobState.RUNNING
+        if not is_terminal(nemo_job.status(experiment._runner)):
+            return JobState.RUNNING
+        status = self.resolver._files(job)[1] or {}
+        try:
+            return JobState(status.get("state", "failed"))
+        except ValueError:
+            return JobState.FAILED
 
     def cancel(self, jobs: list[Submitted]) -> None:
         if self.settings.executor == "slurm":

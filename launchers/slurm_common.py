@@ -95,7 +95,6 @@ class SlurmRendered(Rendered):
 
     scripts: dict[Path, str] = field(default_factory=dict)
     submit_commands: list[list[str]] = field(default_factory=list)
-    handle: Any = None  # backend object launch() needs (NeMo-Run's Experiment)
 
 
 def check_value(where: str, value: Any) -> str:
