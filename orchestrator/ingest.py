@@ -227,6 +227,9 @@ def finalize_command_attempt(
     last = _last_step(rows)
     exit_code = _exit_code(run_dir, launcher_status)
     launcher_state = (launcher_status or {}).get("state")
+    # rank 0's exit code decides unless the scheduler knows better (e.g. Slurm FAILED: another rank crashed);
+    # the per-attempt wrapper's own fallback status ("exited 0 without writing status.json") is not news
+    trust_exit = launcher_state != "failed" or (launcher_status or {}).get("written_by") == "launcher"
     try:
         hung = json.loads((run_dir / HUNG_FILE).read_text())
     except (OSError, json.JSONDecodeError):
@@ -245,7 +248,9 @@ def finalize_command_attempt(
         reason = (launcher_status or {}).get("reason")
         failure_class = {"timeout": "timeout", "preempted": "preempted"}.get(launcher_state)
         retryable = failure_class in retry_on
-    elif exit_code == 0 and last is not None:
+    elif (
+        exit_code == 0 and last is not None and launcher_state in (None, "completed", "failed") and trust_exit
+    ):
         state, reason = "completed", None
     else:
         state = "failed"
@@ -259,7 +264,10 @@ def finalize_command_attempt(
         )
         failure_class, retryable = result.failure_class, result.retryable
         reason = result.reason
-        if exit_code == 0:
+        if not trust_exit:  # the launcher saw a failure rank 0's exit code does not show
+            said = (launcher_status or {}).get("reason") or "the launcher reported a failure"
+            reason = said if result.failure_class == "unknown" else f"{said}; {reason}"
+        elif exit_code == 0:
             reason = f"the command exited 0 but logged no training iteration; {reason}"
     status = {
         "state": state,
