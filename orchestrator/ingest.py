@@ -269,6 +269,12 @@ def finalize_command_attempt(
             reason = said if result.failure_class == "unknown" else f"{said}; {reason}"
         elif exit_code == 0:
             reason = f"the command exited 0 but logged no training iteration; {reason}"
+        elif exit_code is None and launcher_status is None and last is None:
+            program = (recipe.get("argv") or ["?"])[0]
+            reason = (
+                f"the command left no exit code and no output: did it start at all (is {program!r} installed "
+                f"and on PATH where it runs)? {reason}"
+            )
     status = {
         "state": state,
         "reason": reason,
