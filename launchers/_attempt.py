@@ -56,7 +56,25 @@ def main(argv: list[str] | None = None) -> int:
     stopping = {"signal": None}
     output = args.log.open("ab") if args.log else None
     started = time.time()
-    child = subprocess.Popen(command, stdout=output or None, stderr=subprocess.STDOUT if output else None)
+    try:
+        child = subprocess.Popen(command, stdout=output or None, stderr=subprocess.STDOUT if output else None)
+    except OSError as err:  # the program does not exist or cannot run: say so where collection looks
+        message = f"cannot start {command[0]!r}: {err.strerror or err}"
+        if output:
+            output.write((message + "\n").encode())
+            output.close()
+        print(message, file=sys.stderr)
+        now = time.time()
+        _write_json(
+            run_dir / EXIT_FILE, {"exit_code": 127, "signal": None, "started_at": started, "ended_at": now}
+        )
+        status_path = run_dir / STATUS_FILE
+        if not status_path.exists():
+            _write_json(
+                status_path,
+                {"state": "failed", "reason": message, "exit_code": 127, "written_by": "launcher"},
+            )
+        return 127
 
     def forward(signum: int, _frame: object) -> None:
         stopping["signal"] = signum

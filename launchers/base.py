@@ -104,7 +104,7 @@ class Launcher(abc.ABC):
 
     def __init__(self, settings: LauncherSettings | None, workspace: Path, cluster: Any = None):
         self.settings = settings if settings is not None else self.Settings()
-        self.workspace = Path(workspace)
+        self.workspace = Path(workspace).expanduser().resolve()  # run dirs are used from other cwds
         self.cluster = cluster
 
     @abc.abstractmethod

@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from pydantic import Field
@@ -44,9 +45,16 @@ def _alive(job_id: str) -> bool:
 
 def rank_command(spec: LaunchSpec, python: str) -> list[str]:
     """argv that runs the attempt's ranks on one node: plain python for one rank, torchrun for several."""
-    if spec.module is None:
-        return list(spec.args)
     ranks = spec.resources.gpus_per_node
+    if spec.module is None:  # an external command runs once per rank, as srun runs it on Slurm
+        if ranks == 1 or not spec.distributed:
+            return list(spec.args)
+        return [
+            python, "-m", "torch.distributed.run",
+            "--standalone", "--nnodes", "1", "--nproc-per-node", str(ranks),
+            "--log-dir", str(spec.log_dir / "ranks"), "--tee", "3",
+            "--no-python", *spec.args,
+        ]  # fmt: skip
     if ranks == 1 or not spec.distributed:
         return [python, "-m", spec.module, *spec.args]
     return [
@@ -124,14 +132,24 @@ class LocalLauncher(Launcher):
                 states[job.job_id] = JobState.RUNNING if _alive(job.job_id) else JobState.COMPLETED
         return states
 
-    def cancel(self, jobs: list[Submitted]) -> None:
-        for job in jobs:
-            if _alive(job.job_id):
-                pid = int(job.job_id.partition("@")[0])
-                try:
-                    os.killpg(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+    def cancel(self, jobs: list[Submitted], grace_s: float = 20.0) -> None:
+        """SIGTERM each attempt's process group, then SIGKILL what is still alive after `grace_s`."""
+        live = [job for job in jobs if _alive(job.job_id)]
+        for job in live:
+            _signal_group(job, signal.SIGTERM)
+        deadline = time.time() + grace_s
+        while live and time.time() < deadline:
+            time.sleep(0.2)
+            live = [job for job in live if _alive(job.job_id)]
+        for job in live:
+            _signal_group(job, signal.SIGKILL)
+
+
+def _signal_group(job: Submitted, sig: signal.Signals) -> None:
+    try:
+        os.killpg(int(job.job_id.partition("@")[0]), sig)
+    except ProcessLookupError:
+        pass
 
 
 def _project_root() -> str:

@@ -89,7 +89,7 @@ def summary_from_dict(data: dict[str, Any] | None) -> Summary | None:
 def read_fingerprint(run_dir: Path) -> dict[str, Any] | None:
     """The environment fingerprint of an attempt: launch.json's, completed by the trainer's env.json."""
     fingerprint: dict[str, Any] = {}
-    for name in ("launch.json", "env.json"):
+    for name in ("launch.json", "node.json", "env.json"):
         path = Path(run_dir) / name
         try:
             data = json.loads(path.read_text())

@@ -103,7 +103,10 @@ def make_launcher(campaign: Campaign, name: str, workspace: Path) -> Launcher:
         settings = backend.Settings.model_validate(raw)
     except ValidationError as err:
         raise ConfigError([f"launchers.{name}.{line}" for line in validation_problems(err)]) from None
-    return backend(settings, workspace, cluster=campaign)
+    try:
+        return backend(settings, workspace, cluster=campaign)
+    except (ValueError, RuntimeError) as err:  # e.g. a newline in cluster.partition, NeMo-Run not installed
+        raise ConfigError([f"launchers.{name}: {err}"]) from None
 
 
 class Engine:
@@ -193,6 +196,30 @@ class Engine:
         tmp = spec.run_dir / "launch.json.tmp"
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, spec.run_dir / "launch.json")
+
+    def dry_run(self, cells: list[CellRow]) -> Outcome:
+        """Render and show what would be submitted for the cells not yet completed; record nothing.
+
+        The run dirs and scripts are written where the next real run will put them (same attempt numbers),
+        so the dry-run script is byte-identical to what a real submit then sends.
+        """
+        latest = self.store.latest_attempts(self.campaign.name)
+        outcome = Outcome(self.campaign.name, total=len(cells))
+        specs: list[LaunchSpec] = []
+        for cell in cells:
+            attempt = latest.get(cell.cell_id)
+            if attempt is not None and attempt.state == "completed":
+                outcome.skipped += 1
+                continue
+            number = (attempt.attempt if attempt else 0) + 1
+            row = AttemptRow(self.campaign.name, cell.cell_id, number, self.launcher.name, None, {},
+                             str(self.run_dir(cell, number)), "submitted", None, None, None, None)  # fmt: skip
+            spec = self._spec(cell, row)
+            self._write_run_dir(cell, spec)
+            specs.append(spec)
+        for rendered in self.launcher.render(specs) if specs else []:
+            self.launcher.show(rendered)  # type: ignore[attr-defined]
+        return outcome
 
     # the loop ------------------------------------------------------------------------------------------
     def run(self, cells: list[CellRow]) -> Outcome:
@@ -347,7 +374,14 @@ class Engine:
             spec = self._spec(cell, attempt)
             self._write_run_dir(cell, spec)
             specs.append((cell, attempt, spec))
-        submitted = self.launcher.submit([spec for _, _, spec in specs])
+        try:
+            submitted = self.launcher.submit([spec for _, _, spec in specs])
+        except Exception as err:  # a refused sbatch: fail these attempts rather than leave them "submitted"
+            for cell, attempt, _ in specs:
+                self.store.set_state(
+                    self.campaign.name, cell.cell_id, attempt.attempt, "failed", f"submission failed: {err}"
+                )
+            raise RunError(f"{self.launcher.name}: submission failed: {err}") from None
         by_cell = {(job.cell_id, job.attempt): job for job in submitted}
         result = []
         for cell, attempt, spec in specs:

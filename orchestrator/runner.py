@@ -173,7 +173,7 @@ def run_campaign(
     """Register a campaign's cells in the store and drive them to completion."""
     launcher_name = launcher or campaign.launcher
     campaign = _apply_parallel(campaign, launcher_name, parallel)
-    backend = make_launcher(campaign, launcher_name, Path(workspace))  # before any state is written
+    backend = make_launcher(campaign, launcher_name, Path(workspace).resolve())  # before any state is written
     store = Store(workspace)
     try:
         store.upsert_campaign(
@@ -221,6 +221,11 @@ def _drive(
     console.print(
         f"[bold]{campaign.name}[/]: {len(cells)} cell(s) with launcher [bold]{backend.name}[/], workspace {store.workspace}"
     )
+    if getattr(backend, "dry_run", False):
+        engine = Engine(store, campaign, backend)
+        outcome = engine.dry_run(cells)
+        console.print(f"dry run: nothing submitted ({outcome.total - outcome.skipped} attempt(s) rendered)")
+        return outcome
     logger = _WandbLogger(store, campaign) if log_wandb else None
     with ProgressReporter(len(cells), campaign.name) as progress:
 

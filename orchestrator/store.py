@@ -117,7 +117,7 @@ class Store:
     """One SQLite file per workspace; every write is its own short transaction (safe to SIGKILL anytime)."""
 
     def __init__(self, workspace: Path):
-        self.workspace = Path(workspace)
+        self.workspace = Path(workspace).expanduser().resolve()  # run dirs are used from other cwds
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.path = self.workspace / STORE_FILE
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)

@@ -221,7 +221,12 @@ def test_dry_run_cli_submits_nothing(tmp_path: Path, mbx, write_campaign) -> Non
     assert "#SBATCH --array=0-3%4" in result.stdout, result.stdout + result.stderr
     assert "$ sbatch --parsable " in result.stdout and "_rank.py --tasks" in result.stdout
     assert not marker.exists(), marker.read_text() if marker.exists() else ""
-    assert "dry run: job script rendered, nothing submitted" in result.stdout
+    assert "dry run: nothing submitted (4 attempt(s) rendered)" in result.stdout
+    assert result.returncode == 0
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "ws" / "mbx.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0, "a dry run records no attempt"
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
