@@ -52,7 +52,6 @@ def test_the_tiny_recipe_is_supported():
     ("parallel.tensor", 2, "parallel.tensor=2"),
     ("parallel.pipeline", 2, "parallel.pipeline=2"),
     ("parallel.context", 2, "parallel.context=2"),
-    ("parallel.expert", 2, "parallel.expert=2"),
     ("precision", "mxfp8", "precision: mxfp8 runs Transformer Engine GEMMs on a CUDA GPU"),
     ("precision", "fp8", "precision: fp8 runs Transformer Engine GEMMs on a CUDA GPU"),
     ("cross_entropy", "te", "cross_entropy: te (Transformer Engine parallel_cross_entropy) needs a CUDA GPU"),

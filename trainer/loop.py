@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from trainer import expert_parallel
 from trainer.data import MockData
 from trainer.distributed import Dist, all_reduce_sum
 from trainer.flops import padded_vocab_size, step_flops, tflops_per_gpu
@@ -77,10 +78,15 @@ class Trainer:
             model = GPT(m, t.seq_length, padded_vocab_size(m.vocab_size, recipe.parallel.tensor),
                         cross_entropy=recipe.cross_entropy)
         attach_dispatcher(model, self.dispatcher)
+        # EP > 1: keep this rank's experts only (drawn in full first: every EP layout starts from EP = 1's weights).
+        self.ep = expert_parallel.build(recipe.parallel.expert, dist.world_size, dist.rank, self.device,
+                                        m.moe.dispatcher_sms if m.moe else None)
+        self.expert_params = expert_parallel.shard_experts(model, self.ep) if self.ep else []
         self.te = prepare_model(model, recipe, self.device)  # TE modules in, before master weights are taken
         if self.te.paths.uses_te:
             self.compute += f" + {self.te.describe()}"
-        self.params = sum(p.numel() for p in model.parameters())
+        expert_numel = sum(p.numel() for p in self.expert_params)
+        self.params = sum(p.numel() for p in model.parameters()) + expert_numel * (recipe.parallel.expert - 1)
         opt = recipe.optimizer
         use_master = opt.master_weights if opt.master_weights is not None else self.bf16
         self.master: MasterWeights | None = None
@@ -91,7 +97,7 @@ class Trainer:
             self.master.to_bf16(model)
             self.compute += " with bf16 weights, fp32 master weights"
         self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist,
-                                 recompute_modules=recipe.selective_modules() or None)
+                                 recompute_modules=recipe.selective_modules() or None, sharded=self.expert_params)
         self.param_list = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.master.optimizer if self.master else build_optimizer(self.model, opt)
         # With TP = PP = CP = 1 every rank is its own data-parallel rank.
@@ -127,7 +133,8 @@ class Trainer:
 
     def describe(self) -> str:
         r, t = self.recipe, self.recipe.training
-        return (f"device {self.device} | world {self.dist.world_size} (DP {self.dp}) | params {self.params:,} | "
+        ep = f", EP {self.ep.size}" if self.ep else ""
+        return (f"device {self.device} | world {self.dist.world_size} (DP {self.dp}{ep}) | params {self.params:,} | "
                 f"global batch {self.global_batch} = micro {t.micro_batch_size} × DP {self.dp} × accum {self.accum} "
                 f"| seq {t.seq_length} | precision {r.precision} → compute {self.compute} | "
                 f"FLOPs/step {self.flops.total:.4e}")
@@ -153,8 +160,7 @@ class Trainer:
             routed += out.tokens_routed * self.dp  # a host int, the same on every rank
         # DDP has all-reduced (averaged) the gradients during the last backward; sum the loss stats too.
         all_reduce_sum(stats, self.dist)
-        grads = self.master.master_grads() if self.master else [p.grad for p in self.param_list if p.grad is not None]
-        norm = grad_norm(grads)
+        norm = self._grad_norm()
         # Clipping happens inside fused AdamW, which divides every gradient by grad_scale in its own pass.
         self.optimizer.grad_scale = clip_divisor(norm, self.recipe.optimizer.clip_grad)
         # Skip non-finite steps on the device: fused AdamW leaves params and state untouched when found_inf=1.
@@ -196,6 +202,19 @@ class Trainer:
             "tokens_dropped_frac": dropped / routed if moe and routed else None,
             "time": time.time(),
         }
+
+    def _grad_norm(self) -> torch.Tensor:
+        """Global gradient norm (device tensor); with EP, first average the sharded experts' gradients."""
+        if self.ep is None:
+            grads = self.master.master_grads() if self.master else [p.grad for p in self.param_list
+                                                                    if p.grad is not None]
+            return grad_norm(grads)
+        self.ep.reduce_expert_grads(p.grad for p in self.expert_params)  # before any fp32 cast of them
+        pairs = self.master.grads_by_param() if self.master else [(p, p.grad) for p in self.param_list]
+        sharded = {id(p) for p in self.expert_params}
+        dense = [g for p, g in pairs if g is not None and id(p) not in sharded]
+        experts = [g for p, g in pairs if g is not None and id(p) in sharded]
+        return self.ep.global_norm(dense, experts)
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -45,11 +45,15 @@ class MasterWeights:
 
     def master_grads(self) -> list[torch.Tensor]:
         """fp32 gradients of the master weights for this step (cast from the bf16 grads in bf16 mode)."""
+        return [grad for _, grad in self.grads_by_param() if grad is not None]
+
+    def grads_by_param(self) -> list[tuple[nn.Parameter, torch.Tensor | None]]:
+        """(model parameter, its master weight's fp32 gradient) pairs, in parameter order."""
         if not self.fp32_main_grads:
             grads = [p.grad for p in self.params]
             for master, grad in zip(self.master, grads, strict=True):
                 master.grad = None if grad is None else grad.float()
-        return [m.grad for m in self.master if m.grad is not None]
+        return [(p, m.grad) for p, m in zip(self.params, self.master, strict=True)]
 
     def finish_step(self) -> None:
         """After optimizer.step(): master → bf16 weights, and clear this step's gradients."""

@@ -517,16 +517,17 @@ class MoELayer(nn.Module):
         self.shared = shared
         self.dispatcher: Any = None  # torch.cuda.Stream (or a green context's) for the chunked pipeline
         self.recompute_dispatch = False
+        self.ep: Any = None  # trainer.expert_parallel.ExpertParallel when the experts are sharded (EP > 1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, S, h] → (output [B, S, h], aux loss, dropped (token, slot) pairs)."""
         flat = x.reshape(-1, x.shape[-1])
         routing = self.router(flat)  # one router GEMM and one aux loss over all tokens, chunked or not
-        if self.cfg.dispatch_chunk_tokens is None and self.dispatcher is None:
+        if self.cfg.dispatch_chunk_tokens is None and self.dispatcher is None and self.ep is None:
             out, dropped = self._routed(flat, routing)
             if self.shared is not None:
                 out = out + self.shared(flat)
-        elif self.dispatcher is not None and flat.is_cuda:
+        elif (self.dispatcher is not None and flat.is_cuda) or self.ep is not None:
             out, dropped = self._pipelined_on_streams(flat, routing)
         else:
             out, dropped = self._pipelined(flat, routing, None)
@@ -550,9 +551,9 @@ class MoELayer(nn.Module):
         plan = self._plan(routing)
         return combine(self._experts(dispatch(flat, plan), plan, flat), plan), plan.dropped
 
-    @torch.compiler.disable  # streams, events and record_stream run eagerly
+    @torch.compiler.disable  # streams, events, record_stream and the EP all-to-alls run eagerly
     def _pipelined_on_streams(self, flat: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._pipelined(flat, routing, self.dispatcher)
+        return self._pipelined(flat, routing, self.dispatcher if flat.is_cuda else None)
 
     def _pipelined(self, flat: torch.Tensor, routing: Routing, side: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Chunks of `dispatch_chunk_tokens` tokens; with a `side` stream the dispatcher work overlaps the GEMMs.
@@ -569,28 +570,36 @@ class MoELayer(nn.Module):
             side.wait_stream(main)  # x and the routing are ready before the first permutation
             _used_by(side, flat, routing.experts, routing.weights)
 
-        def permute(part: slice) -> tuple[torch.Tensor, DispatchPlan, torch.Tensor, Any]:
+        def permute(part: slice) -> tuple[torch.Tensor, DispatchPlan, torch.Tensor, Any, Any]:
             with _on(side):
                 tokens = flat[part]
                 plan = self._plan(Routing(routing.experts[part], routing.weights[part], routing.aux_loss))
-                buf = dispatch(tokens, plan)
+                buf, batch = dispatch(tokens, plan), None
+                if self.ep is not None:  # rows to their experts' ranks (all-to-all on the dispatcher stream)
+                    buf, batch = self.ep.send(buf, plan)
                 ready = _record(side)
-            _used_by(main, buf, *(t for t in plan if isinstance(t, torch.Tensor)))
-            return tokens, plan, buf, ready
+            local = batch.plan if batch is not None else plan
+            _used_by(main, buf, *(t for t in (*plan, *local) if isinstance(t, torch.Tensor)))
+            return tokens, plan, buf, ready, batch
 
         pending = permute(parts[0])
         shared = self.shared(flat) if self.shared is not None else None  # compute stream, beside permute 0
         outs, dropped = [], []
         for i in range(len(parts)):
-            tokens, plan, buf, ready = pending
+            tokens, plan, buf, ready, batch = pending
             _wait(main, ready)
-            y = self._experts(buf, plan, tokens)
+            if batch is None:
+                y = self._experts(buf, plan, tokens)
+            else:  # the received buffer cannot be re-made locally: moe_dispatch recompute does not apply
+                y = self.experts(buf, batch.plan)
             done = _record(main)
             _used_by(side, y)
             if i + 1 < len(parts):
                 pending = permute(parts[i + 1])  # the next chunk's permutation runs beside these GEMMs
             with _on(side):
                 _wait(side, done)
+                if batch is not None:  # outputs back to the ranks that own the tokens
+                    y = self.ep.receive(y, batch)
                 outs.append(combine(y, plan))
             dropped.append(plan.dropped)
             _used_by(main, outs[-1])

@@ -63,13 +63,21 @@ def apply_compile(model: GPT) -> None:
 
 
 def parallelize(model: GPT, *, recompute: str, compile: bool, dist: Dist,
-                recompute_modules: frozenset[str] | None = None) -> nn.Module:
-    """Apply recompute, then compile, then DDP when world > 1 (gradients all-reduced in buckets during backward)."""
+                recompute_modules: frozenset[str] | None = None,
+                sharded: list[nn.Parameter] | None = None) -> nn.Module:
+    """Apply recompute, then compile, then DDP when world > 1 (gradients all-reduced in buckets during backward).
+
+    `sharded` parameters (expert-parallel experts) stay out of DDP: trainer.expert_parallel reduces them.
+    """
     apply_recompute(model, recompute, recompute_modules)
     if compile:
         apply_compile(model)
     if not dist.initialized:
         return model
+    if sharded:
+        ids = {id(p) for p in sharded}
+        names = [name for name, p in model.named_parameters() if id(p) in ids]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     return DistributedDataParallel(
         model,
         device_ids=[dist.local_rank] if dist.device.type == "cuda" else None,

@@ -131,7 +131,8 @@ class ParallelConfig(_Strict):
     tensor: int = Field(1, ge=1, description="Tensor parallel size (TP).")
     pipeline: int = Field(1, ge=1, description="Pipeline parallel size (PP).")
     context: int = Field(1, ge=1, description="Context parallel size (CP).")
-    expert: int = Field(1, ge=1, description="Expert parallel size (EP), carved out of data × context ranks.")
+    expert: int = Field(1, ge=1, description="Expert parallel size (EP), carved out of data × context ranks: "
+                        "each EP group of consecutive ranks shards the experts, tokens cross it by all-to-all.")
     data: int | None = Field(None, ge=1, description="Data parallel size (DP); None = world / (TP·PP·CP).")
 
     def world_size(self, data: int | None = None) -> int:
@@ -198,7 +199,7 @@ class Recipe(_Strict):
         None, description="With recompute: selective, what is recomputed in the backward instead of kept "
         "(Megatron --recompute-modules): core_attn = softmax(QKᵀ)V, moe_act = the expert activation's output "
         "(the second expert GEMM's input), moe_dispatch = the permuted token buffer (the first expert GEMM's "
-        "input); None = all three."
+        "input; not with parallel.expert > 1); None = all three (without moe_dispatch when parallel.expert > 1)."
     )
     cross_entropy: Literal["native", "fused", "te"] = Field(
         "native", description="Loss: native fp32 CE, fused (vocab-chunked), or TE parallel cross entropy."
@@ -272,10 +273,7 @@ def launch_problems(recipe: Recipe, world_size: int, gpu_arch: str | None = None
     except ValueError as err:
         problems.append(f"parallel: {err}")
         return problems
-    if p.expert > 1 and (dp * p.context) % p.expert:
-        problems.append(f"parallel.expert: EP ({p.expert}) must divide DP·CP ({dp * p.context})")
-    if p.expert > 1:
-        problems.append(f"parallel.expert: expert parallelism (EP = {p.expert}) is not implemented yet; use 1")
+    problems.extend(expert_parallel_problems(recipe, dp))
     t = recipe.training
     if t.global_batch_size is not None and t.global_batch_size % (t.micro_batch_size * dp):
         problems.append(
@@ -284,6 +282,24 @@ def launch_problems(recipe: Recipe, world_size: int, gpu_arch: str | None = None
         )
     device = "cpu" if recipe.device == "cpu" else None  # "auto" and "cuda" may both land on a GPU
     problems.extend(knob_problems(recipe, device, arch_number(gpu_arch) if gpu_arch else None, gpu_arch))
+    return problems
+
+
+def expert_parallel_problems(recipe: Recipe, dp: int) -> list[str]:
+    """What an EP > 1 layout needs: EP divides DP·CP (experts are sharded inside data parallelism), and the
+    knobs that cannot cross ranks yet are off."""
+    p, moe = recipe.parallel, recipe.model.moe
+    if p.expert == 1 or moe is None:
+        return []
+    problems = []
+    if (dp * p.context) % p.expert:
+        problems.append(f"parallel.expert: EP ({p.expert}) must divide DP·CP ({dp * p.context})")
+    if moe.grouped_gemm == "te":
+        problems.append("model.moe.grouped_gemm: te (TE GroupedLinear) is not wired for expert parallelism yet "
+                        f"(parallel.expert = {p.expert}); use torch or loop")
+    if recipe.recompute_modules is not None and "moe_dispatch" in recipe.recompute_modules:
+        problems.append("recompute_modules: moe_dispatch re-makes the permuted buffer from local tokens, which "
+                        f"expert parallelism (parallel.expert = {p.expert}) receives from other ranks; drop it")
     return problems
 
 

@@ -8,7 +8,13 @@ status.json reason that starts with the recipe key path. The pre-submit checks
 
 from __future__ import annotations
 
-from trainer.recipe import SUPPORTED_PARALLEL, Recipe, knob_problems, missing_te_problems
+from trainer.recipe import (
+    SUPPORTED_PARALLEL,
+    Recipe,
+    expert_parallel_problems,
+    knob_problems,
+    missing_te_problems,
+)
 
 
 class NotSupportedError(NotImplementedError):
@@ -27,10 +33,9 @@ def unsupported(recipe: Recipe, world_size: int, device_type: str, arch: int | N
     for name, only in SUPPORTED_PARALLEL.items():
         if getattr(p, name) != only:
             problems.append(f"parallel.{name}={getattr(p, name)}: only {only} is implemented (data parallel only)")
-    if p.expert != 1:
-        problems.append(f"parallel.expert={p.expert}: expert parallelism is not implemented yet; use 1")
     try:
         dp = recipe.data_parallel_size(world_size)
+        problems.extend(expert_parallel_problems(recipe, dp))
         t = recipe.training
         if t.global_batch_size is not None and t.global_batch_size % (t.micro_batch_size * dp):
             problems.append(f"training.global_batch_size={t.global_batch_size}: not divisible by "

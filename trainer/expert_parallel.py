@@ -1,0 +1,219 @@
+"""Expert parallelism: experts sharded over an EP group, tokens sent to their experts' ranks by all-to-all.
+
+Layout (Megatron's default order with TP = PP = CP = 1): EP groups are runs of `EP` consecutive ranks,
+expert-data-parallel groups are the ranks with the same EP rank ({j, j+EP, j+2·EP, ...}). Every rank
+routes its own tokens with the replicated router and drops over-capacity pairs locally (capacity counts
+its own tokens, as in Megatron), so routing and dropping are those of EP = 1; then
+
+    dispatch:  permuted rows [expert e, row]  →  all-to-all (expert e lives on rank e // E_local)
+               →  received rows [source rank, local expert, row]  →  regroup to [local expert, source, row]
+    combine:   the inverse, row for row.
+
+With `pad_to_capacity` every (rank, expert) block is `capacity` rows: equal splits, the regroup is a
+transpose, and nothing syncs with the host. Dropless or compact dropping needs the split sizes on the host
+(one count all-to-all and one `.tolist()`, marked SYNC).
+
+Gradients: expert parameters are outside DDP; after the last micro-batch their gradients (which already
+hold every EP peer's tokens, brought back by the all-to-all's backward) are summed over the
+expert-data-parallel group and divided by DP, which equals DDP's average over all ranks for EP = 1. The
+global gradient norm adds the experts' squares summed over the EP group.
+On a GPU with `dispatcher_sms`, the EP group's NCCL communicator is limited to that many CTAs (NCCL's
+max_ctas), as the permutation work is limited to the green context's SMs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.moe import DispatchPlan, GroupedExperts, MoELayer
+
+
+def _exchange(x: torch.Tensor, group: Any, out_splits: list[int] | None, in_splits: list[int] | None
+              ) -> torch.Tensor:
+    rows = sum(out_splits) if out_splits is not None else x.shape[0]
+    out = x.new_empty((rows, *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows to the ranks of the group (splits None = equal); the backward sends the gradients back."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any, out_splits: list[int] | None, in_splits: list[int] | None):
+        ctx.group, ctx.out_splits, ctx.in_splits = group, out_splits, in_splits
+        return _exchange(x, group, out_splits, in_splits)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _exchange(grad, ctx.group, ctx.in_splits, ctx.out_splits), None, None, None
+
+
+class _Permute(torch.autograd.Function):
+    """x[order] with a gather for the backward too (grad[inverse]): no index_put, no atomics."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor):
+        ctx.save_for_backward(order, inverse)
+        return x.index_select(0, order)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        order, inverse = ctx.saved_tensors
+        return _Permute.apply(grad, inverse, order), None, None
+
+
+def _inverse(order: torch.Tensor) -> torch.Tensor:
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return inverse
+
+
+class LocalBatch:
+    """The rows this rank's experts compute, and how to send their outputs back."""
+
+    def __init__(self, plan: DispatchPlan, splits: tuple[list[int], list[int]] | None,
+                 order: torch.Tensor | None, inverse: torch.Tensor | None):
+        self.plan, self.splits, self.order, self.inverse = plan, splits, order, inverse
+
+
+@dataclass
+class ExpertParallel:
+    """This rank's place in the EP layout, and the exchange of one MoE layer's rows."""
+
+    size: int
+    rank: int  # rank inside the EP group
+    dp: int  # data-parallel size (the gradient average is over DP ranks)
+    group: Any  # the EP process group
+    expert_dp_group: Any  # the ranks holding the same experts (None when DP == EP)
+
+    def local_experts(self, num_experts: int) -> slice:
+        per = num_experts // self.size
+        return slice(self.rank * per, (self.rank + 1) * per)
+
+    # -- the exchange ----------------------------------------------------------------------------------
+
+    def send(self, buf: torch.Tensor, plan: DispatchPlan) -> tuple[torch.Tensor, LocalBatch]:
+        """Permuted rows of all E experts → the rows of this rank's experts, grouped by local expert."""
+        num_experts = plan.counts.shape[0]
+        local = num_experts // self.size
+        if plan.capacity is not None:  # static shapes: equal splits, a transpose
+            cap = plan.capacity
+            got = _AllToAll.apply(buf, self.group, None, None)  # [src, local expert, cap]
+            rows = got.view(self.size, local, cap, -1).transpose(0, 1).reshape(-1, buf.shape[-1])
+            counts = torch.full((local,), self.size * cap, dtype=torch.long, device=buf.device)
+            local_plan = plan._replace(counts=counts, offs=counts.cumsum(0).to(torch.int32),
+                                       capacity=self.size * cap)
+            return rows, LocalBatch(local_plan, None, None, None)
+        # Data-dependent sizes: exchange the per-expert counts, then the rows.
+        received = _exchange(plan.counts, self.group, None, None)  # [src · local]: rows src sends my experts
+        send = plan.counts.view(self.size, local).sum(1)
+        recv = received.view(self.size, local).sum(1)
+        sizes = torch.cat([send, recv]).tolist()  # SYNC: all_to_all_single takes its splits on the host
+        in_splits, out_splits = sizes[: self.size], sizes[self.size:]
+        got = _AllToAll.apply(buf, self.group, out_splits, in_splits)  # [src, local expert, row]
+        expert_of_block = torch.arange(self.size * local, device=buf.device) % local
+        expert_of_row = torch.repeat_interleave(expert_of_block, received, output_size=sum(out_splits))
+        order = torch.argsort(expert_of_row, stable=True)  # [local expert, src, row]
+        inverse = _inverse(order)
+        counts = received.view(self.size, local).sum(0)
+        local_plan = plan._replace(counts=counts, offs=counts.cumsum(0).to(torch.int32), capacity=None)
+        return _Permute.apply(got, order, inverse), LocalBatch(local_plan, (out_splits, in_splits), order, inverse)
+
+    def receive(self, y: torch.Tensor, batch: LocalBatch) -> torch.Tensor:
+        """The local experts' outputs → back to the ranks that sent the rows, in their permuted order."""
+        if batch.splits is None:
+            local = batch.plan.counts.shape[0]
+            cap = batch.plan.capacity // self.size
+            rows = y.view(local, self.size, cap, -1).transpose(0, 1).reshape(-1, y.shape[-1])
+            return _AllToAll.apply(rows, self.group, None, None)
+        out_splits, in_splits = batch.splits
+        rows = _Permute.apply(y, batch.inverse, batch.order)
+        return _AllToAll.apply(rows, self.group, in_splits, out_splits)
+
+    # -- gradients -------------------------------------------------------------------------------------
+
+    def reduce_expert_grads(self, grads: Iterable[torch.Tensor | None]) -> None:
+        """Sum over the expert-data-parallel group, divide by DP: DDP's average, for sharded experts."""
+        present = [g for g in grads if g is not None]
+        if self.expert_dp_group is not None:
+            for g in present:
+                dist.all_reduce(g, group=self.expert_dp_group)
+        if present and self.dp > 1:
+            torch._foreach_div_(present, float(self.dp))
+
+    def global_norm(self, dense: list[torch.Tensor], experts: list[torch.Tensor]) -> torch.Tensor:
+        """L2 norm over all parameters: replicated ones once, each EP rank's experts added."""
+        device = (dense or experts)[0].device
+        dense_sq = _norm_sq(dense, device)
+        expert_sq = _norm_sq(experts, device)
+        dist.all_reduce(expert_sq, group=self.group)
+        return (dense_sq + expert_sq).sqrt()
+
+
+def _norm_sq(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    if not grads:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None).float().square()
+
+
+def build(ep_size: int, world_size: int, rank: int, device: torch.device, dispatcher_sms: int | None = None
+          ) -> ExpertParallel | None:
+    """Create the EP and expert-DP process groups (every rank creates every group, in the same order)."""
+    if ep_size == 1:
+        return None
+    if not dist.is_initialized():
+        raise RuntimeError(f"parallel.expert={ep_size} needs torch.distributed (run under torchrun)")
+    mine = expert_dp = None
+    options = _nccl_options(dispatcher_sms) if device.type == "cuda" else None
+    for first in range(0, world_size, ep_size):
+        ranks = list(range(first, first + ep_size))
+        group = dist.new_group(ranks, pg_options=options) if options is not None else dist.new_group(ranks)
+        if rank in ranks:
+            mine = group
+    dp = world_size  # TP = PP = CP = 1: every rank is a data-parallel rank
+    if world_size > ep_size:
+        for j in range(ep_size):
+            ranks = list(range(j, world_size, ep_size))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                expert_dp = group
+    return ExpertParallel(ep_size, rank % ep_size, dp, mine, expert_dp)
+
+
+def _nccl_options(dispatcher_sms: int | None) -> Any:
+    """NCCL communicator config limiting the EP all-to-all to `dispatcher_sms` CTAs (None: NCCL's default)."""
+    if dispatcher_sms is None:
+        return None
+    try:
+        options = dist.ProcessGroupNCCL.Options()
+        options.config.max_ctas = dispatcher_sms
+    except (AttributeError, RuntimeError):  # a torch built without NCCL, or an NCCL without config
+        return None
+    return options
+
+
+def shard_experts(model: nn.Module, ep: ExpertParallel) -> list[nn.Parameter]:
+    """Keep only this rank's slice of every MoE layer's experts (drawn in full first, so every EP layout
+    starts from the weights EP = 1 has); give each layer the exchange. Returns the expert parameters."""
+    params: list[nn.Parameter] = []
+    for layer in (m for m in model.modules() if isinstance(m, MoELayer)):
+        experts: GroupedExperts = layer.experts
+        part = ep.local_experts(experts.num_experts)
+        if experts.discrete:
+            experts.w1 = nn.ParameterList(list(experts.w1)[part])
+            experts.w2 = nn.ParameterList(list(experts.w2)[part])
+            params += list(experts.w1) + list(experts.w2)
+        else:
+            experts.w1 = nn.Parameter(experts.w1.detach()[part].clone())
+            experts.w2 = nn.Parameter(experts.w2.detach()[part].clone())
+            params += [experts.w1, experts.w2]
+        experts.num_experts = part.stop - part.start
+        layer.ep = ep
+    return params
