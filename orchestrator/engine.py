@@ -18,6 +18,7 @@ from orchestrator.collect import Collected, collect_attempt, summary_from_dict
 from orchestrator.errors import RunError, UsageError
 from orchestrator.fingerprint import login_fingerprint
 from orchestrator.ingest import HUNG_FILE, LogFollower, finalize_command_attempt, write_json
+from orchestrator.requeue import record_requeues
 from orchestrator.retry import decide, last_step
 from orchestrator.store import ACTIVE_STATES, AttemptRow, CellRow, Store
 from orchestrator.yamlio import dump_yaml
@@ -32,7 +33,7 @@ CANCEL_WAIT_S = 30.0  # after cancelling a hung attempt, collect it even if the 
 class Event:
     """Something the engine reports to its caller (progress display)."""
 
-    kind: str  # "submitted" | "finished" | "adopted" | "skipped" | "retrying" | "progress" | "hung"
+    kind: str  # "submitted" | "finished" | "adopted" | "skipped" | "retrying" | "requeued" | "progress" | "hung"
     cell: CellRow
     attempt: int
     collected: Collected | None = None
@@ -259,6 +260,8 @@ class Engine:
                     in_flight[job.job_id] = (cell, attempt, job)
             if not in_flight:
                 continue
+            for cell, old, new in record_requeues(self.store, self.campaign.name, in_flight):
+                self.on_event(Event("requeued", cell, new.attempt, note=f"attempt {old.attempt} was requeued"))
             states = self.launcher.poll([job for _, _, job in in_flight.values()])
             for job_id, state in states.items():
                 cell, attempt, job = in_flight[job_id]

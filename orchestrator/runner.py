@@ -108,6 +108,11 @@ class ProgressReporter:
                 Text.assemble(("  ! ", "bold yellow"), f"{cell.cell_id} [{cell.label}] hung after finishing: ",
                               (f"{event.note}; cancelling it (results kept)", "yellow"))
             )  # fmt: skip
+        elif event.kind == "requeued":
+            self.progress.console.print(
+                Text.assemble(("  ↻ ", "bold yellow"), f"{cell.cell_id} [{cell.label}] requeued by Slurm: ",
+                              (f"{event.note}; the rerun is attempt {event.attempt}", "yellow"))
+            )  # fmt: skip
         elif event.kind == "retrying":
             self.running -= 1
             self.steps.pop(cell.cell_id, None)

@@ -239,6 +239,30 @@ class Store:
             )
         return self.attempt(campaign, cell_id, number)  # type: ignore[return-value]
 
+    def requeue(self, campaign: str, cell_id: str, attempt: int, archive_dir: str, reason: str) -> AttemptRow:
+        """A requeued job: `attempt` ends as preempted with its outputs in `archive_dir`; the rerun (same job,
+        same live run dir) becomes the cell's next attempt, running. One transaction: never half of it."""
+        with self.transaction() as db:
+            old = db.execute(
+                "SELECT * FROM attempts WHERE campaign=? AND cell_id=? AND attempt=?", (campaign, cell_id, attempt)
+            ).fetchone()
+            number = int(db.execute(
+                "SELECT MAX(attempt) AS n FROM attempts WHERE campaign=? AND cell_id=?", (campaign, cell_id)
+            ).fetchone()["n"]) + 1
+            now = time.time()
+            db.execute(
+                "UPDATE attempts SET run_dir=?, state='preempted', reason=?, failure_class='preempted', ended_at=? "
+                "WHERE campaign=? AND cell_id=? AND attempt=?",
+                (archive_dir, reason, now, campaign, cell_id, attempt),
+            )
+            db.execute(
+                "INSERT INTO attempts (campaign, cell_id, attempt, launcher, job_id, job_info_json, run_dir, state, "
+                "submitted_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                (campaign, cell_id, number, old["launcher"], old["job_id"], old["job_info_json"], old["run_dir"],
+                 "running", now),
+            )
+        return self.attempt(campaign, cell_id, number)  # type: ignore[return-value]
+
     def set_job(self, campaign: str, cell_id: str, attempt: int, job_id: str, info: dict[str, Any]) -> None:
         with self.transaction() as db:
             db.execute(
