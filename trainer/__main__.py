@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -60,5 +61,13 @@ def run(argv: list[str]) -> int:
     return train.main(recipe, Path(args.out), started_at)
 
 
+def exit_now(code: int) -> None:
+    """Exit without tearing the interpreter down: everything is written and flushed, and freeing the
+    distributed trainer can deadlock (trainer.train._KEPT_UNTIL_EXIT says how)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    exit_now(run(sys.argv[1:]))

@@ -84,6 +84,13 @@ def _flops_or_zero(recipe: Recipe, world_size: int) -> float:
         return 0.0
 
 
+# Objects kept until the process ends. With gloo, freeing DDP's reducer (the last holder of the process
+# group) while gloo's worker thread still drops its last finished work deadlocks: ~ProcessGroupGloo joins that
+# thread holding the GIL, and the thread needs the GIL to release the work's tensors. The entry point exits
+# through os._exit once everything is written, so these are never freed.
+_KEPT_UNTIL_EXIT: list[object] = []
+
+
 def _raise_on_sigterm(signum: int, _frame: object) -> None:
     # torchrun stops the surviving ranks with SIGTERM when one fails, and Slurm does at the time limit:
     # turn it into an exception so the run directory still gets its status.json.
@@ -130,6 +137,7 @@ def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
                 world_size=world, device=device, gpu_name=gpu_name, torch_version=torch.__version__,
                 params=trainer.params if trainer else 0, started_at=started_at, ended_at=time.time(),
             ))
+        _KEPT_UNTIL_EXIT.append(trainer)
         distributed.teardown()
     print(json.dumps({"state": state, "reason": reason}), file=sys.stderr if rc else sys.stdout, flush=True)
     return rc
