@@ -13,16 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reports.metrics import read_metrics, read_status  # noqa: E402
-from reports.window import summarize  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from trainer_proxies import run_and_summarize  # noqa: E402
 
 RECIPE = ROOT / "benchmarks/recipes/moe_proxy.yaml"
 SEQUENCES_PER_GPU = 16
@@ -30,7 +29,6 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 
 def run_size(gpus: int, out: Path, overrides: list[str]) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", **NO_MULTICAST)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
             "-m", "trainer", "--recipe", str(RECIPE), "--out", str(out),
@@ -38,15 +36,7 @@ def run_size(gpus: int, out: Path, overrides: list[str]) -> dict:
             "--set", f"training.global_batch_size={SEQUENCES_PER_GPU * gpus}"]
     for item in overrides:
         argv += ["--set", item]
-    started = time.time()
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
-    (out / "stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    status = read_status(out) or {}
-    summary = summarize(read_metrics(out)).to_dict()
-    return {"gpus": gpus, "ep": gpus, "state": status.get("state"), "reason": status.get("reason"),
-            "wall_s": round(time.time() - started, 1),
-            **{k: summary[k] for k in ("tflops_per_gpu", "step_time_ms", "step_time_ms_std", "tokens_per_s_per_gpu",
-                                       "peak_alloc_gib", "peak_reserved_gib", "first_loss", "last_loss")}}
+    return {"gpus": gpus, "ep": gpus, **run_and_summarize(argv, out, env)}
 
 
 def main() -> None:

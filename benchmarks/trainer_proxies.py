@@ -26,21 +26,15 @@ from reports.window import summarize  # noqa: E402
 RECIPES = {"moe": ROOT / "benchmarks/recipes/moe_proxy.yaml", "dense": ROOT / "benchmarks/recipes/dense_proxy.yaml"}
 
 
-def run_one(name: str, recipe: Path, out: Path, overrides: list[str], profile: str | None) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if profile:
-        env["MBX_TRAINER_PROFILE"] = profile
-    argv = [sys.executable, "-m", "trainer", "--recipe", str(recipe), "--out", str(out)]
-    for item in overrides:
-        argv += ["--set", item]
+def run_and_summarize(argv: list[str], out: Path, env: dict[str, str]) -> dict:
+    """Run one trainer process (or torchrun) writing `out`; its status and last-10-step window figures."""
+    out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     (out / "stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     status = read_status(out) or {}
     summary = summarize(read_metrics(out)).to_dict()
     return {
-        "name": name,
-        "overrides": overrides,
         "state": status.get("state"),
         "reason": status.get("reason"),
         "wall_s": round(time.time() - started, 1),
@@ -49,6 +43,16 @@ def run_one(name: str, recipe: Path, out: Path, overrides: list[str], profile: s
         **{k: summary[k] for k in ("tflops_per_gpu", "step_time_ms", "step_time_ms_std", "tokens_per_s_per_gpu",
                                    "peak_alloc_gib", "peak_reserved_gib", "first_loss", "last_loss", "window_steps")},
     }
+
+
+def run_one(name: str, recipe: Path, out: Path, overrides: list[str], profile: str | None) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if profile:
+        env["MBX_TRAINER_PROFILE"] = profile
+    argv = [sys.executable, "-m", "trainer", "--recipe", str(recipe), "--out", str(out)]
+    for item in overrides:
+        argv += ["--set", item]
+    return {"name": name, "overrides": overrides, **run_and_summarize(argv, out, env)}
 
 
 def main() -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -53,6 +56,11 @@ class SlurmCluster:
     def campaign(self, name: str, steps: int = 14, **overrides: object) -> dict:
         """A small quickstart campaign for this cluster (see quickstart_campaign)."""
         return quickstart_campaign(name, steps, **overrides)
+
+    def campaign_in_background(self, file: Path, workspace: Path, env: dict[str, str],
+                               launcher: str = "submitit") -> contextlib.AbstractContextManager[subprocess.Popen]:
+        """`mbx campaign run FILE` against this cluster as a separate process (see campaign_in_background)."""
+        return campaign_in_background(file, workspace, {**self.env, **env}, launcher)
 
     def cancel_all(self) -> None:
         self.run("scancel", "--user", getpass.getuser(), check=False)
@@ -227,3 +235,21 @@ def quickstart_campaign(name: str, steps: int = 14, **overrides: object) -> dict
     data["wandb"] = {"mode": "disabled"}
     data.update(overrides)
     return data
+
+
+@contextlib.contextmanager
+def campaign_in_background(file: Path, workspace: Path, env: dict[str, str], launcher: str = "submitit"
+                           ) -> Iterator[subprocess.Popen]:
+    """`mbx campaign run FILE` as a separate process (stdout+stderr piped); Ctrl-C'ed on the way out if still alive."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "campaign", "run", str(file), "--launcher", launcher,
+         "--workspace", str(workspace)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **env},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)

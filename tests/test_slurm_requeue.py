@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -39,13 +38,8 @@ def test_requeued_job_is_a_new_attempt_of_the_same_cell(slurm, tmp_path: Path, c
     data = slurm.campaign("qs-requeue", steps=150, sweep={"axes": {"model.moe.top_k": [2]}})
     data["launchers"]["submitit"]["requeue"] = True
     file = write_campaign(data)
-    env = {**os.environ, **cache_env, **slurm.env, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "campaign", "run", str(file), "--launcher", "submitit",
-         "--workspace", str(workspace)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
+    env = {**os.environ, **cache_env, **slurm.env, "PYTHONPATH": str(ROOT)}
+    with slurm.campaign_in_background(file, workspace, env) as proc:
         launch = _running_launch(workspace, "qs-requeue", timeout=120)
         slurm.run("scontrol", "requeue", launch["job_id"])
         # Once the interrupted run has completed, Slurm holds the requeued job back (BeginTime +2 min): release it
@@ -57,10 +51,6 @@ def test_requeued_job_is_a_new_attempt_of_the_same_cell(slurm, tmp_path: Path, c
                 break
             time.sleep(0.3)
         out, _ = proc.communicate(timeout=420)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
     assert proc.returncode == 0, out
     assert "requeued by Slurm" in out and "PASS 1/1 completed" in out, out
 

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sqlite3
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 
 from launchers.base import JobState, LaunchSpec, Resources, Submitted
 from launchers.slurm_common import SlurmQuery, StateResolver
@@ -60,20 +56,11 @@ def test_scancel_and_time_limit_campaign_goes_on(slurm, tmp_path: Path, cache_en
         "resources.time_limit_min": [None, None, 0.25],
     }]})  # fmt: skip
     file = write_campaign(data)
-    env = {**os.environ, **cache_env, **slurm.env, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "campaign", "run", str(file), "--launcher", "submitit",
-         "--workspace", str(workspace)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
+    env = {**cache_env, **slurm.env}
+    with slurm.campaign_in_background(file, workspace, env) as proc:
         victim = _wait_for_running_point(workspace, "qs-states", steps=100000, timeout=120)
         slurm.run("scancel", victim["job_id"])
         out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
     assert proc.returncode == 1, out
     db = sqlite3.connect(workspace / "mbx.sqlite")
     rows = db.execute("SELECT c.params_json, a.state, a.reason, a.job_id FROM attempts a JOIN cells c USING "
