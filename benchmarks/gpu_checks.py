@@ -59,7 +59,7 @@ RUNS: dict[str, list[tuple[str, list[str]]]] = {
         ("recompute-moe-act", ["recompute=selective", "recompute_modules=[moe_act]"]),
         ("recompute-moe-dispatch", ["recompute=selective", "recompute_modules=[moe_dispatch]"]),
         ("recompute-full", ["recompute=full"]),
-        ("chunk4096-stream-recompute-full", ["model.moe.dispatch_chunk_tokens=4096", "recompute=full"]),
+        ("chunk4096-stream-recompute-full-refused", ["model.moe.dispatch_chunk_tokens=4096", "recompute=full"]),
     ],
     "loss": [
         ("ce-native", []),

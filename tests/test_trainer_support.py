@@ -333,3 +333,13 @@ def test_trainer_refuses_gpu_only_knobs_before_building_anything():
         recipe = _recipe(**{key: value})
         with pytest.raises(NotSupportedError, match="^" + re.escape(key)):
             Trainer(recipe, CPU, log=lambda line: None)
+
+
+def test_full_recompute_with_a_dispatcher_stream_is_refused_on_gpu():
+    chunked = {"recompute": "full", "model.moe.dispatch_chunk_tokens": 8, "device": "auto"}
+    problems = unsupported(_recipe(**chunked), world_size=1, device_type="cuda", arch=90)
+    assert any(p.startswith("recompute: full would recompute each MoE layer on the dispatcher stream")
+               for p in problems), problems
+    assert unsupported(_recipe(**chunked, **{"model.moe.dispatch_overlap": False}), world_size=1,
+                       device_type="cuda", arch=90) == []
+    assert unsupported(_recipe(**chunked), world_size=1, device_type="cpu") == []  # no streams on the CPU

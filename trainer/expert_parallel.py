@@ -18,7 +18,9 @@ hold every EP peer's tokens, brought back by the all-to-all's backward) are summ
 expert-data-parallel group and divided by DP, which equals DDP's average over all ranks for EP = 1. The
 global gradient norm adds the experts' squares summed over the EP group.
 On a GPU with `dispatcher_sms`, the EP group's NCCL communicator is limited to that many CTAs (NCCL's
-max_ctas), as the permutation work is limited to the green context's SMs.
+max_ctas), as the permutation work is limited to the green context's SMs. That caps how many SMs the all-to-all
+takes; whether its kernels also run inside the green context depends on torch issuing them on the current
+stream (recent torch does for blocking collectives; older releases use NCCL's own stream).
 """
 
 from __future__ import annotations
@@ -142,9 +144,13 @@ class ExpertParallel:
     def reduce_expert_grads(self, grads: Iterable[torch.Tensor | None]) -> None:
         """Sum over the expert-data-parallel group, divide by DP: DDP's average, for sharded experts."""
         present = [g for g in grads if g is not None]
-        if self.expert_dp_group is not None:
-            for g in present:
-                dist.all_reduce(g, group=self.expert_dp_group)
+        if self.expert_dp_group is not None and present:  # one all-reduce per dtype, not one per parameter
+            for dtype in {g.dtype for g in present}:
+                group = [g for g in present if g.dtype == dtype]
+                flat = torch.cat([g.reshape(-1) for g in group])
+                dist.all_reduce(flat, group=self.expert_dp_group)
+                torch._foreach_copy_(group, [f.view_as(g) for f, g in zip(flat.split([g.numel() for g in group]),
+                                                                           group, strict=True)])
         if present and self.dp > 1:
             torch._foreach_div_(present, float(self.dp))
 
@@ -154,13 +160,14 @@ class ExpertParallel:
         dense_sq = _norm_sq(dense, device)
         expert_sq = _norm_sq(experts, device)
         dist.all_reduce(expert_sq, group=self.group)
-        return (dense_sq + expert_sq).sqrt()
+        return (dense_sq + expert_sq).sqrt().float()
 
 
 def _norm_sq(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Σ g² in fp64 (a squared fp32 norm would overflow above ~1.8e19 and skip a step EP = 1 takes)."""
     if not grads:
-        return torch.zeros((), dtype=torch.float32, device=device)
-    return torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None).float().square()
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None).double().square()
 
 
 def build(ep_size: int, world_size: int, rank: int, device: torch.device, dispatcher_sms: int | None = None
@@ -194,7 +201,9 @@ def _nccl_options(dispatcher_sms: int | None) -> Any:
     try:
         options = dist.ProcessGroupNCCL.Options()
         options.config.max_ctas = dispatcher_sms
-    except (AttributeError, RuntimeError):  # a torch built without NCCL, or an NCCL without config
+    except (AttributeError, RuntimeError) as err:  # a torch built without NCCL, or an NCCL without config
+        print(f"model.moe.dispatcher_sms: the EP all-to-all is not limited to {dispatcher_sms} CTAs here ({err})",
+              flush=True)
         return None
     return options
 

@@ -96,6 +96,9 @@ class Trainer:
             self.master = MasterWeights(model, opt, fp32_main_grads=opt.main_grads == "fp32" and not dist.initialized)
             self.master.to_bf16(model)
             self.compute += " with bf16 weights, fp32 master weights"
+        if self.ep and self.master and self.master.fp32_main_grads:  # the hooks would move expert grads away
+            raise RuntimeError("expert parallelism reduces expert gradients on the parameters: fp32 main grads "
+                               "through hooks cannot be used with it")
         self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist,
                                  recompute_modules=recipe.selective_modules() or None, sharded=self.expert_params)
         self.param_list = [p for p in self.model.parameters() if p.requires_grad]

@@ -377,6 +377,11 @@ def knob_problems(recipe: Recipe, device_type: str | None, arch: int | None, arc
             problems.append(f"model.moe.grouped_gemm: te (Transformer Engine GroupedLinear) needs a CUDA GPU; {cpu}")
         if moe.dispatcher_sms is not None and on_cpu:
             problems.append(f"model.moe.dispatcher_sms: green contexts need a CUDA GPU; {cpu}")
+        side_stream = moe.dispatcher_sms is not None or (moe.dispatch_chunk_tokens is not None and moe.dispatch_overlap)
+        if recipe.recompute == "full" and side_stream and not on_cpu and recipe.device != "cpu":
+            problems.append("recompute: full would recompute each MoE layer on the dispatcher stream (the backward "
+                            "replays a layer on the stream of its last op, the combine); use selective, or "
+                            "model.moe.dispatch_overlap: false")
     return problems
 
 
