@@ -25,6 +25,7 @@ from orchestrator.yamlio import dump_yaml
 from reports.window import Summary
 
 POLL_INTERVAL_S = 0.5
+RETRY_KEY = "mbx_retry"  # in an attempt's job info: which try of its cell this is, and the steps the one before made
 FOLLOW_INTERVAL_S = 1.0  # how often a running command attempt's logs are read
 CANCEL_WAIT_S = 30.0  # after cancelling a hung attempt, collect it even if the launcher still lists it
 
@@ -241,7 +242,10 @@ class Engine:
             elif attempt is not None and attempt.state in ACTIVE_STATES and attempt.job_id:
                 job = Submitted(cell.cell_id, attempt.attempt, attempt.job_id, attempt.job_info)
                 in_flight[attempt.job_id] = (cell, attempt, job)
-                self._tries[cell.cell_id] = 1
+                # the retry budget goes on where the killed orchestrator left it (recorded at submission)
+                budget = attempt.job_info.get(RETRY_KEY, {})
+                self._tries[cell.cell_id] = int(budget.get("try", 1))
+                self._steps[cell.cell_id] = budget.get("steps_before")
                 self.on_event(Event("adopted", cell, attempt.attempt))
             else:
                 if attempt is not None and attempt.state in ACTIVE_STATES:
@@ -389,7 +393,9 @@ class Engine:
         result = []
         for cell, attempt, spec in specs:
             job = by_cell[(cell.cell_id, attempt.attempt)]
-            self.store.set_job(self.campaign.name, cell.cell_id, attempt.attempt, job.job_id, job.info)
+            retry = {"try": self._tries.get(cell.cell_id, 1), "steps_before": self._steps.get(cell.cell_id)}
+            self.store.set_job(self.campaign.name, cell.cell_id, attempt.attempt, job.job_id,
+                               {**job.info, RETRY_KEY: retry})
             self.store.set_state(self.campaign.name, cell.cell_id, attempt.attempt, "running")
             self._write_launch_json(spec, job)
             self.on_event(Event("submitted", cell, attempt.attempt))

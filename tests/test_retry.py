@@ -103,3 +103,51 @@ def test_bounded_retries_with_real_failures(mbx, write_campaign, tmp_path):
 
     table = mbx("campaign", "status", "flaky", "--workspace", str(workspace))
     assert "failed (infra)" in table.stdout and "failed (config)" in table.stdout
+
+
+def test_retry_budget_survives_a_killed_orchestrator(mbx, write_campaign, tmp_path):
+    """SIGKILL the orchestrator while the 2nd of 3 allowed attempts runs: `resume` adopts it as the 2nd try and
+    allows one more, not a fresh budget of three."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    path = write_campaign({
+        "name": "budget",
+        "trainer": {"kind": "command",
+                    "command": [sys.executable, str(FAKE), "--replay", str(LOG), "--sleep-s", "0.4"],
+                    "params": {"fail_after": 2, "fail": "infra-progress"}},
+        "retry": {"max_attempts": 3, "on": ["infra"]},
+        "wandb": {"mode": "disabled"},
+    })  # fmt: skip
+    workspace = tmp_path / "ws"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    orchestrator = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "campaign", "run", str(path), "--workspace", str(workspace),
+         "--no-report"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        second = None
+        while time.time() < deadline and second is None:
+            time.sleep(0.2)
+            if (workspace / "mbx.sqlite").exists():
+                db = sqlite3.connect(workspace / "mbx.sqlite", timeout=30)
+                second = db.execute("SELECT job_id FROM attempts WHERE attempt=2 AND state='running' "
+                                    "AND job_id IS NOT NULL").fetchone()  # fmt: skip
+                db.close()
+        assert second is not None, "attempt 2 never started"
+        orchestrator.send_signal(signal.SIGKILL)
+        orchestrator.wait(timeout=30)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()
+
+    resumed = mbx("campaign", "resume", "budget", "--workspace", str(workspace), "--no-report")
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    assert "adopted running attempt 2" in resumed.stdout
+    db = sqlite3.connect(workspace / "mbx.sqlite")
+    rows = db.execute("SELECT attempt, state, failure_class, reason FROM attempts ORDER BY attempt").fetchall()
+    assert [r[:3] for r in rows] == [(1, "failed", "infra"), (2, "failed", "infra"), (3, "failed", "infra")], rows
+    assert "3 of retry.max_attempts=3 used" in rows[-1][3]
