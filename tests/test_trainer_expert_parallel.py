@@ -7,6 +7,8 @@ all EP peers at once, and the gradient sums run in another order than DDP's).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from trainer_helpers import explain, metrics, recipe_dict, run_torchrun, status
 
@@ -16,9 +18,9 @@ from trainer.support import unsupported
 REL = 2e-5  # fp32 reassociation across 6 steps of a tiny model
 
 
-def _train(tmp_path, name: str, nproc: int, **overrides) -> list[dict]:
+def _train(tmp_path, name: str, nproc: int, env: dict[str, str] | None = None, **overrides) -> list[dict]:
     out = tmp_path / name
-    proc = run_torchrun(out, recipe_dict(**overrides), nproc=nproc)
+    proc = run_torchrun(out, recipe_dict(**overrides), nproc=nproc, env=env)
     assert proc.returncode == 0, explain(proc)
     assert status(out)["state"] == "completed"
     return metrics(out)
@@ -27,8 +29,15 @@ def _train(tmp_path, name: str, nproc: int, **overrides) -> list[dict]:
 def _assert_same_training(ep_rows: list[dict], base_rows: list[dict]) -> None:
     assert len(ep_rows) == len(base_rows)
     for ep, base in zip(ep_rows, base_rows, strict=True):
+        assert ep["skipped"] == base["skipped"]
+        if base["skipped"]:  # a non-finite step: skipped on every rank of both layouts
+            assert all(v is None or not math.isfinite(v) for v in (ep["loss"], base["loss"]))  # JSON null = NaN
+            continue
         assert ep["loss"] == pytest.approx(base["loss"], rel=REL), (ep["step"], ep["loss"], base["loss"])
         assert ep["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-4)
+        assert ("eval_loss" in ep) == ("eval_loss" in base)
+        if "eval_loss" in base:
+            assert ep["eval_loss"] == pytest.approx(base["eval_loss"], rel=REL)
         assert ep["aux_loss"] == pytest.approx(base["aux_loss"], rel=REL)
         assert ep["tokens_dropped_frac"] == base["tokens_dropped_frac"]
     # the model learns: a wrong exchange (rows to the wrong expert, gradients not brought back) would not
@@ -36,11 +45,15 @@ def _assert_same_training(ep_rows: list[dict], base_rows: list[dict]) -> None:
 
 
 def test_ep2_dropless_equals_ep1(tmp_path):
-    """Data-dependent split sizes: counts all-to-all, host splits, regroup by local expert."""
-    common = {"training.micro_batch_size": 1, "training.global_batch_size": 8}
-    base = _train(tmp_path, "ep1", 2, **common)
-    ep = _train(tmp_path, "ep2", 2, **common, **{"parallel.expert": 2})
+    """Data-dependent split sizes (counts all-to-all, host splits, regroup by local expert), with 4 micro-batches
+    of accumulation, evaluation every 2 steps and a NaN injected on rank 0 at step 3 (skipped by every rank)."""
+    common = {"training.micro_batch_size": 1, "training.global_batch_size": 8, "training.eval_interval": 2}
+    nan = {"MBX_TRAINER_INJECT_NAN_STEP": "3"}
+    base = _train(tmp_path, "ep1", 2, env=nan, **common)
+    ep = _train(tmp_path, "ep2", 2, env=nan, **common, **{"parallel.expert": 2})
     _assert_same_training(ep, base)
+    assert [row["skipped"] for row in ep] == [False, False, True, False, False, False]
+    assert sum("eval_loss" in row for row in ep) == 3
 
 
 def test_ep2_static_capacity_chunked_discrete_equals_ep1(tmp_path):
