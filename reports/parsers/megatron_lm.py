@@ -8,6 +8,8 @@ tests/data/megatron/SOURCES.md. Units: "elapsed time per iteration (ms)" → `st
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
+from itertools import accumulate
 
 from reports.parsers.fastpath import (
     ITERATION_FIELDS,
@@ -28,6 +30,7 @@ VALIDATION_RE = re.compile(r"\b(validation(?:-\d+)?|test) loss at iteration (\d+
 ARGUMENT_RE = re.compile(r"^\s*(\w+) \.+ (.*?)\s*$")
 
 _SQUASHED = {squash(k): k for k in ITERATION_FIELDS}
+BULK_WINDOW = 1 << 17  # characters the bulk path takes at a time (more than a read by iter_rows)
 
 MEMORY_MB_FIELDS: dict[str, str] = {
     "allocated": "mem_allocated_gib",
@@ -140,22 +143,121 @@ class MegatronLMParser(StreamParser):
         self._layout: IterationLayout | None = None
         self._layouts: dict[tuple[str, ...], IterationLayout] = {}
         self._stamped = True  # whether the last iteration line had a timestamp
+        self._declined: tuple[IterationLayout, bool] | None = None  # (layout, stamped) _bulk gave up on
 
     def _needs_lines(self) -> bool:
         return self._open is not None or self._in_args
 
     # ---- the bulk path ---------------------------------------------------------------------------
+    def _scan(self, text: str, n: int, last_eol: bool, start: int = 0) -> None:
+        """Pieces of about `BULK_WINDOW` characters go the bulk path one after the other (what one
+        piece makes stays in the CPU caches while it is used); text it cannot take goes
+        `StreamParser._scan`."""
+        pos = start
+        while pos < n:
+            if self._needs_lines():
+                pos = self._one_line(text, pos, n, last_eol)
+                continue
+            stop = n if n - pos <= BULK_WINDOW else text.rfind("\n", pos, pos + BULK_WINDOW) + 1
+            if stop <= pos:  # a line longer than the window
+                stop = text.find("\n", pos + BULK_WINDOW, n) + 1 or n
+            self._declined = None
+            if not self._bulk(text, pos, stop, last_eol or stop < n):
+                super()._scan(text, stop, last_eol or stop < n, pos)
+            pos = stop
+
     def _span(self, text: str, start: int, stop: int, last_eol: bool) -> None:
+        if not self._bulk(text, start, stop, last_eol):
+            self._lines(text, start, stop, last_eol)
+
+    def _bulk(self, text: str, start: int, stop: int, last_eol: bool) -> bool:
+        """Lines `text[start:stop]` (no record open) with the layout of the last iteration line: one
+        `split` by its line regex gives the matched lines and the text between them; the lines
+        between that hold none of `MARKERS` need nothing, the others go the line path, and so do
+        matched lines while a record is open or whose values do not convert. False (nothing done)
+        when no line matches (or a timestamp holds "iteration", see `IterationLayout.split`)."""
         layout = self._layout
-        if layout is not None:
-            template = layout.template(self._stamped)
-            groups = template.findall(text, start, stop)
-            if groups and text.count("iteration", start, stop) == layout.iterations_per_line * len(groups):
-                built = layout.build_many(groups, self._stamped)
-                if built is not None:
-                    self._add_iterations(*built)
-                    return
-        self._lines(text, start, stop, last_eol)
+        stamped = self._stamped
+        if layout is None or self._declined == (layout, stamped):
+            return False
+        window = text if start == 0 and stop == len(text) else text[start:stop]
+        # the fast regex with the counters of the last span written in, without them, the exact
+        # regex: the next when the exact regex finds a line in a marked gap (a counter changed,
+        # a tab...)
+        exact = layout.variant(stamped).pattern
+        guess = layout.guess(stamped)
+        for fast, fixed in ((True, guess), (True, ()), (False, ()))[0 if guess else 1 :]:
+            split = layout.split(window, stamped, fast, fixed)
+            if split is None:
+                self._declined = (layout, stamped)
+                return False
+            items, variant = split
+            stride = variant.stride
+            gaps = items[::stride]  # gaps[k]: the text before matched line k (after line k-1)
+            if len(gaps) == 1:  # no line matched
+                if variant.fixed or (variant.fast and _odd_space(window) and exact.search(window)):
+                    continue
+                self._declined = (layout, stamped)  # (the text goes the line path)
+                return False
+            dirty = self._marked(gaps, "".join(gaps))
+            if not variant.fast or not any(exact.search(gaps[k]) for k in dirty):
+                break
+        count = len(gaps) - 1
+        lines = self._lines
+        has_marker = self._has_marker
+        k = j = slow = 0
+        while True:
+            gap = gaps[k]
+            is_dirty = j < len(dirty) and dirty[j] == k
+            if is_dirty:
+                j += 1
+            if is_dirty or self._needs_lines():
+                first = 1 if k else 0  # gaps after a matched line start with its newline
+                if k == count:
+                    lines(gap, first, len(gap), last_eol)
+                    break
+                cut = gap.rfind("\n") + 1
+                if cut > first:
+                    lines(gap, first, cut, True)
+                line_path = self._needs_lines() or (is_dirty and has_marker(gap, cut))
+            elif k == count:
+                break
+            else:
+                line_path = False
+            if line_path or k < slow:
+                cut = gap.rfind("\n") + 1
+                line = gap[cut:] + layout.line_text(items[k * stride + 1 : (k + 1) * stride], variant)
+                self._push(line, True)
+                k += 1
+                continue
+            end = dirty[j] if j < len(dirty) else count  # the lines up to the next marked gap
+            built = layout.build_many(items[k * stride + 1 : end * stride + 1], variant)
+            if built is None:
+                # a value that does not convert: lines k..end-1 go the line path (gap k is done:
+                # `j` is past it, so the next turn goes straight to line k)
+                slow = end
+                continue
+            self._add_iterations(*built)
+            self._layout = layout
+            self._stamped = stamped
+            k = end
+        return True
+
+    def _marked(self, gaps: list[str], joined: str) -> list[int]:
+        """Indices of the texts holding one of `MARKERS`, in order (`joined`: the texts joined)."""
+        hits = []
+        for marker in self.MARKERS:
+            pos = joined.find(marker)
+            while pos >= 0:
+                hits.append(pos)
+                pos = joined.find(marker, pos + 1)
+        if not hits:
+            return []
+        ends = list(accumulate(map(len, gaps)))
+        return sorted({bisect_right(ends, pos) for pos in hits})
+
+    def _has_marker(self, text: str, start: int) -> bool:
+        return any(text.find(marker, start) >= 0 for marker in self.MARKERS)
 
     # ---- line by line ----------------------------------------------------------------------------
     def _dispatch(self, line: str, eol: bool) -> None:
@@ -275,6 +377,12 @@ class MegatronLMParser(StreamParser):
 
     def _memory_gb(self, body: str, complete: bool) -> Row:  # pragma: no cover - Bridge only
         return {"extra": {}}
+
+
+def _odd_space(text: str) -> bool:
+    """Whether `text` may hold whitespace other than spaces and newlines (which the exact line
+    regex takes where the fast one takes only spaces)."""
+    return not text.isascii() or any(c in text for c in "\t\x0b\x0c\x1c\x1d\x1e\x1f")
 
 
 def _iteration_end(text: str, start: int) -> int | None:

@@ -139,13 +139,13 @@ class StreamParser:
         """True while every line matters (a record is open, or a block is being read)."""
         return self._open is not None
 
-    def _scan(self, text: str, n: int, last_eol: bool) -> None:
-        """Process `text[:n]`, whole lines (the last one without newline if `last_eol` is False):
-        runs of lines between `RARE_MARKERS` go to `_span`, rare lines one by one."""
+    def _scan(self, text: str, n: int, last_eol: bool, start: int = 0) -> None:
+        """Process `text[start:n]`, whole lines (the last one without newline if `last_eol` is
+        False): runs of lines between `RARE_MARKERS` go to `_span`, rare lines one by one."""
         find = text.find
         rare = self.RARE_MARKERS
-        nxt = [find(m, 0, n) for m in rare]
-        pos = 0
+        nxt = [find(m, start, n) for m in rare]
+        pos = start
         while pos < n:
             if self._needs_lines():
                 pos = self._one_line(text, pos, n, last_eol)
