@@ -188,14 +188,20 @@ def stop_cluster(cluster: SlurmCluster) -> None:
         while time.time() < deadline and cluster.run("squeue", "-h", check=False).stdout.strip():
             time.sleep(0.5)
     for proc in reversed(cluster.processes):
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc, grace_s=15)
     cluster.processes.clear()
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL after `grace_s` if it is still there."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
 
 
 @pytest.fixture(scope="session")

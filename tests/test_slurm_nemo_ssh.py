@@ -150,12 +150,9 @@ Host *
             time.sleep(0.1)
         yield Sshd(port, getpass.getuser(), root / "id_ed25519", fingerprint, log, commands, client_bin)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        from slurm_cluster import stop_process  # the plugin module, imported by pytest by now
+
+        stop_process(proc)
         out.close()
 
 
