@@ -50,6 +50,8 @@ def import_nemo_run() -> Any:
         raise RuntimeError(f"{INSTALL_HINT} ({type(err).__name__}: {err})") from None
     return nemo_run
 
+NEMO_TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})  # torchx AppState names
+
 
 class NemoRunSettings(SlurmSettings):
     """Settings of the NeMo-Run backend (`launchers.nemo-run` in a campaign)."""
@@ -311,9 +313,8 @@ class NemoRunLauncher(Launcher):
         if known is None:  # adopted after a restart: only the run dir can tell
             return JobState.RUNNING
         experiment, nemo_job = known
-        from torchx.specs.api import is_terminal
-
-        if not is_terminal(nemo_job.status(experiment._runner)):
+        # NeMo-Run answers with torchx's AppState; read its name instead of importing torchx on the login node
+        if getattr(nemo_job.status(experiment._runner), "name", None) not in NEMO_TERMINAL_STATES:
             return JobState.RUNNING
         status = self.resolver._files(job)[1] or {}
         try:

@@ -133,6 +133,7 @@ class Engine:
         self._done_since: dict[tuple[str, int], float] = {}
         self._cancelled_at: dict[tuple[str, int], float] = {}
         self._tries: dict[str, int] = {}  # attempts of each cell made by this run
+        self._requeues_seen: dict[str, int] = {}  # job id → requeue archives already recorded
         self._steps: dict[str, int | None] = {}  # last step of each cell's previous attempt in this run
 
     # paths and specs -----------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ class Engine:
                     in_flight[job.job_id] = (cell, attempt, job)
             if not in_flight:
                 continue
-            for cell, old, new in record_requeues(self.store, self.campaign.name, in_flight):
+            for cell, old, new in record_requeues(self.store, self.campaign.name, in_flight, self._requeues_seen):
                 self.on_event(Event("requeued", cell, new.attempt, note=f"attempt {old.attempt} was requeued"))
             states = self.launcher.poll([job for _, _, job in in_flight.values()])
             for job_id, state in states.items():

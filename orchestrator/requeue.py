@@ -10,11 +10,11 @@ cell never appears twice, and every run Slurm made of it is an attempt with its 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
 from launchers.base import Submitted
+from orchestrator.ingest import write_json
 from orchestrator.store import AttemptRow, CellRow, Store
 
 ARCHIVE = "requeued"
@@ -30,17 +30,19 @@ def archived_runs(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def record_requeues(store: Store, campaign: str, in_flight: InFlight) -> list[tuple[CellRow, AttemptRow, AttemptRow]]:
+def record_requeues(store: Store, campaign: str, in_flight: InFlight, seen: dict[str, int]
+                    ) -> list[tuple[CellRow, AttemptRow, AttemptRow]]:
     """Turn every not yet recorded archive of an in-flight job into (old attempt → preempted, new attempt).
 
     Updates `in_flight` in place so the job is followed as its newest attempt; returns (cell, old, new) per
-    requeue recorded now.
+    requeue recorded now. `seen` (job id → archives already recorded, kept by the caller) spares the store
+    query on every poll once a job has been requeued.
     """
     recorded = []
     for job_id, (cell, attempt, job) in list(in_flight.items()):
         live = Path(attempt.run_dir)
         indices = archived_runs(live)
-        if not indices:
+        if len(indices) == seen.get(job_id, 0):
             continue
         known = sum(1 for a in store.attempts(campaign, cell.cell_id) if a.job_id == job_id) - 1
         for index in indices[known:]:
@@ -52,6 +54,7 @@ def record_requeues(store: Store, campaign: str, in_flight: InFlight) -> list[tu
             recorded.append((cell, attempt, new))
             attempt, job = new, replace(job, attempt=new.attempt)
         in_flight[job_id] = (cell, attempt, job)
+        seen[job_id] = len(indices)
     return recorded
 
 
@@ -64,6 +67,4 @@ def _relabel_launch_json(run_dir: Path, attempt: int, previous: int) -> None:
         return
     data["attempt"] = attempt
     data.setdefault("requeue_of", []).append(previous)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    write_json(path, data)

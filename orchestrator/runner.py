@@ -178,7 +178,7 @@ def run_campaign(
     """Register a campaign's cells in the store and drive them to completion."""
     launcher_name = launcher or campaign.launcher
     campaign = _apply_parallel(campaign, launcher_name, parallel)
-    backend = make_launcher(campaign, launcher_name, Path(workspace).resolve())  # before any state is written
+    backend = make_launcher(campaign, launcher_name, Path(workspace))  # before any state is written
     store = Store(workspace)
     try:
         store.upsert_campaign(

@@ -14,7 +14,6 @@ from trainer.cli import load_recipe, parse_args
 
 def _write_failed_status(out: Path, reason: str, started_at: float) -> None:
     """The recipe could not be read: record that in status.json (rank 0) without importing torch."""
-    import os
     from importlib.metadata import PackageNotFoundError, version
 
     from trainer.runlog import status_record, write_json_atomic

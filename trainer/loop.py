@@ -82,6 +82,7 @@ class Trainer:
         self.ep = expert_parallel.build(recipe.parallel.expert, dist.world_size, dist.rank, self.device,
                                         m.moe.dispatcher_sms if m.moe else None)
         self.expert_params = expert_parallel.shard_experts(model, self.ep) if self.ep else []
+        self._expert_ids = {id(p) for p in self.expert_params}
         self.te = prepare_model(model, recipe, self.device)  # TE modules in, before master weights are taken
         if self.te.paths.uses_te:
             self.compute += f" + {self.te.describe()}"
@@ -214,9 +215,8 @@ class Trainer:
             return grad_norm(grads)
         self.ep.reduce_expert_grads(p.grad for p in self.expert_params)  # before any fp32 cast of them
         pairs = self.master.grads_by_param() if self.master else [(p, p.grad) for p in self.param_list]
-        sharded = {id(p) for p in self.expert_params}
-        dense = [g for p, g in pairs if g is not None and id(p) not in sharded]
-        experts = [g for p, g in pairs if g is not None and id(p) in sharded]
+        dense = [g for p, g in pairs if g is not None and id(p) not in self._expert_ids]
+        experts = [g for p, g in pairs if g is not None and id(p) in self._expert_ids]
         return self.ep.global_norm(dense, experts)
 
     @torch.no_grad()

@@ -32,7 +32,7 @@ def unsupported(recipe: Recipe, world_size: int, device_type: str, arch: int | N
     p = recipe.parallel
     for name, only in SUPPORTED_PARALLEL.items():
         if getattr(p, name) != only:
-            problems.append(f"parallel.{name}={getattr(p, name)}: only {only} is implemented (data parallel only)")
+            problems.append(f"parallel.{name}={getattr(p, name)}: only {only} is implemented (data and expert parallel only)")
     try:
         dp = recipe.data_parallel_size(world_size)
         problems.extend(expert_parallel_problems(recipe, dp))
