@@ -13,7 +13,7 @@ through a shell. Then, on every rank:
   from the submitting shell are removed (the trainer entry point sets them per rank);
 - stdout/stderr go to <run dir>/logs/rank-<r>.log.
 
-Rank 0 writes the node side of the environment fingerprint (node.json, also merged into launch.json) and
+Rank 0 writes the node side of the environment fingerprint and the job's Slurm context (node.json) and
 runs the command under launchers._attempt (time limit, exit.json, fallback status.json); the other ranks exec
 the command.
 A requeued job (SLURM_RESTART_COUNT > 0) first moves the previous run's outputs to <run dir>/requeued/<n>/.
@@ -195,35 +195,23 @@ def node_fingerprint(entry: dict, env: dict[str, str]) -> dict:
     }
 
 
-def write_node_fingerprint(run_dir: Path, entry: dict, env: dict[str, str], wait_s: float = 20.0) -> None:
-    """Merge the node's fingerprint into launch.json, after the orchestrator's post-submit write (job id set)."""
-    path = run_dir / "launch.json"
-    deadline = time.time() + wait_s
-    data: dict = {}
-    while True:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            data = {}
-        if data.get("job_id") or time.time() > deadline:
-            break
-        time.sleep(0.5)
-    node = {k: v for k, v in node_fingerprint(entry, env).items() if v is not None}
-    node_json = run_dir / "node.json"  # the node's own file: nothing on the login side rewrites it
-    node_json.with_name("node.json.tmp").write_text(json.dumps(node, indent=2))
-    os.replace(node_json.with_name("node.json.tmp"), node_json)
-    data.setdefault("fingerprint", {}).update(node)
+def write_node_fingerprint(run_dir: Path, entry: dict, env: dict[str, str]) -> None:
+    """Write node.json: the node's fingerprint and the job's Slurm context. Only the node writes this file and
+    only the login side writes launch.json, so neither can lose the other's update (a requeued rerun and the
+    login side relabelling its attempt used to race on launch.json)."""
     slurm_keys = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST",
                   "SLURM_RESTART_COUNT", "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION")  # fmt: skip
-    data["node"] = {
+    node = {k: v for k, v in node_fingerprint(entry, env).items() if v is not None}
+    node["job"] = {
         "slurm": {k: env[k] for k in slurm_keys if k in env},
         "master_addr": env.get("MASTER_ADDR"),
         "master_port": env.get("MASTER_PORT"),
         "world_size": env.get("WORLD_SIZE"),
         "written_at": time.time(),
     }
-    tmp = path.with_name("launch.json.node.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    path = run_dir / "node.json"
+    tmp = path.with_name("node.json.tmp")
+    tmp.write_text(json.dumps(node, indent=2))
     os.replace(tmp, path)
 
 

@@ -61,7 +61,8 @@ def test_quickstart_through_nemo_run(
         assert status["state"] == "completed" and status["world_size"] == 2
         assert (run / "logs" / "rank-1.log").exists()
         launch = json.loads((run / "launch.json").read_text())
-        assert launch["launcher"] == "nemo-run" and launch["node"]["slurm"]["SLURM_JOB_ID"] == job_id
+        node = json.loads((run / "node.json").read_text())
+        assert launch["launcher"] == "nemo-run" and node["job"]["slurm"]["SLURM_JOB_ID"] == job_id
         assert "a b $(c)" not in submitted and "nemo-s3cr3t" not in submitted
     for path in workspace.rglob("*"):
         if path.is_file() and path.suffix != ".sqlite":

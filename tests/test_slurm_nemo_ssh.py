@@ -206,7 +206,8 @@ def test_quickstart_through_nemo_run_ssh_tunnel(
         assert status["state"] == "completed" and status["world_size"] == 2, status
         assert (run / "logs" / "rank-1.log").exists()
         launch = json.loads((run / "launch.json").read_text())
-        assert launch["launcher"] == "nemo-run" and launch["node"]["slurm"]["SLURM_JOB_ID"] == job_id
+        node = json.loads((run / "node.json").read_text())
+        assert launch["launcher"] == "nemo-run" and node["job"]["slurm"]["SLURM_JOB_ID"] == job_id
 
     # the secret (on both sides) is passed by name only: no file of the run, the job dir or the SSH log has it
     for path in [*workspace.rglob("*"), *job_dir.rglob("*"), sshd.commands, sshd.log]:

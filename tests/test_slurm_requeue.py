@@ -42,14 +42,19 @@ def test_requeued_job_is_a_new_attempt_of_the_same_cell(slurm, tmp_path: Path, c
     with slurm.campaign_in_background(file, workspace, env) as proc:
         launch = _running_launch(workspace, "qs-requeue", timeout=120)
         slurm.run("scontrol", "requeue", launch["job_id"])
-        # Once the interrupted run has completed, Slurm holds the requeued job back (BeginTime +2 min): release it
+        # Slurm holds the requeued job back (BeginTime +2 min): release it, but only once the interrupted run has
+        # left the node. squeue says PENDING while the old run is still completing; a job started then is killed
+        # by Slurm ("non-startable batch job: credential revoked"), which is not what this test is about.
         deadline = time.time() + 60
         while time.time() < deadline:
             state = slurm.run("squeue", "-h", "-j", launch["job_id"], "-o", "%T", check=False).stdout.strip()
-            if state == "PENDING":
+            node = slurm.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.strip()
+            if state == "PENDING" and node == "idle":
                 slurm.run("scontrol", "update", f"JobId={launch['job_id']}", "StartTime=now")
                 break
             time.sleep(0.3)
+        else:
+            raise AssertionError(f"the requeued job never waited idle: squeue {state!r}, node {node!r}")
         out, _ = proc.communicate(timeout=420)
     assert proc.returncode == 0, out
     assert "requeued by Slurm" in out and "PASS 1/1 completed" in out, out

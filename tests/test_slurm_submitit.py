@@ -92,10 +92,11 @@ def test_quickstart_through_submitit(
         assert status["state"] == "completed" and status["world_size"] == 2
         assert (run / "logs" / "rank-0.log").exists() and (run / "logs" / "rank-1.log").exists()
         launch = json.loads((run / "launch.json").read_text())
+        node = json.loads((run / "node.json").read_text())
         assert launch["job_id"] == job_id and launch["launcher"] == "submitit"
-        assert launch["node"]["slurm"]["SLURM_ARRAY_JOB_ID"] == job_id.split("_")[0]
-        assert launch["node"]["master_addr"] == "localhost" and launch["node"]["world_size"] == "2"
-        assert launch["fingerprint"]["hostname"] and launch["fingerprint"]["torch"]
+        assert node["job"]["slurm"]["SLURM_ARRAY_JOB_ID"] == job_id.split("_")[0]
+        assert node["job"]["master_addr"] == "localhost" and node["job"]["world_size"] == "2"
+        assert node["hostname"] and node["torch"]
         assert launch["env_passed_by_name"] == ["MBX_TEST_SECRET"]
 
     # hostile values arrived verbatim (the trainer's JIT cache record shows the root it used), nothing executed

@@ -91,15 +91,27 @@ def _flops_or_zero(recipe: Recipe, world_size: int) -> float:
 _KEPT_UNTIL_EXIT: list[object] = []
 
 
+_SIGNALS_SEEN: list[str] = []  # SIGTERMs received, noted whether or not they raised
+_RAISE_ON_SIGTERM = [True]  # armed while training; disarmed once a failure is being handled and written
+
+
 def _raise_on_sigterm(signum: int, _frame: object) -> None:
-    # torchrun stops the surviving ranks with SIGTERM when one fails, and Slurm does at the time limit:
-    # turn it into an exception so the run directory still gets its status.json.
-    raise SystemExit(f"terminated by signal {signal.Signals(signum).name}")
+    # torchrun stops the surviving ranks with SIGTERM when one fails, and Slurm does at the time limit or on a
+    # requeue: turn the first into an exception so the run directory still gets its status.json. A later one
+    # (srun repeats the signal) only gets noted: raised inside the failure handling it would skip the state
+    # assignment and leave a stopped run written as `completed`.
+    name = signal.Signals(signum).name
+    _SIGNALS_SEEN.append(name)
+    if _RAISE_ON_SIGTERM[0]:
+        _RAISE_ON_SIGTERM[0] = False
+        raise SystemExit(f"terminated by signal {name}")
 
 
 def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
     """Train, write the run directory; 0 on success, 1 on failure (status.json says why)."""
     started_at = started_at or time.time()
+    _SIGNALS_SEEN.clear()
+    _RAISE_ON_SIGTERM[0] = True
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     out_dir.mkdir(parents=True, exist_ok=True)
     is_main = int(os.environ.get("RANK", 0)) == 0
@@ -121,9 +133,13 @@ def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
         metrics = MetricsWriter(out_dir / "metrics.jsonl") if is_main else None
         trainer.run(on_row=metrics.write if metrics else lambda row: None, out_dir=out_dir)
     except BaseException as err:  # noqa: BLE001 (Ctrl-C and SystemExit are failures too)
-        traceback.print_exc(file=sys.stderr)
+        _RAISE_ON_SIGTERM[0] = False
         state, reason, rc = "failed", one_line(err), 1
+        traceback.print_exc(file=sys.stderr)
     finally:
+        _RAISE_ON_SIGTERM[0] = False
+        if state == "completed" and _SIGNALS_SEEN:  # a signal landed between the failure and its handling
+            state, reason, rc = "failed", f"terminated by signal {_SIGNALS_SEEN[0]}", 1
         if metrics is not None:
             metrics.close()
         if is_main:
