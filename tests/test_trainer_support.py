@@ -49,15 +49,15 @@ def test_the_tiny_recipe_is_supported():
 
 
 @pytest.mark.parametrize("key, value, needle", [
-    ("parallel.tensor", 2, "parallel.tensor=2"),
-    ("parallel.pipeline", 2, "parallel.pipeline=2"),
-    ("parallel.context", 2, "parallel.context=2"),
+    ("parallel.tensor", 2, "parallel.tensor: the bundled trainer supports only tensor = 1 (got 2)"),
+    ("parallel.pipeline", 2, "parallel.pipeline: the bundled trainer supports only pipeline = 1"),
+    ("parallel.context", 2, "parallel.context: the bundled trainer supports only context = 1"),
     ("precision", "mxfp8", "precision: mxfp8 runs Transformer Engine GEMMs on a CUDA GPU"),
     ("precision", "fp8", "precision: fp8 runs Transformer Engine GEMMs on a CUDA GPU"),
     ("cross_entropy", "te", "cross_entropy: te (Transformer Engine parallel_cross_entropy) needs a CUDA GPU"),
     ("model.moe.grouped_gemm", "te", "model.moe.grouped_gemm: te (Transformer Engine GroupedLinear) needs a CUDA"),
     ("model.moe.dispatcher_sms", 16, "model.moe.dispatcher_sms: green contexts need a CUDA GPU"),
-    ("training.global_batch_size", 6, "training.global_batch_size=6"),
+    ("training.global_batch_size", 6, "training.global_batch_size: 6 is not divisible"),
 ])
 def test_refusals_name_the_key(key, value, needle):
     recipe = _recipe(**{key: value})
@@ -70,6 +70,12 @@ def test_refusals_name_the_key(key, value, needle):
 def test_layout_that_does_not_tile_the_world():
     problems = unsupported(_recipe(**{"parallel.data": 2}), world_size=1, device_type="cpu")
     assert any(p.startswith("parallel:") for p in problems)
+
+
+def test_trainer_and_pre_submit_checks_say_the_same_about_the_layout():
+    recipe = _recipe(**{"parallel.tensor": 2, "training.global_batch_size": 6})
+    layout = [p for p in launch_problems(recipe, 4) if p.startswith(("parallel", "training"))]
+    assert layout and layout == [p for p in unsupported(recipe, 4, "cpu") if p.startswith(("parallel", "training"))]
 
 
 # ---------------------------------------------------------------------------------------------

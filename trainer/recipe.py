@@ -262,6 +262,15 @@ def launch_problems(recipe: Recipe, world_size: int, gpu_arch: str | None = None
 
     Each problem names the recipe key path it is about, so callers can print `file: key: problem`.
     """
+    problems = layout_problems(recipe, world_size)
+    device = "cpu" if recipe.device == "cpu" else None  # "auto" and "cuda" may both land on a GPU
+    problems.extend(knob_problems(recipe, device, arch_number(gpu_arch) if gpu_arch else None, gpu_arch))
+    return problems
+
+
+def layout_problems(recipe: Recipe, world_size: int) -> list[str]:
+    """The parallel layout on `world_size` ranks: implemented sizes, DP, EP, batch divisibility (no device
+    needed, so the pre-submit checks and the trainer's own start-up check say the same)."""
     problems: list[str] = []
     p = recipe.parallel
     for name, only in SUPPORTED_PARALLEL.items():
@@ -280,8 +289,6 @@ def launch_problems(recipe: Recipe, world_size: int, gpu_arch: str | None = None
             f"training.global_batch_size: {t.global_batch_size} is not divisible by micro_batch_size × DP = "
             f"{t.micro_batch_size} × {dp} = {t.micro_batch_size * dp}"
         )
-    device = "cpu" if recipe.device == "cpu" else None  # "auto" and "cuda" may both land on a GPU
-    problems.extend(knob_problems(recipe, device, arch_number(gpu_arch) if gpu_arch else None, gpu_arch))
     return problems
 
 

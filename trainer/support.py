@@ -3,18 +3,12 @@
 Called at Trainer construction with what is known of the real device (type, compute capability) and of
 Transformer Engine (its import error, if any), so an impossible run fails before its first step with a
 status.json reason that starts with the recipe key path. The pre-submit checks
-(`trainer.recipe.launch_problems`) share `knob_problems` with this, knowing less.
+(`trainer.recipe.launch_problems`) share `layout_problems` and `knob_problems` with this, knowing less.
 """
 
 from __future__ import annotations
 
-from trainer.recipe import (
-    SUPPORTED_PARALLEL,
-    Recipe,
-    expert_parallel_problems,
-    knob_problems,
-    missing_te_problems,
-)
+from trainer.recipe import Recipe, knob_problems, layout_problems, missing_te_problems
 
 
 class NotSupportedError(NotImplementedError):
@@ -28,20 +22,7 @@ def unsupported(recipe: Recipe, world_size: int, device_type: str, arch: int | N
     arch: the GPU's compute capability as major·10 + minor (None on the CPU or when unknown);
     te_error: why transformer_engine cannot be imported (None = it can, or no knob needs it).
     """
-    problems: list[str] = []
-    p = recipe.parallel
-    for name, only in SUPPORTED_PARALLEL.items():
-        if getattr(p, name) != only:
-            problems.append(f"parallel.{name}={getattr(p, name)}: only {only} is implemented (data and expert parallel only)")
-    try:
-        dp = recipe.data_parallel_size(world_size)
-        problems.extend(expert_parallel_problems(recipe, dp))
-        t = recipe.training
-        if t.global_batch_size is not None and t.global_batch_size % (t.micro_batch_size * dp):
-            problems.append(f"training.global_batch_size={t.global_batch_size}: not divisible by "
-                            f"micro_batch_size × DP = {t.micro_batch_size} × {dp}")
-    except ValueError as err:
-        problems.append(f"parallel: {err}")
+    problems = layout_problems(recipe, world_size)
     problems.extend(knob_problems(recipe, device_type, arch))
     problems.extend(missing_te_problems(recipe, te_error))
     return problems
