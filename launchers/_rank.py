@@ -209,10 +209,9 @@ def write_node_fingerprint(run_dir: Path, entry: dict, env: dict[str, str]) -> N
         "world_size": env.get("WORLD_SIZE"),
         "written_at": time.time(),
     }
-    path = run_dir / "node.json"
-    tmp = path.with_name("node.json.tmp")
-    tmp.write_text(json.dumps(node, indent=2))
-    os.replace(tmp, path)
+    from launchers._attempt import _write_json  # (ROOT is on sys.path: see the top of this file and main)
+
+    _write_json(run_dir / "node.json", node)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,12 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(fd, 2)
         os.execvpe(command[0], command, env)
 
+    sys.path.insert(0, str(ROOT))
+    from launchers import _attempt
+
     try:
         write_node_fingerprint(run_dir, entry, env)
     except OSError as err:  # the fingerprint is a nice-to-have; never stop the run for it
         print(f"_rank: could not write the node fingerprint: {err}", file=sys.stderr)
-    sys.path.insert(0, str(ROOT))
-    from launchers import _attempt
 
     wrapper = ["--run-dir", str(run_dir), "--log", str(log)]
     if entry.get("time_limit_s"):

@@ -44,24 +44,17 @@ def _alive(job_id: str) -> bool:
 
 
 def rank_command(spec: LaunchSpec, python: str) -> list[str]:
-    """argv that runs the attempt's ranks on one node: plain python for one rank, torchrun for several."""
+    """argv that runs the attempt's ranks on one node: the program alone for one rank, under torchrun for
+    several (an external command runs once per rank, as srun runs it on Slurm)."""
     ranks = spec.resources.gpus_per_node
-    if spec.module is None:  # an external command runs once per rank, as srun runs it on Slurm
-        if ranks == 1 or not spec.distributed:
-            return list(spec.args)
-        return [
-            python, "-m", "torch.distributed.run",
-            "--standalone", "--nnodes", "1", "--nproc-per-node", str(ranks),
-            "--log-dir", str(spec.log_dir / "ranks"), "--tee", "3",
-            "--no-python", *spec.args,
-        ]  # fmt: skip
+    program = list(spec.args) if spec.module is None else ["-m", spec.module, *spec.args]
     if ranks == 1 or not spec.distributed:
-        return [python, "-m", spec.module, *spec.args]
+        return program if spec.module is None else [python, *program]
     return [
         python, "-m", "torch.distributed.run",
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(ranks),
         "--log-dir", str(spec.log_dir / "ranks"), "--tee", "3",
-        "-m", spec.module, *spec.args,
+        *(["--no-python"] if spec.module is None else []), *program,
     ]  # fmt: skip
 
 
