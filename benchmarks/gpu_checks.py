@@ -186,6 +186,7 @@ def layer_checks() -> list[dict]:
     from trainer import green
     from trainer.model import MLP
     from trainer.moe import MoELayer
+    from trainer.parallelize import attach_dispatcher
     from trainer.recipe import MoEConfig, RouterConfig
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -201,7 +202,7 @@ def layer_checks() -> list[dict]:
         with torch.device(device):
             mlp = MLP(hidden, 768, "swiglu", 0.02, 0.002) if shared else None
             layer = MoELayer(hidden, "swiglu", cfg, 0.02, 0.002, shared=mlp).to(torch.bfloat16)
-        layer.dispatcher = stream
+        attach_dispatcher(layer, stream)  # the chunked pipeline where it chunks or has a stream, as the Trainer
         layer.recompute_dispatch = "moe_dispatch" in recompute
         layer.experts.recompute_act = "moe_act" in recompute
         return layer

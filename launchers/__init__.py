@@ -1,1 +1,4 @@
-"""Where points run: one Launcher interface, backends found by name (local, submitit, nemo-run, dry-run)."""
+"""Where points run: one Launcher interface (base), backends found by name (registry: local, submitit, nemo-run).
+
+Imports nothing: launchers/node/ runs on the compute nodes with only the standard library.
+"""

@@ -1,14 +1,18 @@
-"""The launcher interface: what one attempt needs (LaunchSpec), job states, and the Launcher base class."""
+"""The launcher interface: what one attempt needs (LaunchSpec), what a backend will do (Rendered), job states, the Launcher base class."""
 
 from __future__ import annotations
 
 import abc
+import shlex
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
+
+from launchers.profile import SlurmProfile
+from trainer import rundir
 
 
 class JobState(str, Enum):
@@ -62,17 +66,40 @@ class LaunchSpec:
 
     @property
     def log_dir(self) -> Path:
-        return self.run_dir / "logs"
+        return self.run_dir / rundir.LOGS
 
 
 @dataclass
 class Rendered:
-    """What a backend would do for a group of specs: scripts to write and the submit command."""
+    """What a backend will do for a group of specs, decided before anything is written or launched.
+
+    `submit()` writes `files` byte for byte, then `launch()` runs exactly `commands` (or the tool call they
+    stand for); `describe()` is what a dry run prints.
+    """
 
     specs: list[LaunchSpec]
-    files: dict[Path, str]  # path → content (job scripts)
-    submit_argv: list[str] | None  # the command that would submit them (None for in-process backends)
-    description: str = ""
+    # written by submit() before launch(): path → content
+    files: dict[Path, str] = field(default_factory=dict)
+    # job scripts a shell reads (a subset of files; NeMo-Run writes its own)
+    scripts: dict[Path, str] = field(default_factory=dict)
+    commands: list[list[str]] = field(default_factory=list)  # the submit commands, in order
+    notes: list[str] = field(default_factory=list)  # comment lines for a dry run (e.g. the env names set)
+
+    @property
+    def submit_argv(self) -> list[str] | None:
+        """The (first) command that launches this group; None when a tool's API launches it."""
+        return self.commands[0] if self.commands else None
+
+    def describe(self) -> str:
+        """What a dry run prints: notes, each job script, each other file (task tables), each submit command."""
+        out = [f"# {note}" for note in self.notes]
+        for path, text in self.scripts.items():
+            out.append(f"# ---- {path}\n{text.rstrip()}\n")
+        for path, text in self.files.items():
+            if path not in self.scripts:
+                out.append(f"# ---- {path} (read by the ranks; no shell sees it)\n{text.rstrip()}\n")
+        out.extend("$ " + shlex.join(argv) for argv in self.commands)
+        return "\n".join(out) + "\n"
 
 
 @dataclass
@@ -92,28 +119,39 @@ class LauncherSettings(BaseModel):
 
 
 class Launcher(abc.ABC):
-    """A backend: render specs into scripts/commands, submit them, poll and cancel jobs.
+    """A backend: render specs into files and commands, submit them, poll and cancel jobs.
 
-    `submit()` always renders first and launches exactly what `render()` returned, so a dry run shows the
-    real thing.
+    `submit()` always renders first and launches exactly what `render()` returned, so a dry run (which prints
+    `Rendered.describe()` of the same `render()`) shows the real thing.
     """
 
     name: ClassVar[str]
     Settings: ClassVar[type[LauncherSettings]] = LauncherSettings
-    max_in_flight: int | None = None  # None: submit everything at once
 
-    def __init__(self, settings: LauncherSettings | None, workspace: Path, cluster: Any = None):
-        self.settings = settings if settings is not None else self.Settings()
+    def __init__(
+        self,
+        settings: LauncherSettings | dict[str, Any] | None,
+        workspace: Path,
+        profile: SlurmProfile | None = None,
+    ):
+        if settings is None or isinstance(settings, dict):
+            settings = self.Settings.model_validate(settings or {})
+        self.settings = settings
         self.workspace = Path(workspace).expanduser().resolve()  # run dirs are used from other cwds
-        self.cluster = cluster
+        self.profile = profile if profile is not None else SlurmProfile()
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """Attempts to keep submitted at once (None: submit everything at once)."""
+        return None
 
     @abc.abstractmethod
     def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
-        """Pure: the scripts and commands that would launch these specs."""
+        """Pure: the files and commands that would launch these specs (writes nothing, submits nothing)."""
 
     @abc.abstractmethod
     def launch(self, rendered: Rendered) -> list[Submitted]:
-        """Launch one rendered group exactly as rendered."""
+        """Launch one rendered group exactly as rendered (its files are written already)."""
 
     @abc.abstractmethod
     def poll(self, jobs: list[Submitted]) -> dict[str, JobState]:
@@ -124,6 +162,7 @@ class Launcher(abc.ABC):
         """Cancel queued or running jobs."""
 
     def submit(self, specs: list[LaunchSpec]) -> list[Submitted]:
+        """Render, write the rendered files, launch each group as rendered."""
         for spec in specs:
             spec.log_dir.mkdir(parents=True, exist_ok=True)
         submitted: list[Submitted] = []
@@ -133,7 +172,3 @@ class Launcher(abc.ABC):
                 path.write_text(text)
             submitted.extend(self.launch(rendered))
         return submitted
-
-    def exit_info(self, job: Submitted) -> dict[str, Any]:
-        """Backend knowledge about a finished job (exit code, scheduler reason)."""
-        return {}

@@ -1,4 +1,4 @@
-"""Launcher backends by name: every module in this package registers its class with @register."""
+"""Launcher backends by name: every module of `launchers.backends` is one backend, registered with @register."""
 
 from __future__ import annotations
 
@@ -6,27 +6,27 @@ import importlib
 import pkgutil
 from typing import TypeVar
 
-from launchers.base import Launcher
+from launchers.base import Launcher, LauncherSettings
 
 _BACKENDS: dict[str, type[Launcher]] = {}
-_NOT_BACKENDS = {"base", "registry", "jobenv"}
 T = TypeVar("T", bound=type[Launcher])
 
 
 def register(cls: T) -> T:
-    """Class decorator: make a backend available under `cls.name`; refuses duplicates."""
-    if cls.name in _BACKENDS and _BACKENDS[cls.name] is not cls:
-        raise RuntimeError(f"launcher name {cls.name!r} registered twice ({_BACKENDS[cls.name]} and {cls})")
+    """Class decorator: make a backend available under `cls.name`; refuses a name taken by another class."""
+    known = _BACKENDS.get(cls.name)
+    same = known is not None and (known.__module__, known.__qualname__) == (cls.__module__, cls.__qualname__)
+    if known is not None and not same:  # (the same class again: its module was reloaded)
+        raise RuntimeError(f"launcher name {cls.name!r} registered twice ({known} and {cls})")
     _BACKENDS[cls.name] = cls
     return cls
 
 
 def _load_all() -> None:
-    import launchers
+    import launchers.backends
 
-    for info in pkgutil.iter_modules(launchers.__path__):
-        if info.name not in _NOT_BACKENDS and not info.name.startswith("_"):
-            importlib.import_module(f"launchers.{info.name}")
+    for info in pkgutil.iter_modules(launchers.backends.__path__):
+        importlib.import_module(f"launchers.backends.{info.name}")
 
 
 def backends() -> dict[str, type[Launcher]]:
@@ -41,3 +41,8 @@ def get(name: str) -> type[Launcher]:
     if name not in known:
         raise KeyError(f"no such launcher {name!r}; known: {', '.join(known)}")
     return known[name]
+
+
+def settings_model(name: str) -> type[LauncherSettings]:
+    """The settings model of backend `name` (the campaign's `launchers.<name>` section); KeyError as `get`."""
+    return get(name).Settings

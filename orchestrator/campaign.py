@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from launchers.profile import Cluster, Container
 from reports.failures import FAILURE_CLASSES
 from reports.gates import GateSpec
 from reports.wandb_log import WandbSettings
@@ -163,31 +164,6 @@ class Sweep(_Strict):
         return self
 
 
-class Cluster(_Strict):
-    """Slurm cluster profile, used by the Slurm backends (submitit, nemo-run, dry-run)."""
-
-    partition: str | None = Field(None, description="Slurm partition.")
-    account: str | None = Field(None, description="Slurm account.")
-    qos: str | None = Field(None, description="Slurm QoS.")
-    constraint: str | None = Field(None, description="Slurm node constraint.")
-    exclusive: bool = Field(False, description="Ask for whole nodes.")
-    sbatch_extra: dict[str, str | int | bool] = Field(
-        default_factory=dict, description="Extra sbatch parameters (name without dashes → value)."
-    )
-    python: str = Field("python3", description="Python interpreter on the compute nodes.")
-    gpus: bool = Field(True, description="Request GPUs (--gpus-per-node); false for CPU-only partitions.")
-
-
-class Container(_Strict):
-    """Container the trainer runs in (pyxis/enroot srun flags)."""
-
-    image: str | None = Field(None, description="Container image (pyxis --container-image).")
-    mounts: list[str] = Field(
-        default_factory=list, description="SRC:DST[:FLAGS] mounts (pyxis --container-mounts)."
-    )
-    workdir: str | None = Field(None, description="Working directory inside the container.")
-
-
 class Env(_Strict):
     """Environment of the trainer processes."""
 
@@ -271,10 +247,15 @@ class Campaign(_Strict):
     collect: Collect = Field(default_factory=Collect, description="Summary and hang-detection settings.")
     retry: Retry = Field(default_factory=Retry, description="Bounded retries of failed attempts.")
     launcher: str = Field(
-        "local", description="Backend: local | submitit | nemo-run | dry-run (CLI --launcher wins)."
+        "local",
+        description=(
+            "Backend: local | submitit | nemo-run (CLI --launcher wins; `mbx campaign run FILE --dry-run` shows "
+            "what it would submit)."
+        ),
     )
     launchers: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="Per-backend settings, e.g. launchers.local.parallel."
+        default_factory=dict,
+        description="Per-backend settings, e.g. launchers.local.parallel (checked against the backend's settings).",
     )
     cluster: Cluster = Field(default_factory=Cluster, description="Slurm profile.")
     container: Container = Field(default_factory=Container, description="Container for the trainer.")

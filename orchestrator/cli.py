@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator import cli_campaign, cli_ingest, cli_report
+from orchestrator import cli_campaign, cli_ingest, cli_report, cli_store
 from orchestrator.errors import MbxError
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.add_typer(cli_campaign.app, name="campaign")
 app.command("report")(cli_report.report)
 app.command("ingest")(cli_ingest.ingest)
 app.add_typer(cli_report.schema_app, name="schema")
+app.add_typer(cli_store.app, name="store")
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 

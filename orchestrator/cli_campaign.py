@@ -25,7 +25,7 @@ console = Console(highlight=False)
 def validate(file: CampaignFileArg) -> None:
     """Check a campaign file and every point of its sweep (exit 2 with `file: key: problem` lines if bad)."""
     from orchestrator.loader import load_campaign
-    from orchestrator.sweep import expand
+    from orchestrator.trainers import expand
 
     campaign = load_campaign(file)
     points = expand(campaign, file)
@@ -43,7 +43,8 @@ def validate(file: CampaignFileArg) -> None:
 def plan(file: CampaignFileArg, as_json: JsonOpt = False) -> None:
     """Show the expanded points with their cell ids and world sizes; nothing is run."""
     from orchestrator.loader import load_campaign
-    from orchestrator.sweep import expand, swept_keys
+    from orchestrator.sweep import swept_keys
+    from orchestrator.trainers import expand
 
     campaign = load_campaign(file)
     points = expand(campaign, file)
@@ -81,24 +82,36 @@ def run(
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     launcher: Annotated[
         str | None,
-        typer.Option("--launcher", "-l", help="Backend: local (default), submitit, nemo-run, dry-run."),
+        typer.Option("--launcher", "-l", help="Backend: local, submitit, nemo-run (default: the campaign's)."),
     ] = None,
     parallel: Annotated[
-        int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running at once (local backend).")
+        int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running (or queued on Slurm) at once.")
     ] = None,
     report: Annotated[bool, typer.Option(help="Write the report page when done.")] = True,
     wandb: Annotated[
         bool, typer.Option(help="Log every attempt to W&B (mode from the campaign; offline default).")
     ] = True,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the job scripts and commands the launcher would submit now; submit and record nothing.",
+        ),
+    ] = False,
 ) -> None:
     """Run every cell of a campaign; cells already completed in the workspace are skipped.
 
     Exits 0 when every cell completed and passed its gates, 1 when a cell failed or a gate failed
-    (each is named), 2 when the campaign file is invalid.
+    (each is named), 2 when the campaign file is invalid. A second run of a campaign that is still
+    running is refused before it writes anything.
+
+    `--dry-run` renders exactly what the campaign's launcher (or `--launcher`) would submit for the
+    cells not yet completed (sbatch scripts and task tables for Slurm, the command line locally),
+    through the same path a real run takes, and records nothing.
     """
     from orchestrator import runner
     from orchestrator.loader import load_campaign
-    from orchestrator.sweep import expand
+    from orchestrator.trainers import expand
 
     campaign = load_campaign(file)
     points = expand(campaign, file)
@@ -111,6 +124,7 @@ def run(
         parallel=parallel,
         make_report=report,
         log_wandb=wandb,
+        dry_run=dry_run,
     )
     raise typer.Exit(runner.exit_code(outcome))
 
@@ -137,13 +151,13 @@ def status(
     name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE, as_json: JsonOpt = False
 ) -> None:
     """Show every cell's state, attempt, window figures and verdict."""
-    from orchestrator import runner
+    from orchestrator import runner, status_view
 
     view = runner.view(workspace, name, with_rows=False)
     if as_json:
-        typer.echo(json.dumps(runner.status_payload(view), indent=2))
+        typer.echo(json.dumps(status_view.status_payload(view), indent=2))
         return
-    console.print(runner.status_table(view))
+    console.print(status_view.status_table(view))
 
 
 @app.command()

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
 from orchestrator.options import DEFAULT_WORKSPACE, WorkspaceOpt
+
+if TYPE_CHECKING:
+    from orchestrator.ingest import Ingested
 
 console = Console(highlight=False)
 
@@ -92,6 +95,10 @@ def ingest(
         workspace, logs, campaign, log_format, seq_length=seq_length, num_gpus=num_gpus, steps=steps,
         label=label, params=_params(param or []), exit_code=exit_code, replace=replace,
     )  # fmt: skip
+    _print_result(result, workspace)
+
+
+def _print_result(result: Ingested, workspace: Path) -> None:
     if result.already:
         console.print(
             f"already ingested: cell {result.cell_id} (attempt {result.attempt}) of {result.campaign!r} holds these "

@@ -1,17 +1,22 @@
-"""Command trainers: params rendered Megatron-LM or Megatron-Bridge style, argv templates with {placeholders}, points."""
+"""Command-trainer argv: params rendered Megatron-LM or Megatron-Bridge style, {placeholder} templates, one point.
+
+Pure functions; the command trainer kind (orchestrator/trainers/command.py) resolves its points with
+`resolve_point` and fills an attempt's placeholders with `attempt_argv`.
+"""
 
 from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from orchestrator.campaign import Campaign, CommandTrainer, Resources
-from orchestrator.keys import deep_merge, set_path
+from orchestrator.keys import deep_merge, set_path, unknown_key_problem
+from orchestrator.loader import validation_problems
+from orchestrator.sweep import PointProblems, ResolvedPoint
 
 # `{name}` or `{a.b.c}`; `{{` and `}}` are literal braces; `${...}` (OmegaConf interpolation) is left alone.
 PLACEHOLDER_RE = re.compile(r"\{\{|\}\}|(?<!\$)\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
@@ -187,18 +192,6 @@ def attempt_argv(argv: list[str], run_dir: Path, cell_id: str, attempt: int) -> 
 
 
 # ---- points ------------------------------------------------------------------------------------------------
-@dataclass
-class Resolved:
-    """One point of a command campaign, resolved: what runs (argv), its environment and resources."""
-
-    argv: list[str]  # per-attempt placeholders still in it
-    params: dict[str, Any]
-    env: dict[str, str]
-    resources: dict[str, Any]
-    recipe: dict[str, Any]  # what recipe.yaml records
-    identity: dict[str, Any]  # the input of the cell id
-
-
 def split_key(key: str, style: str) -> tuple[str, str]:
     """(namespace, rest) of a sweep key of a command campaign; bare names address params."""
     head, _, rest = key.partition(".")
@@ -217,10 +210,7 @@ def split_key(key: str, style: str) -> tuple[str, str]:
 
 def key_problems(campaign: Campaign, keys: list[tuple[str, str]]) -> list[str]:
     """`where: problem` for sweep keys a command campaign cannot address."""
-    from orchestrator.keys import unknown_key_problem
-
-    trainer = campaign.trainer
-    assert isinstance(trainer, CommandTrainer)
+    trainer = command_trainer(campaign)
     problems = []
     for where, key in keys:
         try:
@@ -235,6 +225,12 @@ def key_problems(campaign: Campaign, keys: list[tuple[str, str]]) -> list[str]:
     return problems
 
 
+def command_trainer(campaign: Campaign) -> CommandTrainer:
+    if not isinstance(campaign.trainer, CommandTrainer):
+        raise TypeError(f"campaign {campaign.name!r} does not run a command trainer")
+    return campaign.trainer
+
+
 def planned_steps(trainer: CommandTrainer, params: dict[str, Any]) -> int | None:
     """The planned iterations: the `steps` hint, else the params' train_iters (Bridge: train.train_iters)."""
     if trainer.steps:
@@ -247,10 +243,11 @@ def planned_steps(trainer: CommandTrainer, params: dict[str, Any]) -> int | None
     return None
 
 
-def resolve_point(campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None) -> Resolved:
-    """The argv, env and resources of one point (sweep assignment applied). Raises TemplateError/ValidationError."""
-    trainer = campaign.trainer
-    assert isinstance(trainer, CommandTrainer)
+def _assign(
+    campaign: Campaign, assignment: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """(params, resources mapping, env) of one point: the campaign's base with the sweep assignment applied."""
+    trainer = command_trainer(campaign)
     bridge = trainer.style == "megatron-bridge"
     params = nest(copy.deepcopy(trainer.params)) if bridge else copy.deepcopy(trainer.params)
     resources_doc = campaign.resources.model_dump()
@@ -265,11 +262,49 @@ def resolve_point(campaign: Campaign, assignment: dict[str, Any], campaign_file:
             set_path(params, rest, value)
         else:
             params[rest] = copy.deepcopy(value)
-    resources = Resources.model_validate(resources_doc)
-    res = resources.model_dump(mode="json")
-    res["world_size"] = resources.nodes * resources.gpus_per_node
+    return params, resources_doc, env
 
-    names = placeholders(trainer.command)
+
+def _lookup(
+    name: str,
+    fixed: dict[str, Any],
+    res: dict[str, Any],
+    env: dict[str, str],
+    flat: dict[str, Any],
+    bridge: bool,
+) -> tuple[Any, str | None]:
+    """The value of one template placeholder, and the params key it consumes (None: not a param)."""
+    head, _, rest = name.partition(".")
+    if name in fixed:
+        return fixed[name], None
+    if head == "resources" and rest in res:
+        return res[rest], None
+    if head == "env" and rest:
+        if rest not in env:
+            raise TemplateError(
+                f"trainer.command: {{{name}}}: {rest!r} is not set in env.values"
+                + (f" (set: {', '.join(env)})" if env else "")
+            )
+        return env[rest], None
+    key = rest if head == "params" and rest else name
+    if key in flat:
+        return flat[key], key
+    if bridge and any(k.startswith(key + ".") for k in flat):
+        raise TemplateError(f"trainer.command: {{{name}}} is a section of params, not a value")
+    known = [*fixed, *RUNTIME_NAMES, *(f"params.{k}" for k in flat), *(f"env.{k}" for k in env)]
+    raise TemplateError(f"trainer.command: unknown placeholder {{{name}}}; known here: {', '.join(known)}")
+
+
+def command_argv(
+    campaign: Campaign,
+    params: dict[str, Any],
+    res: dict[str, Any],
+    env: dict[str, str],
+    campaign_file: Path | None,
+) -> list[str]:
+    """The point's argv: placeholders filled (per-attempt ones kept), the remaining params rendered at `{params}`."""
+    trainer = command_trainer(campaign)
+    bridge = trainer.style == "megatron-bridge"
     if trainer.command.count(PARAMS_SLOT) > 1:
         raise TemplateError("trainer.command: `{params}` may appear once")
     flat = flatten(params) if bridge else params
@@ -278,53 +313,45 @@ def resolve_point(campaign: Campaign, assignment: dict[str, Any], campaign_file:
     fixed.update({name: res[name] for name in RESOURCE_NAMES})
     lookup: dict[str, Any] = {}
     consumed: set[str] = set()
-    for name in names:
+    for name in placeholders(trainer.command):
         if name in RUNTIME_NAMES or name == "params":
             continue
-        head, _, rest = name.partition(".")
-        if name in fixed:
-            lookup[name] = fixed[name]
-        elif head == "resources" and rest in res:
-            lookup[name] = res[rest]
-        elif head == "env" and rest:
-            if rest not in env:
-                raise TemplateError(
-                    f"trainer.command: {{{name}}}: {rest!r} is not set in env.values"
-                    + (f" (set: {', '.join(env)})" if env else "")
-                )
-            lookup[name] = env[rest]
-        else:
-            key = rest if head == "params" and rest else name
-            if key in flat:
-                lookup[name] = flat[key]
-                consumed.add(key)
-            elif bridge and any(k.startswith(key + ".") for k in flat):
-                raise TemplateError(f"trainer.command: {{{name}}} is a section of params, not a value")
-            else:
-                known = [*fixed, *RUNTIME_NAMES, *(f"params.{k}" for k in flat), *(f"env.{k}" for k in env)]
-                raise TemplateError(
-                    f"trainer.command: unknown placeholder {{{name}}}; known here: {', '.join(known)}"
-                )
-    remaining = {k: v for k, v in flat.items() if k not in consumed}
-    rendered = render_params(remaining, trainer.style)
+        lookup[name], key = _lookup(name, fixed, res, env, flat, bridge)
+        if key is not None:
+            consumed.add(key)
+    rendered = render_params({k: v for k, v in flat.items() if k not in consumed}, trainer.style)
     template = list(trainer.command)
-    if PARAMS_SLOT in template:
-        index = template.index(PARAMS_SLOT)
-        head_argv = fill(template[:index], lookup, RUNTIME_NAMES)
-        tail_argv = fill(template[index + 1 :], lookup, RUNTIME_NAMES)
-        argv = [*head_argv, *map(_brace_escape, rendered), *tail_argv]
-    else:
-        argv = [*fill(template, lookup, RUNTIME_NAMES), *map(_brace_escape, rendered)]
-    steps = planned_steps(trainer, params)
+    if PARAMS_SLOT not in template:
+        return [*fill(template, lookup, RUNTIME_NAMES), *map(_brace_escape, rendered)]
+    index = template.index(PARAMS_SLOT)
+    head_argv = fill(template[:index], lookup, RUNTIME_NAMES)
+    tail_argv = fill(template[index + 1 :], lookup, RUNTIME_NAMES)
+    return [*head_argv, *map(_brace_escape, rendered), *tail_argv]
+
+
+def resolve_point(
+    campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str = ""
+) -> ResolvedPoint:
+    """The argv, env and resources of one point (sweep assignment applied). Raises PointProblems."""
+    trainer = command_trainer(campaign)
+    try:
+        params, resources_doc, env = _assign(campaign, assignment)
+        resources = Resources.model_validate(resources_doc)
+        res = resources.model_dump(mode="json")
+        res["world_size"] = resources.nodes * resources.gpus_per_node
+        argv = command_argv(campaign, params, res, env, campaign_file)
+    except TemplateError as err:
+        raise PointProblems([f"{where}{err}"]) from None
+    except ValidationError as err:
+        raise PointProblems(validation_problems(err, Resources, f"{where}resources.")) from None
     recipe = {
-        "kind": "command",
         "argv": argv,
         "params": params,
         "style": trainer.style,
         "log_format": trainer.log_format,
         "seq_length": trainer.seq_length,
         "num_gpus": trainer.num_gpus,
-        "steps": steps,
+        "steps": planned_steps(trainer, params),
     }
     identity = {
         "trainer": "command",
@@ -332,12 +359,4 @@ def resolve_point(campaign: Campaign, assignment: dict[str, Any], campaign_file:
         "env": env,
         "resources": resources.model_dump(mode="json", exclude_defaults=True),
     }
-    return Resolved(argv, params, env, resources.model_dump(mode="json"), recipe, identity)
-
-
-def expansion_problems(err: Exception, where: str) -> list[str]:
-    if isinstance(err, ValidationError):
-        from orchestrator.sweep import _pydantic_problems
-
-        return _pydantic_problems(err, f"{where}resources.")
-    return [f"{where}{err}"]
+    return ResolvedPoint(recipe, resources.model_dump(mode="json"), env, identity)

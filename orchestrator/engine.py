@@ -1,32 +1,28 @@
-"""Runs a campaign's cells through a launcher: submit, poll, follow logs, collect, bounded retries, survive restarts."""
+"""Drives a campaign's cells through a launcher: plan, submit, poll, follow, collect, bounded retries, resume."""
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from launchers import registry
-from launchers.base import JobState, Launcher, LaunchSpec, Resources, Submitted
+from launchers.base import JobState, Launcher, LaunchSpec, Rendered, Submitted
+from orchestrator import trainers
+from orchestrator.baseline import baseline_for
 from orchestrator.campaign import Campaign
-from orchestrator.collect import Collected, collect_attempt, summary_from_dict
-from orchestrator.errors import RunError, UsageError
+from orchestrator.collect import Collected, collect_attempt
+from orchestrator.errors import RunError
 from orchestrator.fingerprint import login_fingerprint
-from orchestrator.ingest import HUNG_FILE, LogFollower, finalize_command_attempt, write_json
+from orchestrator.inflight import InFlight, Pending
 from orchestrator.requeue import record_requeues
-from orchestrator.retry import decide, last_step
+from orchestrator.retry import decide
 from orchestrator.store import ACTIVE_STATES, AttemptRow, CellRow, Store
-from orchestrator.yamlio import dump_yaml
 from reports.window import Summary
+from trainer import rundir
 
 POLL_INTERVAL_S = 0.5
-RETRY_KEY = "mbx_retry"  # in an attempt's job info: which try of its cell this is, and the steps the one before made
-FOLLOW_INTERVAL_S = 1.0  # how often a running command attempt's logs are read
+FOLLOW_INTERVAL_S = 1.0  # how often a running attempt's logs are read (kinds that have something to follow)
 CANCEL_WAIT_S = 30.0  # after cancelling a hung attempt, collect it even if the launcher still lists it
 
 
@@ -60,55 +56,10 @@ class Outcome:
         return not self.failed and not self.gate_failures
 
 
-class CampaignLock:
-    """An exclusive flock on <workspace>/<campaign>/.lock; released by the OS even on SIGKILL."""
-
-    def __init__(self, directory: Path):
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / ".lock"
-        self._handle = None
-
-    def __enter__(self) -> CampaignLock:
-        self._handle = self.path.open("a+")
-        try:
-            fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._handle.seek(0)
-            holder = self._handle.read().strip() or "another process"
-            self._handle.close()
-            raise RunError(f"campaign is already being run by {holder}; wait for it or cancel it") from None
-        self._handle.seek(0)
-        self._handle.truncate()
-        self._handle.write(f"mbx pid {os.getpid()}")
-        self._handle.flush()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._handle:
-            fcntl.flock(self._handle, fcntl.LOCK_UN)
-            self._handle.close()
-
-
-def make_launcher(campaign: Campaign, name: str, workspace: Path) -> Launcher:
-    """Instantiate backend `name` with the campaign's `launchers.<name>` settings."""
-    from pydantic import ValidationError
-
-    from orchestrator.errors import ConfigError
-    from orchestrator.loader import validation_problems
-
-    try:
-        backend = registry.get(name)
-    except KeyError as err:
-        raise UsageError(str(err.args[0])) from None
-    raw = campaign.launchers.get(name, campaign.launchers.get(name.replace("-", "_"), {}))
-    try:
-        settings = backend.Settings.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError([f"launchers.{name}.{line}" for line in validation_problems(err)]) from None
-    try:
-        return backend(settings, workspace, cluster=campaign)
-    except (ValueError, RuntimeError) as err:  # e.g. a newline in cluster.partition, NeMo-Run not installed
-        raise ConfigError([f"launchers.{name}: {err}"]) from None
+def next_attempt_number(cell_dir: Path, known: int) -> int:
+    """The attempt number after every attempt the store knows and every run dir already on disk."""
+    on_disk = [int(p.name) for p in cell_dir.iterdir() if p.name.isdigit()] if cell_dir.is_dir() else []
+    return max([known, *on_disk]) + 1
 
 
 class Engine:
@@ -116,124 +67,92 @@ class Engine:
 
     def __init__(
         self,
-        store: Store,
         campaign: Campaign,
         launcher: Launcher,
+        workspace: Path,
+        store: Store | None = None,
         on_event: Callable[[Event], None] | None = None,
         baseline: dict[str, Summary] | None = None,
+        max_in_flight: int | None = None,
     ):
-        self.store = store
+        """`store` None: an engine that can only plan and render (a dry run). `max_in_flight` caps the
+        attempts out at once below the launcher's own limit (the CLI's --parallel)."""
         self.campaign = campaign
         self.launcher = launcher
+        self.root = Path(workspace) / campaign.name
+        self._store = store
         self.on_event = on_event or (lambda event: None)
         self.baseline = baseline or {}
-        self.root = store.workspace / campaign.name
-        self._followers: dict[tuple[str, int], LogFollower] = {}
-        self._followed_at: dict[tuple[str, int], float] = {}
-        self._done_since: dict[tuple[str, int], float] = {}
-        self._cancelled_at: dict[tuple[str, int], float] = {}
-        self._tries: dict[str, int] = {}  # attempts of each cell made by this run
-        self._requeues_seen: dict[str, int] = {}  # job id → requeue archives already recorded
-        self._steps: dict[str, int | None] = {}  # last step of each cell's previous attempt in this run
+        limits = [n for n in (launcher.max_in_flight, max_in_flight) if n is not None]
+        self.max_in_flight = min(limits) if limits else None
 
-    # paths and specs -----------------------------------------------------------------------------------
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("this engine only plans (a dry run): it has no store")
+        return self._store
+
     def run_dir(self, cell: CellRow, attempt: int) -> Path:
         return self.root / cell.cell_id / str(attempt)
 
-    def _spec(self, cell: CellRow, attempt: AttemptRow) -> LaunchSpec:
-        run_dir = Path(attempt.run_dir)
-        resources = Resources(
-            nodes=int(cell.resources["nodes"]),
-            gpus_per_node=int(cell.resources["gpus_per_node"]),
-            time_limit_min=cell.resources.get("time_limit_min"),
-        )
-        if _is_command(cell):
-            from orchestrator.command import attempt_argv
+    # the plan: what a run submits, as launch specs -------------------------------------------------------
+    def spec(self, cell: CellRow, attempt: AttemptRow) -> LaunchSpec:
+        return trainers.get(cell.trainer_kind).launch_spec(self.campaign, cell, attempt)
 
-            return LaunchSpec(
-                campaign=self.campaign.name,
-                cell_id=cell.cell_id,
-                attempt=attempt.attempt,
-                run_dir=run_dir,
-                resources=resources,
-                module=None,  # the argv runs as given, as a list: no shell ever sees a value
-                args=attempt_argv(cell.recipe["argv"], run_dir, cell.cell_id, attempt.attempt),
-                env=dict(cell.env),
-                env_pass=list(self.campaign.env.pass_names),
-            )
-        return LaunchSpec(
-            campaign=self.campaign.name,
-            cell_id=cell.cell_id,
-            attempt=attempt.attempt,
-            run_dir=run_dir,
-            resources=resources,
-            module="trainer",
-            args=["--recipe", str(run_dir / "recipe.yaml"), "--out", str(run_dir)],
-            env=dict(cell.env),
-            env_pass=list(self.campaign.env.pass_names),
-        )
+    def plan(self, cells: list[CellRow], latest: dict[str, AttemptRow]) -> list[LaunchSpec]:
+        """Launch specs of the cells not yet completed, numbered as a real run would number them.
 
-    def _write_run_dir(self, cell: CellRow, spec: LaunchSpec) -> None:
-        spec.run_dir.mkdir(parents=True, exist_ok=True)
-        recipe = (
-            {**cell.recipe, "argv": spec.args, "env": dict(cell.env)} if _is_command(cell) else cell.recipe
-        )
-        (spec.run_dir / "recipe.yaml").write_text(dump_yaml(recipe))
-        self._write_launch_json(spec, None)
-
-    def _write_launch_json(self, spec: LaunchSpec, job: Submitted | None) -> None:
-        data: dict[str, Any] = {
-            "launcher": self.launcher.name,
-            "campaign": spec.campaign,
-            "cell_id": spec.cell_id,
-            "attempt": spec.attempt,
-            "job_id": job.job_id if job else None,
-            "command": (job.info.get("argv") if job else None),
-            "nodes": spec.resources.nodes,
-            "ranks_per_node": spec.resources.gpus_per_node,
-            "env_set": sorted(spec.env),
-            "env_passed_by_name": sorted(spec.env_pass),
-            "fingerprint": login_fingerprint(self.campaign),
-            "written_at": time.time(),
-        }
-        tmp = spec.run_dir / "launch.json.tmp"
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, spec.run_dir / "launch.json")
-
-    def dry_run(self, cells: list[CellRow]) -> Outcome:
-        """Render and show what would be submitted for the cells not yet completed; record nothing.
-
-        The run dirs and scripts are written where the next real run will put them (same attempt numbers),
-        so the dry-run script is byte-identical to what a real submit then sends.
+        Pure: nothing is reserved or written. A dry run renders these; a real run reserves the same numbers.
         """
-        latest = self.store.latest_attempts(self.campaign.name)
-        outcome = Outcome(self.campaign.name, total=len(cells))
-        specs: list[LaunchSpec] = []
+        specs = []
         for cell in cells:
-            attempt = latest.get(cell.cell_id)
-            if attempt is not None and attempt.state == "completed":
-                outcome.skipped += 1
+            last = latest.get(cell.cell_id)
+            if last is not None and last.state == "completed":
                 continue
-            number = (attempt.attempt if attempt else 0) + 1
-            row = AttemptRow(self.campaign.name, cell.cell_id, number, self.launcher.name, None, {},
-                             str(self.run_dir(cell, number)), "submitted", None, None, None, None)  # fmt: skip
-            spec = self._spec(cell, row)
-            self._write_run_dir(cell, spec)
-            specs.append(spec)
-        for rendered in self.launcher.render(specs) if specs else []:
-            self.launcher.show(rendered)  # type: ignore[attr-defined]
+            number = next_attempt_number(self.root / cell.cell_id, last.attempt if last else 0)
+            row = AttemptRow(campaign=self.campaign.name, cell_id=cell.cell_id, attempt=number,
+                             launcher=self.launcher.name, job_id=None, job_info={},
+                             run_dir=str(self.run_dir(cell, number)), state="submitted", reason=None,
+                             failure_class=None, submitted_at=None, ended_at=None, try_number=1,
+                             steps_before=None)  # fmt: skip
+            specs.append(self.spec(cell, row))
+        return specs
+
+    def render(self, cells: list[CellRow], latest: dict[str, AttemptRow]) -> list[Rendered]:
+        """What the launcher would submit for these cells now (a dry run): the plan, rendered; nothing written."""
+        specs = self.plan(cells, latest)
+        return self.launcher.render(specs) if specs else []
+
+    # the loop --------------------------------------------------------------------------------------------
+    def run(self, cells: list[CellRow]) -> Outcome:
+        outcome = Outcome(self.campaign.name, total=len(cells))
+        pending, in_flight = self._start(cells, outcome)
+        while pending or in_flight:
+            capacity = self.max_in_flight
+            room = len(pending) if capacity is None else max(0, capacity - len(in_flight))
+            if room:
+                batch, pending = pending[:room], pending[room:]
+                in_flight.update(self._submit(batch))
+            if not in_flight:
+                continue
+            for cell, old, new in record_requeues(self.store, self.campaign.name, in_flight):
+                self.on_event(Event("requeued", cell, new.attempt, note=f"attempt {old.attempt} was requeued"))
+            states = self.launcher.poll([flight.job for flight in in_flight.values()])
+            for job_id, state in states.items():
+                flight = in_flight[job_id]
+                if not state.finished and not self._ended_by_files(flight, state) and not self._watch(flight):
+                    continue
+                del in_flight[job_id]
+                self._finish(flight, state, pending, outcome)
+            if in_flight:
+                time.sleep(POLL_INTERVAL_S)
         return outcome
 
-    # the loop ------------------------------------------------------------------------------------------
-    def run(self, cells: list[CellRow]) -> Outcome:
-        with CampaignLock(self.root):
-            return self._run(cells)
-
-    def _run(self, cells: list[CellRow]) -> Outcome:
-        outcome = Outcome(self.campaign.name, total=len(cells))
+    def _start(self, cells: list[CellRow], outcome: Outcome) -> tuple[list[Pending], dict[str, InFlight]]:
+        """Skip completed cells, adopt attempts still running (their retry budget with them), queue the rest."""
         latest = self.store.latest_attempts(self.campaign.name)
-        pending: list[CellRow] = []
-        in_flight: dict[str, tuple[CellRow, AttemptRow, Submitted]] = {}
+        pending: list[Pending] = []
+        in_flight: dict[str, InFlight] = {}
         for cell in cells:
             attempt = latest.get(cell.cell_id)
             if attempt is not None and attempt.state == "completed":
@@ -241,205 +160,137 @@ class Engine:
                 self._count_finished(outcome, cell, attempt)
                 self.on_event(Event("skipped", cell, attempt.attempt))
             elif attempt is not None and attempt.state in ACTIVE_STATES and attempt.job_id:
-                job = Submitted(cell.cell_id, attempt.attempt, attempt.job_id, attempt.job_info)
-                in_flight[attempt.job_id] = (cell, attempt, job)
-                # the retry budget goes on where the killed orchestrator left it (recorded at submission)
-                budget = attempt.job_info.get(RETRY_KEY, {})
-                self._tries[cell.cell_id] = int(budget.get("try", 1))
-                self._steps[cell.cell_id] = budget.get("steps_before")
+                in_flight[attempt.job_id] = self._adopt(cell, attempt)
                 self.on_event(Event("adopted", cell, attempt.attempt))
+            elif attempt is not None and attempt.state in ACTIVE_STATES:
+                # reserved but never submitted (killed between the two writes): retire it, keep its budget
+                self.store.set_state(self.campaign.name, cell.cell_id, attempt.attempt, "failed", "never submitted")
+                pending.append(Pending(cell, attempt.try_number, attempt.steps_before))
             else:
-                if attempt is not None and attempt.state in ACTIVE_STATES:
-                    # reserved but never submitted (killed between the two writes): retire it
-                    self.store.set_state(
-                        self.campaign.name, cell.cell_id, attempt.attempt, "failed", "never submitted"
-                    )
-                pending.append(cell)
+                pending.append(Pending(cell))
+        return pending, in_flight
 
-        while pending or in_flight:
-            capacity = self.launcher.max_in_flight
-            room = len(pending) if capacity is None else max(0, capacity - len(in_flight))
-            if room:
-                batch, pending = pending[:room], pending[room:]
-                for cell, attempt, job in self._submit(batch):
-                    in_flight[job.job_id] = (cell, attempt, job)
-            if not in_flight:
-                continue
-            for cell, old, new in record_requeues(self.store, self.campaign.name, in_flight, self._requeues_seen):
-                self.on_event(Event("requeued", cell, new.attempt, note=f"attempt {old.attempt} was requeued"))
-            states = self.launcher.poll([job for _, _, job in in_flight.values()])
-            for job_id, state in states.items():
-                cell, attempt, job = in_flight[job_id]
-                if not state.finished and not self._status_written(attempt, state):
-                    if not self._watch(cell, attempt, job):
-                        continue
-                in_flight.pop(job_id)
-                collected = self._collect(cell, attempt, state)
-                if self._retry(cell, attempt, collected):
-                    pending.append(cell)
-                    continue
-                record = self.store.attempt(cell.campaign, cell.cell_id, attempt.attempt)
-                self._count_finished(outcome, cell, record)
-                self.on_event(Event("finished", cell, attempt.attempt, collected))
-            if in_flight:
-                time.sleep(POLL_INTERVAL_S)
-        return outcome
+    def _adopt(self, cell: CellRow, attempt: AttemptRow) -> InFlight:
+        kind = trainers.get(cell.trainer_kind)
+        job = Submitted(cell.cell_id, attempt.attempt, attempt.job_id or "", attempt.job_info)
+        return InFlight(cell, attempt, job, kind, kind.follower(cell, Path(attempt.run_dir)))
 
-    # command trainers: follow logs, hang detection, retries --------------------------------------------
-    def _watch(self, cell: CellRow, attempt: AttemptRow, job: Submitted) -> bool:
-        """Follow a running command attempt's logs; cancel it when every planned step is logged but it
-        does not exit within collect.exit_grace_s. True when it should be collected now anyway."""
-        if not _is_command(cell):
+    # submission -----------------------------------------------------------------------------------------
+    def _submit(self, batch: list[Pending]) -> dict[str, InFlight]:
+        """Reserve an attempt per cell, write its inputs, submit them together, record the jobs."""
+        prepared: list[tuple[Pending, AttemptRow, LaunchSpec]] = []
+        for item in batch:
+            cell = item.cell
+            attempt = self.store.reserve_attempt(
+                self.campaign.name, cell.cell_id, self.launcher.name, lambda n, c=cell: self.run_dir(c, n),
+                item.try_number, item.steps_before,
+            )  # fmt: skip
+            kind = trainers.get(cell.trainer_kind)
+            spec = kind.launch_spec(self.campaign, cell, attempt)
+            kind.write_inputs(cell, spec)
+            self._write_launch(spec, attempt, None)
+            prepared.append((item, attempt, spec))
+        try:
+            submitted = self.launcher.submit([spec for _, _, spec in prepared])
+        except Exception as err:  # a refused sbatch: fail these attempts rather than leave them "submitted"
+            for item, attempt, _ in prepared:
+                self.store.set_state(self.campaign.name, item.cell.cell_id, attempt.attempt, "failed",
+                                     f"submission failed: {err}")  # fmt: skip
+            raise RunError(f"{self.launcher.name}: submission failed: {err}") from None
+        jobs = {(job.cell_id, job.attempt): job for job in submitted}
+        started: dict[str, InFlight] = {}
+        for item, attempt, spec in prepared:
+            job = jobs[(item.cell.cell_id, attempt.attempt)]
+            self.store.mark_submitted(self.campaign.name, item.cell.cell_id, attempt.attempt, job.job_id, job.info)
+            self._write_launch(spec, attempt, job.job_id, job.info.get("argv"))
+            kind = trainers.get(item.cell.trainer_kind)
+            started[job.job_id] = InFlight(item.cell, attempt, job, kind, kind.follower(item.cell, spec.run_dir))
+            self.on_event(Event("submitted", item.cell, attempt.attempt))
+        return started
+
+    def _write_launch(
+        self, spec: LaunchSpec, attempt: AttemptRow, job_id: str | None, command: list[str] | None = None
+    ) -> None:
+        """launch.json: the attempt as launched, with its retry budget (so a rebuilt store keeps it)."""
+        rundir.write_launch(spec.run_dir, rundir.launch_record(
+            launcher=self.launcher.name, campaign=spec.campaign, cell_id=spec.cell_id, attempt=spec.attempt,
+            job_id=job_id, command=command, nodes=spec.resources.nodes,
+            ranks_per_node=spec.resources.gpus_per_node, env_set=sorted(spec.env),
+            env_passed_by_name=sorted(spec.env_pass), fingerprint=login_fingerprint(self.campaign),
+            try_number=attempt.try_number, steps_before=attempt.steps_before,
+        ))  # fmt: skip
+
+    # following a running attempt -------------------------------------------------------------------------
+    def _ended_by_files(self, flight: InFlight, state: JobState) -> bool:
+        """Whether a job the launcher cannot place has already finished by its run dir (status file first)."""
+        return state == JobState.UNKNOWN and rundir.read_status(flight.run_dir) is not None
+
+    def _watch(self, flight: InFlight) -> bool:
+        """Follow a running attempt's output; cancel it when every planned step is logged but it does not exit
+        within collect.exit_grace_s. True when it should be collected now anyway."""
+        if flight.follower is None:
             return False
-        key = (cell.cell_id, attempt.attempt)
         now = time.time()
-        if key in self._cancelled_at:
-            return now - self._cancelled_at[key] > CANCEL_WAIT_S  # cancelled, but the launcher still lists it
-        follower = self._follower(cell, attempt)
-        if now - self._followed_at.get(key, 0.0) >= FOLLOW_INTERVAL_S:
-            self._followed_at[key] = now
-            if follower.update():
-                progress = (
-                    follower.progress.last_step,
-                    cell.recipe.get("steps") or follower.progress.planned,
-                )
-                self.on_event(Event("progress", cell, attempt.attempt, progress=progress))
+        if flight.cancelled_at is not None:  # cancelled, but the launcher still lists it
+            return now - flight.cancelled_at > CANCEL_WAIT_S
+        progress = flight.follower.progress
+        planned = flight.kind.planned_steps(flight.cell) or progress.planned
+        if now - flight.followed_at >= FOLLOW_INTERVAL_S:
+            flight.followed_at = now
+            if flight.follower.update():
+                planned = flight.kind.planned_steps(flight.cell) or progress.planned
+                self.on_event(Event("progress", flight.cell, flight.attempt.attempt,
+                                    progress=(progress.last_step, planned)))  # fmt: skip
         grace = self.campaign.collect.exit_grace_s
-        planned = cell.recipe.get("steps") or follower.progress.planned
-        last = follower.progress.last_step
+        last = progress.last_step
         if grace is None or not planned or last is None or last < planned:
             return False
-        since = self._done_since.setdefault(key, now)
-        if now - since < grace:
+        if flight.all_logged_since is None:
+            flight.all_logged_since = now
+        if now - flight.all_logged_since < grace:
             return False
-        write_json(
-            Path(attempt.run_dir) / HUNG_FILE,
-            {
-                "last_step": last,
-                "planned": planned,
-                "grace_s": grace,
-                "all_logged_at": since,
-                "cancelled_at": now,
-            },
-        )
-        self._cancelled_at[key] = now
-        self.launcher.cancel([job])
-        self.on_event(
-            Event(
-                "hung",
-                cell,
-                attempt.attempt,
-                note=f"all {last}/{planned} steps logged, no exit in {grace:.0f} s",
-            )
-        )
+        self._cancel_hung(flight, last, planned, grace, now)
         return False
 
-    def _follower(self, cell: CellRow, attempt: AttemptRow) -> LogFollower:
-        key = (cell.cell_id, attempt.attempt)
-        if key not in self._followers:
-            recipe = cell.recipe
-            self._followers[key] = LogFollower(
-                Path(attempt.run_dir) / "logs",
-                recipe.get("log_format") or "auto",
-                seq_length=recipe.get("seq_length"),
-                num_gpus=recipe.get("num_gpus"),
-            )
-        return self._followers[key]
+    def _cancel_hung(self, flight: InFlight, last: int, planned: int, grace: float, now: float) -> None:
+        rundir.write_hung(flight.run_dir, {"last_step": last, "planned": planned, "grace_s": grace,
+                                           "all_logged_at": flight.all_logged_since, "cancelled_at": now})  # fmt: skip
+        flight.cancelled_at = now
+        self.launcher.cancel([flight.job])
+        note = f"all {last}/{planned} steps logged, no exit in {grace:.0f} s"
+        self.on_event(Event("hung", flight.cell, flight.attempt.attempt, note=note))
 
-    def _retry(self, cell: CellRow, attempt: AttemptRow, collected: Collected) -> bool:
-        """Whether the cell gets another attempt; a stop for a retryable class is noted in the reason."""
-        tries = self._tries.get(cell.cell_id, 1)
-        steps = last_step(Path(attempt.run_dir))
-        before = self._steps.get(cell.cell_id)
-        decision = decide(self.campaign.retry, collected.state, collected.failure_class, tries, steps, before)
-        if not decision.retry:
-            if decision.why:
-                reason = f"{collected.reason or collected.state}; {decision.why}"
-                collected.reason = reason
-                self.store.set_state(
-                    self.campaign.name, cell.cell_id, attempt.attempt, collected.state, reason,
-                    collected.failure_class,
-                )  # fmt: skip
-            return False
-        self._tries[cell.cell_id] = tries + 1
-        self._steps[cell.cell_id] = steps or 0
-        self.on_event(Event("retrying", cell, attempt.attempt, collected, note=decision.why))
-        return True
-
-    def _status_written(self, attempt: AttemptRow, state: JobState) -> bool:
-        """Whether a job the scheduler still lists has already finished by its run dir (status file first)."""
-        if state != JobState.UNKNOWN:
-            return False
-        return (Path(attempt.run_dir) / "status.json").exists()
-
-    def _submit(self, batch: list[CellRow]) -> list[tuple[CellRow, AttemptRow, Submitted]]:
-        specs: list[tuple[CellRow, AttemptRow, LaunchSpec]] = []
-        for cell in batch:
-            self._tries.setdefault(cell.cell_id, 1)
-            attempt = self.store.new_attempt(
-                self.campaign.name, cell.cell_id, self.launcher.name, lambda n, c=cell: self.run_dir(c, n)
-            )
-            spec = self._spec(cell, attempt)
-            self._write_run_dir(cell, spec)
-            specs.append((cell, attempt, spec))
-        try:
-            submitted = self.launcher.submit([spec for _, _, spec in specs])
-        except Exception as err:  # a refused sbatch: fail these attempts rather than leave them "submitted"
-            for cell, attempt, _ in specs:
-                self.store.set_state(
-                    self.campaign.name, cell.cell_id, attempt.attempt, "failed", f"submission failed: {err}"
-                )
-            raise RunError(f"{self.launcher.name}: submission failed: {err}") from None
-        by_cell = {(job.cell_id, job.attempt): job for job in submitted}
-        result = []
-        for cell, attempt, spec in specs:
-            job = by_cell[(cell.cell_id, attempt.attempt)]
-            retry = {"try": self._tries.get(cell.cell_id, 1), "steps_before": self._steps.get(cell.cell_id)}
-            self.store.set_job(self.campaign.name, cell.cell_id, attempt.attempt, job.job_id,
-                               {**job.info, RETRY_KEY: retry})
-            self.store.set_state(self.campaign.name, cell.cell_id, attempt.attempt, "running")
-            self._write_launch_json(spec, job)
-            self.on_event(Event("submitted", cell, attempt.attempt))
-            result.append((cell, attempt, job))
-        return result
-
-    def _collect(self, cell: CellRow, attempt: AttemptRow, state: JobState) -> Collected:
-        baseline = baseline_for(self.baseline, cell)
-        if _is_command(cell):
-            self._finalize_command(cell, attempt)
-        collected = collect_attempt(
-            Path(attempt.run_dir), self.campaign.gates, self.campaign.collect.window, baseline, state.value
-        )
+    # collection, retries, outcome -----------------------------------------------------------------------
+    def _finish(self, flight: InFlight, state: JobState, pending: list[Pending], outcome: Outcome) -> None:
+        """Collect an ended attempt, decide on a retry, record the outcome in one store write."""
+        collected = self._collect(flight, state)
+        attempt = flight.attempt
+        steps = rundir.last_logged_step(flight.run_dir)
+        decision = decide(self.campaign.retry, collected.state, collected.failure_class, attempt.try_number,
+                          steps, attempt.steps_before)  # fmt: skip
+        if not decision.retry and decision.why:
+            collected.reason = f"{collected.reason or collected.state}; {decision.why}"
         summary = collected.summary.to_dict() if collected.summary else None
-        self.store.put_result(
-            self.campaign.name, cell.cell_id, attempt.attempt, summary, collected.gate.to_dict()
-        )
-        self.store.set_state(
-            self.campaign.name,
-            cell.cell_id,
-            attempt.attempt,
-            collected.state,
-            collected.reason,
-            collected.failure_class,
-        )
-        return collected
+        self.store.record_outcome(self.campaign.name, flight.cell.cell_id, attempt.attempt, collected.state,
+                                  collected.reason, collected.failure_class, summary, collected.gate.to_dict())  # fmt: skip
+        if decision.retry:
+            pending.append(Pending(flight.cell, attempt.try_number + 1, steps or 0))
+            self.on_event(Event("retrying", flight.cell, attempt.attempt, collected, note=decision.why))
+            return
+        self._count_finished(outcome, flight.cell, self.store.attempt(self.campaign.name, flight.cell.cell_id,
+                                                                      attempt.attempt))  # fmt: skip
+        self.on_event(Event("finished", flight.cell, attempt.attempt, collected))
 
-    def _finalize_command(self, cell: CellRow, attempt: AttemptRow) -> None:
-        """A command attempt's logs → metrics.jsonl and status.json (a collection problem never stops the run)."""
-        key = (cell.cell_id, attempt.attempt)
-        run_dir = Path(attempt.run_dir)
-        world = int(cell.resources.get("nodes", 1)) * int(cell.resources.get("gpus_per_node", 1))
+    def _collect(self, flight: InFlight, state: JobState) -> Collected:
         try:
-            finalize_command_attempt(
-                run_dir, cell.recipe, world, self.campaign.retry.on, self._followers.pop(key, None)
-            )
-        except Exception as err:  # noqa: BLE001 - recorded in the run dir instead
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_json(
-                run_dir / "status.json",
-                {"state": "failed", "reason": f"mbx could not collect the logs: {err!r}", "failure_class": "unknown",
-                 "written_by": "mbx collect (command trainer)"},
-            )  # fmt: skip
+            flight.kind.finalize(self.campaign, flight.cell, flight.run_dir, flight.follower)
+        except Exception as err:  # noqa: BLE001 - a collection problem never stops the run: it is recorded
+            rundir.write_status(flight.run_dir, {"state": "failed", "failure_class": "unknown",
+                                                 "reason": f"mbx could not collect this attempt: {err!r}"},
+                                rundir.COLLECTOR)  # fmt: skip
+        baseline = baseline_for(self.baseline, flight.cell)
+        return collect_attempt(flight.run_dir, self.campaign.gates, self.campaign.collect.window, baseline,
+                               state.value)  # fmt: skip
 
     def _count_finished(self, outcome: Outcome, cell: CellRow, attempt: AttemptRow | None) -> None:
         if attempt is None:
@@ -454,48 +305,3 @@ class Engine:
         if result and result.gate and result.gate.get("verdict") == "fail":
             messages = [c["message"] for c in result.gate.get("checks", []) if c.get("ok") is False]
             outcome.gate_failures.append((cell, messages))
-
-
-def _is_command(cell: CellRow) -> bool:
-    return cell.recipe.get("kind") == "command"
-
-
-SOLE_BASELINE = "*"  # key of the baseline summary that serves every cell (a baseline with a single point)
-
-
-def params_key(params: dict[str, Any]) -> str:
-    return "params:" + json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def baseline_for(baselines: dict[str, Summary], cell: CellRow) -> Summary | None:
-    """A cell's baseline: the same point, else the baseline cell with equal swept values, else the
-    baseline campaign's only point (e.g. one ingested past run)."""
-    return (
-        baselines.get(cell.point_id)
-        or (baselines.get(params_key(cell.params)) if cell.params else None)
-        or baselines.get(SOLE_BASELINE)
-    )
-
-
-def baseline_summaries(store: Store, campaign: Campaign) -> dict[str, Summary]:
-    """Window summaries of the baseline campaign's completed cells by point id (first repeat wins),
-    by swept values (`params:...`), and under `*` when the baseline has a single point."""
-    if not campaign.baseline:
-        return {}
-    summaries: dict[str, Summary] = {}
-    latest = store.latest_attempts(campaign.baseline)
-    points: set[str] = set()
-    for cell in store.cells(campaign.baseline):
-        points.add(cell.point_id)
-        attempt = latest.get(cell.cell_id)
-        if attempt is None or attempt.state != "completed" or cell.point_id in summaries:
-            continue
-        result = store.result(campaign.baseline, cell.cell_id, attempt.attempt)
-        summary = summary_from_dict(result.summary) if result else None
-        if summary is not None:
-            summaries[cell.point_id] = summary
-            if cell.params:
-                summaries.setdefault(params_key(cell.params), summary)
-    if len(points) == 1 and summaries:
-        summaries[SOLE_BASELINE] = next(iter(summaries.values()))
-    return summaries

@@ -33,3 +33,20 @@ class UsageError(ConfigError):
 
 class RunError(MbxError):
     """Something failed while running or collecting a campaign."""
+
+
+class StoreDamaged(RunError):
+    """The workspace's run store (mbx.sqlite) is truncated or corrupt: `mbx store rebuild` makes a new one."""
+
+    def __init__(self, path: object, detail: str):
+        self.path = path
+        self.detail = detail
+        workspace = getattr(path, "parent", path)
+        super().__init__(
+            f"{path}: the run store is damaged ({detail}); rebuild it from the run directories with "
+            f"`mbx store rebuild --workspace {workspace}` (the damaged file is kept aside)"
+        )
+
+
+class StoreTooNew(RunError):
+    """The run store was written by a newer mbx (a higher schema version)."""

@@ -1,298 +1,32 @@
-"""Megatron logs into run directories: follow rank logs while a command trainer runs, derive status, ingest past runs."""
+"""`mbx ingest`: the logs of a past Megatron run into a run directory and store rows — a pure plan, then one commit.
+
+The plan parses the logs, classifies the run, summarizes and gates it and decides its names (campaign, cell,
+attempt) without writing anything; the commit makes the run dir appear by one rename and writes its store rows
+in one transaction (the run dir is removed again if that fails).
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports.metrics import METRICS_FILE, STATUS_FILE, read_status
-from reports.parsers import StreamParser, make_parser, merge_rows
-from reports.parsers.rows import Row, derive_tokens
-
-WRITTEN_BY = "mbx collect (command trainer)"
-HUNG_FILE = "hung.json"
-EXIT_FILE = "exit.json"
-LOG_SUFFIXES = (".log", ".txt", ".out", ".err", "")
-_READ = 8 << 20
-_PROGRESS = re.compile(rb"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
-
-
-def _natural(path: Path) -> list[Any]:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+from orchestrator.campaign import NAME_PATTERN, Campaign
+from orchestrator.errors import ConfigError, UsageError
+from orchestrator.store import INGEST_LAUNCHER, CellRow, Store
+from orchestrator.sweep import point_digest
+from orchestrator.yamlio import dump_yaml
+from reports.gates import GateResult, evaluate
+from reports.parsers.follow import LogFollower, log_files, logged_last_step
+from reports.parsers.rows import Row
+from reports.window import Summary, summarize
+from trainer import rundir
 
 
-def log_files(folder: Path) -> list[Path]:
-    """Text logs under a folder (recursively: torchrun's per-rank folders too), in natural order."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    found = [p for p in folder.rglob("*") if p.is_file() and p.suffix in LOG_SUFFIXES]
-    return sorted(found, key=_natural)
-
-
-@dataclass
-class _Followed:
-    path: Path
-    parser: StreamParser
-    offset: int = 0
-    carry: bytes = b""  # the partial last line, for the progress scan
-    digest: Any = None
-
-
-@dataclass
-class Progress:
-    """How far a run is, from its `iteration N/M |` lines."""
-
-    last_step: int | None = None
-    planned: int | None = None
-    changed_at: float = field(default_factory=time.time)
-
-
-class LogFollower:
-    """Parses a run's logs incrementally as they grow (one streaming parser per file, nothing re-read).
-
-    `update()` reads what was appended since the last call (and picks up new files of a followed
-    folder); `finish()` parses the rest and returns the rows of every file merged by step. The
-    parsers hold every row (`lag=None`), so the result equals parsing the finished files at once.
-    """
-
-    def __init__(
-        self,
-        sources: Path | list[Path],
-        log_format: str = "auto",
-        *,
-        seq_length: int | None = None,
-        num_gpus: int | None = None,
-        hashing: bool = False,
-    ):
-        self.folder = Path(sources) if isinstance(sources, (str, os.PathLike)) else None
-        self.fixed = None if self.folder is not None else [Path(p) for p in sources]  # type: ignore[union-attr]
-        self.log_format = log_format
-        self.seq_length = seq_length
-        self.num_gpus = num_gpus
-        self.hashing = hashing
-        self.files: dict[Path, _Followed] = {}
-        self.progress = Progress()
-        self._finished: list[Row] | None = None
-
-    def _paths(self) -> list[Path]:
-        return log_files(self.folder) if self.folder is not None else list(self.fixed or [])
-
-    def update(self) -> bool:
-        """Read what the logs gained; True when a new iteration line was seen."""
-        before = self.progress.last_step
-        for path in self._paths():
-            followed = self.files.get(path)
-            if followed is None:
-                parser = make_parser(
-                    self.log_format,  # type: ignore[arg-type]
-                    lag=None,
-                    seq_length=self.seq_length,
-                    num_gpus=self.num_gpus,
-                )
-                followed = self.files[path] = _Followed(
-                    path, parser, digest=hashlib.sha256() if self.hashing else None
-                )
-            self._read(followed)
-        if self.progress.last_step != before:
-            self.progress.changed_at = time.time()
-            return True
-        return False
-
-    def _read(self, followed: _Followed) -> None:
-        try:
-            handle = open(followed.path, "rb")  # noqa: SIM115 - closed below
-        except OSError:
-            return
-        with handle:
-            handle.seek(followed.offset)
-            while chunk := handle.read(_READ):
-                followed.offset += len(chunk)
-                if followed.digest is not None:
-                    followed.digest.update(chunk)
-                followed.parser.feed(chunk)
-                self._scan_progress(followed, chunk)
-
-    def _scan_progress(self, followed: _Followed, chunk: bytes) -> None:
-        data = followed.carry + chunk
-        cut = data.rfind(b"\n") + 1
-        followed.carry = data[cut:][-4096:]
-        last = None
-        for m in _PROGRESS.finditer(data, 0, cut):
-            last = m
-        if last is not None:
-            step, total = int(last.group(1)), int(last.group(2))
-            p = self.progress
-            p.last_step = step if p.last_step is None else max(p.last_step, step)
-            p.planned = total if p.planned is None else max(p.planned, total)
-
-    def digests(self) -> dict[str, str]:
-        return {str(f.path): f.digest.hexdigest() for f in self.files.values() if f.digest is not None}
-
-    def finish(self, world_size: int | None = None) -> list[Row]:
-        """Every file parsed to its end; rows merged by step, tokens/s derived where the inputs are known."""
-        if self._finished is not None:
-            return self._finished
-        self.update()
-        row_lists: list[list[Row]] = []
-        args: dict[str, str] = {}
-        for followed in self.files.values():
-            row_lists.append(followed.parser.close())
-            args.update(followed.parser.args)
-            if followed.carry:
-                self._scan_progress(followed, b"\n")
-        rows = merge_rows(row_lists)
-        seq = self.seq_length or _int(args.get("seq_length"))
-        gpus = self.num_gpus or _int(args.get("world_size")) or world_size
-        for row in rows:
-            derive_tokens(row, seq, gpus)
-        self._finished = rows
-        return rows
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-
-
-def write_metrics(run_dir: Path, rows: list[Row]) -> None:
-    """metrics.jsonl with one row per step, replaced atomically (a reader sees the old or the new file)."""
-    tmp = Path(run_dir) / (METRICS_FILE + ".tmp")
-    with tmp.open("w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, allow_nan=True) + "\n")
-    os.replace(tmp, Path(run_dir) / METRICS_FILE)
-
-
-def _last_step(rows: list[Row]) -> int | None:
-    steps = [r["step"] for r in rows if r.get("step_time_ms") is not None or r.get("loss") is not None]
-    return max(steps) if steps else None
-
-
-def _exit_code(run_dir: Path, launcher_status: dict[str, Any] | None) -> int | None:
-    try:
-        return json.loads((Path(run_dir) / EXIT_FILE).read_text()).get("exit_code")
-    except (OSError, json.JSONDecodeError):
-        return (launcher_status or {}).get("exit_code")
-
-
-def finalize_command_attempt(
-    run_dir: Path,
-    recipe: dict[str, Any],
-    world_size: int | None,
-    retry_on: list[str] | tuple[str, ...] = ("infra", "preempted"),
-    follower: LogFollower | None = None,
-) -> dict[str, Any]:
-    """Parse an ended command attempt's logs into metrics.jsonl and derive its status.json.
-
-    completed: the process exited 0 and iterations were logged; completed with class
-    hung_after_finish: every planned step was logged but the engine had to cancel the process;
-    timeout/cancelled/preempted: as the launcher saw it; else failed with the class of
-    reports.failures.classify_failure over every log in logs/.
-    """
-    from reports.failures import classify_failure
-
-    run_dir = Path(run_dir)
-    existing = read_status(run_dir)
-    if existing and existing.get("written_by") == WRITTEN_BY:
-        launcher_status = existing.get("launcher_status")
-    else:
-        launcher_status = existing
-    if follower is None:
-        follower = LogFollower(
-            run_dir / "logs",
-            recipe.get("log_format") or "auto",
-            seq_length=recipe.get("seq_length"),
-            num_gpus=recipe.get("num_gpus"),
-        )
-    rows = follower.finish(world_size)
-    write_metrics(run_dir, rows)
-    planned = recipe.get("steps") or follower.progress.planned
-    last = _last_step(rows)
-    exit_code = _exit_code(run_dir, launcher_status)
-    launcher_state = (launcher_status or {}).get("state")
-    # rank 0's exit code decides unless the scheduler knows better (e.g. Slurm FAILED: another rank crashed);
-    # the per-attempt wrapper's own fallback status ("exited 0 without writing status.json") is not news
-    trust_exit = launcher_state != "failed" or (launcher_status or {}).get("written_by") == "launcher"
-    try:
-        hung = json.loads((run_dir / HUNG_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        hung = None
-    failure_class: str | None = None
-    retryable = False
-    if hung is not None:
-        state = "completed"
-        failure_class = "hung_after_finish"
-        reason = (
-            f"hung_after_finish: all {last}/{planned} steps logged but the process did not exit within "
-            f"{hung.get('grace_s', 0):.0f} s; it was cancelled (its results are kept)"
-        )
-    elif launcher_state in ("timeout", "cancelled", "preempted"):
-        state = launcher_state
-        reason = (launcher_status or {}).get("reason")
-        failure_class = {"timeout": "timeout", "preempted": "preempted"}.get(launcher_state)
-        retryable = failure_class in retry_on
-    elif (
-        exit_code == 0 and last is not None and launcher_state in (None, "completed", "failed") and trust_exit
-    ):
-        state, reason = "completed", None
-    else:
-        state = "failed"
-        logs = [run_dir / "logs"] if (run_dir / "logs").is_dir() else []
-        result = classify_failure(
-            logs,
-            exit_codes=[exit_code] if exit_code is not None else None,
-            all_steps_logged=(last >= planned) if planned and last is not None else None,
-            planned_steps=planned,
-            retryable_classes=retry_on,
-        )
-        failure_class, retryable = result.failure_class, result.retryable
-        reason = result.reason
-        if not trust_exit:  # the launcher saw a failure rank 0's exit code does not show
-            said = (launcher_status or {}).get("reason") or "the launcher reported a failure"
-            reason = said if result.failure_class == "unknown" else f"{said}; {reason}"
-        elif exit_code == 0:
-            reason = f"the command exited 0 but logged no training iteration; {reason}"
-        elif exit_code is None and launcher_status is None and last is None:
-            program = (recipe.get("argv") or ["?"])[0]
-            reason = (
-                f"the command left no exit code and no output: did it start at all (is {program!r} installed "
-                f"and on PATH where it runs)? {reason}"
-            )
-    status = {
-        "state": state,
-        "reason": reason,
-        "failure_class": failure_class,
-        "retryable": retryable,
-        "exit_code": exit_code,
-        "steps_completed": last,
-        "steps_planned": planned,
-        "steps_logged": len(rows),
-        "log_files": [str(p) for p in follower.files],
-        "written_by": WRITTEN_BY,
-        "launcher_status": launcher_status,
-    }
-    write_json(run_dir / STATUS_FILE, status)
-    return status
-
-
-# ---- mbx ingest -----------------------------------------------------------------------------------------------
 @dataclass
 class Ingested:
     """What `mbx ingest` did."""
@@ -310,13 +44,49 @@ class Ingested:
     already: bool = False
 
 
-def _sources(paths: list[Path]) -> list[Path]:
-    from orchestrator.errors import ConfigError
+@dataclass(frozen=True)
+class Parsed:
+    """The logs of one past run, parsed."""
 
+    files: list[Path]
+    rows: list[Row]
+    digests: dict[str, str]  # file → sha256 of its bytes
+    planned: int | None  # the planned iterations (given, else the log's `iteration N/M`)
+
+    @property
+    def point_id(self) -> str:
+        return point_digest({"ingested": sorted(self.digests.values())})
+
+
+@dataclass(frozen=True)
+class IngestPlan:
+    """Everything the commit writes, decided before anything is written."""
+
+    spec: Campaign  # the ingest campaign, with this run's params among its cells
+    cell: CellRow
+    attempt: int
+    run_dir: Path
+    files: list[Path]
+    status: dict[str, Any]
+    launch: dict[str, Any]
+    rows: list[Row] = field(repr=False)
+    summary: Summary
+    gate: GateResult
+
+
+# ---- the plan ------------------------------------------------------------------------------------------------
+def check_name(campaign: str) -> None:
+    if not re.fullmatch(NAME_PATTERN, campaign):
+        raise UsageError(
+            f"--campaign: {campaign!r} is not a campaign name (letters, digits, . _ -; at most 64)"
+        )
+
+
+def sources(paths: list[Path]) -> list[Path]:
+    """The log files named (folders: every log under them), each once; ConfigError for a missing one."""
     files: list[Path] = []
     problems = []
-    for path in paths:
-        path = Path(path)
+    for path in map(Path, paths):
         if path.is_dir():
             found = log_files(path)
             if not found:
@@ -334,11 +104,162 @@ def _sources(paths: list[Path]) -> list[Path]:
     return unique
 
 
+def parse(
+    files: list[Path], log_format: str, seq_length: int | None, num_gpus: int | None, steps: int | None
+) -> Parsed:
+    """Every file parsed and hashed; ConfigError when no training iteration is found."""
+    follower = LogFollower(files, log_format, seq_length=seq_length, num_gpus=num_gpus, hashing=True)
+    rows = follower.finish()
+    if logged_last_step(rows) is None:
+        names = ", ".join(str(p) for p in files)
+        raise ConfigError(
+            f"{names}: no Megatron-LM/Megatron-Bridge iteration lines (`iteration N/M | ...`) found; "
+            "is this a training log?"
+        )
+    return Parsed(files, rows, follower.digests(), steps or follower.progress.planned)
+
+
+def judge(parsed: Parsed, exit_code: int | None) -> tuple[str, str | None, str | None]:
+    """(state, failure class, reason): failed on a non-zero exit code or a failure the logs show."""
+    from reports.failures import classify_failure
+
+    planned, last = parsed.planned, logged_last_step(parsed.rows)
+    scan = classify_failure(
+        parsed.files,
+        exit_codes=[exit_code] if exit_code is not None else None,
+        all_steps_logged=(last >= planned) if planned and last is not None else None,
+        planned_steps=planned,
+    )
+    if exit_code not in (None, 0) or scan.failure_class != "unknown":
+        return "failed", scan.failure_class, scan.reason
+    if planned and last is not None and last < planned:
+        return "completed", None, f"the log ends at step {last} of {planned} (no failure message found)"
+    return "completed", None, None
+
+
+def ingest_campaign(store: Store, name: str) -> Campaign:
+    """The campaign an ingested run joins (created if new); UsageError for a campaign run from a file."""
+    record = store.campaign(name)
+    if record is None:
+        return Campaign.model_validate(
+            {
+                "name": name,
+                "description": "Megatron logs ingested with `mbx ingest`",
+                "launcher": INGEST_LAUNCHER,
+            }
+        )
+    if record["launcher"] != INGEST_LAUNCHER:
+        raise UsageError(
+            f"campaign {name!r} in {store.workspace} was run from a campaign file; ingest into another "
+            "name and compare the two with `baseline:`"
+        )
+    return Campaign.model_validate(record["spec"])
+
+
+def already_ingested(store: Store, name: str, cell_id: str, steps: int) -> Ingested | None:
+    """What an earlier ingest of the same logs made (None: they are new)."""
+    if not any(c.cell_id == cell_id for c in store.cells(name)):
+        return None
+    previous = store.attempts(name, cell_id)
+    if not previous:
+        return None
+    last = previous[-1]
+    result = store.result(name, cell_id, last.attempt)
+    return Ingested(
+        name, cell_id, last.attempt, Path(last.run_dir), last.state, last.failure_class, last.reason, steps,
+        result.summary if result else None, (result.verdict if result else None) or "—", already=True,
+    )  # fmt: skip
+
+
+def next_attempt(store: Store, name: str, cell_id: str, cell_dir: Path) -> int:
+    """The attempt number above every attempt the store knows and every run dir on disk."""
+    numbers = [a.attempt for a in store.attempts(name, cell_id)]
+    if cell_dir.is_dir():
+        numbers += [int(p.name) for p in cell_dir.iterdir() if p.name.isdigit()]
+    return max(numbers, default=0) + 1
+
+
+def plan_ingest(
+    store: Store, spec: Campaign, parsed: Parsed, log_format: str, *, seq_length: int | None,
+    num_gpus: int | None, label: str | None, params: dict[str, Any], exit_code: int | None,
+) -> IngestPlan:  # fmt: skip
+    """Everything about one ingested run, decided from the logs and the store (nothing written)."""
+    name = spec.name
+    cell_id = f"{parsed.point_id}-r0"
+    cell_dir = store.workspace / name / cell_id
+    attempt = next_attempt(store, name, cell_id, cell_dir)
+    files = parsed.files
+    label = label or (files[0].stem if len(files) == 1 else f"{files[0].parent.name}/{len(files)} logs")
+    state, failure_class, reason = judge(parsed, exit_code)
+    summary = summarize(parsed.rows, spec.collect.window)
+    gate = evaluate(spec.gates, summary, state=state, reason=reason)
+    sources = [
+        {"path": str(p), "sha256": parsed.digests.get(str(p)), "bytes": p.stat().st_size} for p in files
+    ]
+    recipe = {"sources": sources, "log_format": log_format, "seq_length": seq_length, "num_gpus": num_gpus,
+              "steps": parsed.planned, "label": label, "params": params}  # fmt: skip
+    ordinal = len(store.cells(name))
+    cell = CellRow(campaign=name, cell_id=cell_id, point_id=parsed.point_id, repeat=0, ordinal=ordinal,
+                   label=label, params=params, recipe=recipe, resources={}, env={}, trainer_kind="ingested")  # fmt: skip
+    cells = list(spec.sweep.cells)
+    if params and params not in cells:
+        cells.append(params)
+    spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"cells": cells})})
+    status = {"state": state, "reason": reason, "failure_class": failure_class, "exit_code": exit_code,
+              "steps_completed": logged_last_step(parsed.rows), "steps_planned": parsed.planned,
+              "steps_logged": len(parsed.rows)}  # fmt: skip
+    launch = rundir.launch_record(launcher=INGEST_LAUNCHER, campaign=name, cell_id=cell_id, attempt=attempt,
+                                  job_id=None, command=None, sources=sources)  # fmt: skip
+    return IngestPlan(
+        spec, cell, attempt, cell_dir / str(attempt), files, status, launch, parsed.rows, summary, gate
+    )
+
+
+# ---- the commit ----------------------------------------------------------------------------------------------
 def _link_or_copy(source: Path, target: Path) -> None:
     try:
         os.link(source, target)
     except OSError:
         shutil.copy2(source, target)
+
+
+def write_run_dir(plan: IngestPlan) -> None:
+    """The run dir, written in a temporary folder next to it and renamed into place."""
+    plan.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".ingest-{plan.attempt}-", dir=plan.run_dir.parent))
+    try:
+        (tmp / rundir.LOGS).mkdir()
+        used: set[str] = set()
+        for index, path in enumerate(plan.files):
+            name = path.name if path.name not in used else f"{index}-{path.name}"
+            used.add(name)
+            _link_or_copy(path, tmp / rundir.LOGS / name)
+        (tmp / rundir.RECIPE).write_text(dump_yaml(plan.cell.recipe))
+        rundir.write_metrics(tmp, plan.rows)
+        rundir.write_status(tmp, plan.status, rundir.INGEST)
+        rundir.write_launch(tmp, plan.launch)
+        os.rename(tmp, plan.run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def commit(store: Store, plan: IngestPlan) -> Ingested:
+    """The run dir by one rename, then its store rows in one transaction (the run dir goes if that fails)."""
+    write_run_dir(plan)
+    try:
+        store.record_ingested(
+            plan.spec.model_dump(mode="json"), plan.cell, plan.attempt, str(plan.run_dir), plan.status["state"],
+            plan.status["reason"], plan.status["failure_class"], plan.summary.to_dict(), plan.gate.to_dict(),
+        )  # fmt: skip
+    except BaseException:
+        shutil.rmtree(plan.run_dir, ignore_errors=True)
+        raise
+    return Ingested(
+        plan.cell.campaign, plan.cell.cell_id, plan.attempt, plan.run_dir, plan.status["state"],
+        plan.status["failure_class"], plan.status["reason"], len(plan.rows), plan.summary.to_dict(),
+        plan.gate.verdict,
+    )  # fmt: skip
 
 
 def ingest_logs(
@@ -357,148 +278,18 @@ def ingest_logs(
 ) -> Ingested:
     """Turn the logs of one past run (one per rank, or one merged) into a run directory and store rows.
 
-    All checks and parsing happen before anything is written; the run dir appears by one rename and
-    its store rows in one transaction.
+    All checks and parsing happen before anything is written (bad input writes nothing, not even the store).
     """
-    from orchestrator.campaign import NAME_PATTERN, Campaign
-    from orchestrator.errors import ConfigError, UsageError
-    from orchestrator.store import CellRow, Store
-    from orchestrator.sweep import point_digest
-    from orchestrator.yamlio import dump_yaml
-    from reports.failures import classify_failure
-    from reports.gates import evaluate
-    from reports.window import summarize
-
-    if not re.fullmatch(NAME_PATTERN, campaign):
-        raise UsageError(
-            f"--campaign: {campaign!r} is not a campaign name (letters, digits, . _ -; at most 64)"
-        )
-    files = _sources(paths)
-    follower = LogFollower(files, log_format, seq_length=seq_length, num_gpus=num_gpus, hashing=True)
-    rows = follower.finish()
-    if not any(r.get("step_time_ms") is not None or r.get("loss") is not None for r in rows):
-        names = ", ".join(str(p) for p in files)
-        raise ConfigError(
-            f"{names}: no Megatron-LM/Megatron-Bridge iteration lines (`iteration N/M | ...`) found; "
-            "is this a training log?"
-        )
-    digests = follower.digests()
-    point_id = point_digest({"ingested": sorted(digests.values())})
-    cell_id = f"{point_id}-r0"
-    label = label or (files[0].stem if len(files) == 1 else f"{files[0].parent.name}/{len(files)} logs")
-    params = dict(params or {})
-
-    store = Store(workspace)
-    try:
-        record = store.campaign(campaign)
-        if record is not None and record["launcher"] != "ingest":
-            raise UsageError(
-                f"campaign {campaign!r} in {store.workspace} was run from a campaign file; ingest into another "
-                "name and compare the two with `baseline:`"
-            )
-        spec = Campaign.model_validate(record["spec"]) if record else None
-        if spec is None:
-            spec = Campaign.model_validate(
-                {
-                    "name": campaign,
-                    "description": "Megatron logs ingested with `mbx ingest`",
-                    "launcher": "ingest",
-                }
-            )
-        existing = {c.cell_id: c for c in store.cells(campaign)}
-        previous = store.attempts(campaign, cell_id)
-        if cell_id in existing and previous and not replace:
-            last = previous[-1]
-            result = store.result(campaign, cell_id, last.attempt)
-            return Ingested(
-                campaign, cell_id, last.attempt, Path(last.run_dir), last.state, last.failure_class,
-                last.reason, len(rows), result.summary if result else None,
-                (result.verdict if result else None) or "—", already=True,
-            )  # fmt: skip
-        attempt = (previous[-1].attempt + 1) if previous else 1
-
-        planned = steps or follower.progress.planned
-        last_step = _last_step(rows)
-        scan = classify_failure(
-            files,
-            exit_codes=[exit_code] if exit_code is not None else None,
-            all_steps_logged=(last_step >= planned) if planned and last_step is not None else None,
-            planned_steps=planned,
-        )
-        found = scan.failure_class != "unknown"
-        if (exit_code not in (None, 0)) or found:
-            state, failure_class, reason = "failed", scan.failure_class, scan.reason
-        else:
-            state, failure_class = "completed", None
-            reason = None
-            if planned and last_step is not None and last_step < planned:
-                reason = f"the log ends at step {last_step} of {planned} (no failure message found)"
-        summary = summarize(rows, spec.collect.window)
-        gate = evaluate(spec.gates, summary, state=state, reason=reason)
-
-        cell_dir = store.workspace / campaign / cell_id
-        run_dir = cell_dir / str(attempt)
-        cell_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".ingest-{attempt}-", dir=cell_dir))
-        try:
-            (tmp / "logs").mkdir()
-            used: set[str] = set()
-            sources = []
-            for index, path in enumerate(files):
-                name = path.name if path.name not in used else f"{index}-{path.name}"
-                used.add(name)
-                _link_or_copy(path, tmp / "logs" / name)
-                sources.append(
-                    {"path": str(path), "sha256": digests.get(str(path)), "bytes": path.stat().st_size}
-                )
-            recipe = {
-                "kind": "ingested",
-                "sources": sources,
-                "log_format": log_format,
-                "seq_length": seq_length,
-                "num_gpus": num_gpus,
-                "steps": planned,
-                "label": label,
-                "params": params,
-            }
-            (tmp / "recipe.yaml").write_text(dump_yaml(recipe))
-            write_metrics(tmp, rows)
-            status = {
-                "state": state,
-                "reason": reason,
-                "failure_class": failure_class,
-                "exit_code": exit_code,
-                "steps_completed": last_step,
-                "steps_planned": planned,
-                "steps_logged": len(rows),
-                "written_by": "mbx ingest",
-            }
-            write_json(tmp / STATUS_FILE, status)
-            launch = {"launcher": "ingest", "campaign": campaign, "cell_id": cell_id, "attempt": attempt,
-                      "job_id": None, "command": None, "sources": sources, "written_at": time.time()}  # fmt: skip
-            write_json(tmp / "launch.json", launch)
-            os.rename(tmp, run_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        cells = list(spec.sweep.cells)
-        if params and params not in cells:
-            cells.append(params)
-        spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"cells": cells})})
-        cell = CellRow(
-            campaign, cell_id, point_id, 0, len(existing), label, params, recipe, {}, {}, True,
+    check_name(campaign)
+    parsed = parse(sources(paths), log_format, seq_length, num_gpus, steps)
+    with Store(workspace) as store:
+        spec = ingest_campaign(store, campaign)
+        if not replace:
+            already = already_ingested(store, campaign, f"{parsed.point_id}-r0", len(parsed.rows))
+            if already is not None:
+                return already
+        plan = plan_ingest(
+            store, spec, parsed, log_format, seq_length=seq_length, num_gpus=num_gpus, label=label,
+            params=dict(params or {}), exit_code=exit_code,
         )  # fmt: skip
-        try:
-            store.record_ingested(
-                spec.model_dump(mode="json"), cell, attempt, str(run_dir), state, reason, failure_class,
-                summary.to_dict(), gate.to_dict(),
-            )  # fmt: skip
-        except BaseException:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            raise
-        return Ingested(
-            campaign, cell_id, attempt, run_dir, state, failure_class, reason, len(rows), summary.to_dict(),
-            gate.verdict,
-        )  # fmt: skip
-    finally:
-        store.close()
+        return commit(store, plan)

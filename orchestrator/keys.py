@@ -53,14 +53,14 @@ def split_namespace(dotted: str) -> tuple[str, str]:
     return "recipe", dotted
 
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
+def model_of(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model inside an annotation such as `MoEConfig | None`."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     origin = typing.get_origin(annotation)
     if origin in (Union, types.UnionType):
         for arg in typing.get_args(annotation):
-            model = _model_of(arg)
+            model = model_of(arg)
             if model is not None:
                 return model
     return None
@@ -82,5 +82,5 @@ def unknown_key_problem(dotted: str, model: type[BaseModel] = Recipe, root: str 
             allowed = ", ".join(fields)
             return f"unknown key {part!r} in {where}{hint}; allowed: {allowed}"
         walked.append(part)
-        current = _model_of(fields[part].annotation)
+        current = model_of(fields[part].annotation)
     return None

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from orchestrator.campaign import Retry
-from reports.metrics import read_metrics, read_status
 
 
 @dataclass(frozen=True)
@@ -47,17 +44,3 @@ def decide(
     return Decision(
         True, f"{failure_class} is retryable: attempt {attempts_made + 1} of {policy.max_attempts}"
     )
-
-
-def last_step(run_dir: Path) -> int | None:
-    """The last training step an attempt logged: status.json's steps_completed, else metrics.jsonl."""
-    status = read_status(Path(run_dir)) or {}
-    steps = status.get("steps_completed")
-    if isinstance(steps, int) and not isinstance(steps, bool):
-        return steps
-    try:
-        rows = read_metrics(Path(run_dir))
-    except (ValueError, json.JSONDecodeError):
-        return None
-    found = [r["step"] for r in rows if isinstance(r.get("step"), int)]
-    return max(found) if found else None

@@ -1,26 +1,54 @@
-"""The run store: SQLite (WAL) in the workspace holding campaigns, cells, attempts, states and results."""
+"""The run store: SQLite (WAL) in the workspace holding campaigns, cells, attempts, states and results.
+
+Every method that writes is one transaction, named by what happened (a campaign registered, an attempt
+reserved, submitted, finished, requeued, a past run ingested): a reader never sees half of it, and a SIGKILL
+at any moment leaves either the old or the new rows. Use it as `with Store(workspace) as store: ...`.
+
+Tables (schema 2; `_migrate_1_to_2` upgrades a store written by schema 1)::
+
+    meta       schema_version
+    campaigns  name, source_file, spec_json, launcher, created_at, updated_at
+    cells      (campaign, cell_id), point_id, repeat, ordinal, label, params/recipe/resources/env JSON, active,
+               trainer_kind ("bundled" | "command" | "ingested")
+    attempts   (campaign, cell_id, attempt), launcher, job_id, job_info_json, run_dir, state, reason,
+               failure_class, submitted_at, ended_at, try_number (which try of its cell, 1-based),
+               steps_before (steps the previous try made)
+    results    (campaign, cell_id, attempt), summary_json, gate_json, verdict, collected_at
+
+The store also owns `<workspace>/<campaign>/campaign.json` (MANIFEST): the campaign row and every cell, written
+with each registration so that `mbx store rebuild` (orchestrator/rebuild.py) can rebuild a lost or damaged
+store from the workspace's files.
+"""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from orchestrator.errors import StoreDamaged, StoreTooNew
+from trainer import rundir
+
+SCHEMA_VERSION = 2
 STORE_FILE = "mbx.sqlite"
+MANIFEST = "campaign.json"  # <workspace>/<campaign>/campaign.json: what a rebuild needs besides the run dirs
 
 # Attempt states. Terminal ones never change again.
 ACTIVE_STATES = ("submitted", "running")
 TERMINAL_STATES = ("completed", "failed", "timeout", "cancelled", "preempted")
+TRAINER_KINDS = ("bundled", "command", "ingested")
+INGEST_LAUNCHER = "ingest"  # the launcher name of campaigns made by `mbx ingest`
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS campaigns (
+_CORRUPT_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
+
+_TABLES = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE campaigns (
     name TEXT PRIMARY KEY,
     source_file TEXT,
     spec_json TEXT NOT NULL,
@@ -28,7 +56,7 @@ CREATE TABLE IF NOT EXISTS campaigns (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS cells (
+CREATE TABLE cells (
     campaign TEXT NOT NULL REFERENCES campaigns(name),
     cell_id TEXT NOT NULL,
     point_id TEXT NOT NULL,
@@ -40,9 +68,10 @@ CREATE TABLE IF NOT EXISTS cells (
     resources_json TEXT NOT NULL,
     env_json TEXT NOT NULL,
     active INTEGER NOT NULL DEFAULT 1,
+    trainer_kind TEXT NOT NULL DEFAULT 'bundled',
     PRIMARY KEY (campaign, cell_id)
 );
-CREATE TABLE IF NOT EXISTS attempts (
+CREATE TABLE attempts (
     campaign TEXT NOT NULL,
     cell_id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
@@ -55,10 +84,12 @@ CREATE TABLE IF NOT EXISTS attempts (
     failure_class TEXT,
     submitted_at REAL,
     ended_at REAL,
+    try_number INTEGER NOT NULL DEFAULT 1,
+    steps_before INTEGER,
     PRIMARY KEY (campaign, cell_id, attempt),
     FOREIGN KEY (campaign, cell_id) REFERENCES cells(campaign, cell_id)
 );
-CREATE TABLE IF NOT EXISTS results (
+CREATE TABLE results (
     campaign TEXT NOT NULL,
     cell_id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
@@ -72,8 +103,10 @@ CREATE TABLE IF NOT EXISTS results (
 """
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CellRow:
+    """One cell: a point of the sweep and its repeat index, with everything needed to launch it."""
+
     campaign: str
     cell_id: str
     point_id: str
@@ -84,191 +117,324 @@ class CellRow:
     recipe: dict[str, Any]
     resources: dict[str, Any]
     env: dict[str, str]
-    active: bool
+    trainer_kind: str = "bundled"  # one of TRAINER_KINDS
+    active: bool = True
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AttemptRow:
+    """One attempt of a cell: one run dir, at most one scheduler job."""
+
     campaign: str
     cell_id: str
     attempt: int
     launcher: str
-    job_id: str | None
-    job_info: dict[str, Any]
     run_dir: str
     state: str
-    reason: str | None
-    failure_class: str | None
-    submitted_at: float | None
-    ended_at: float | None
+    job_id: str | None = None
+    job_info: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None
+    failure_class: str | None = None
+    try_number: int = 1  # which try of its cell this attempt is (the retry budget), 1-based
+    steps_before: int | None = None  # steps the previous try of the cell made (retry without progress stops)
+    submitted_at: float | None = None
+    ended_at: float | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ResultRow:
+    """What collection made of one finished attempt: window summary and gate verdict."""
+
     campaign: str
     cell_id: str
     attempt: int
     summary: dict[str, Any] | None
     gate: dict[str, Any] | None
-    verdict: str | None
+    verdict: str | None = None
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _loads(text: str | None) -> Any:
+    return json.loads(text) if text else None
+
+
+def _cell_columns(cell: CellRow) -> dict[str, Any]:
+    return {
+        "campaign": cell.campaign, "cell_id": cell.cell_id, "point_id": cell.point_id, "repeat": cell.repeat,
+        "ordinal": cell.ordinal, "label": cell.label, "params_json": json.dumps(cell.params),
+        "recipe_json": json.dumps(cell.recipe), "resources_json": json.dumps(cell.resources),
+        "env_json": json.dumps(cell.env), "active": int(cell.active), "trainer_kind": cell.trainer_kind,
+    }  # fmt: skip
+
+
+def _attempt_columns(row: AttemptRow) -> dict[str, Any]:
+    values = asdict(row)
+    values["job_info_json"] = json.dumps(values.pop("job_info"))
+    return values
+
+
+def _result_columns(campaign: str, cell_id: str, attempt: int, summary: Any, gate: Any) -> dict[str, Any]:
+    return {
+        "campaign": campaign, "cell_id": cell_id, "attempt": attempt, "summary_json": _dumps(summary),
+        "gate_json": _dumps(gate), "verdict": gate.get("verdict") if gate else None, "collected_at": time.time(),
+    }  # fmt: skip
+
+
+def _insert(
+    db: sqlite3.Connection,
+    table: str,
+    values: dict[str, Any],
+    key: tuple[str, ...] = (),
+    keep: tuple[str, ...] = (),
+) -> None:
+    """INSERT a row by column names; on a conflict on `key` (if given) update every column but the key and
+    `keep`; without a key a conflict is an error (sqlite3.IntegrityError)."""
+    names = ", ".join(values)
+    marks = ", ".join("?" for _ in values)
+    update = ", ".join(f"{c}=excluded.{c}" for c in values if c not in key and c not in keep)
+    conflict = f" ON CONFLICT({', '.join(key)}) DO UPDATE SET {update}" if key and update else ""
+    db.execute(f"INSERT INTO {table} ({names}) VALUES ({marks}){conflict}", tuple(values.values()))
+
+
+def _cell(row: sqlite3.Row) -> CellRow:
+    return CellRow(
+        campaign=row["campaign"], cell_id=row["cell_id"], point_id=row["point_id"], repeat=row["repeat"],
+        ordinal=row["ordinal"], label=row["label"], params=json.loads(row["params_json"]),
+        recipe=json.loads(row["recipe_json"]), resources=json.loads(row["resources_json"]),
+        env=json.loads(row["env_json"]), trainer_kind=row["trainer_kind"], active=bool(row["active"]),
+    )  # fmt: skip
+
+
+def _attempt(row: sqlite3.Row) -> AttemptRow:
+    return AttemptRow(
+        campaign=row["campaign"], cell_id=row["cell_id"], attempt=row["attempt"], launcher=row["launcher"],
+        run_dir=row["run_dir"], state=row["state"], job_id=row["job_id"],
+        job_info=json.loads(row["job_info_json"] or "{}"), reason=row["reason"],
+        failure_class=row["failure_class"], try_number=row["try_number"], steps_before=row["steps_before"],
+        submitted_at=row["submitted_at"], ended_at=row["ended_at"],
+    )  # fmt: skip
+
+
+def _campaign(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "name": row["name"], "source_file": row["source_file"], "spec": json.loads(row["spec_json"]),
+        "launcher": row["launcher"], "created_at": row["created_at"], "updated_at": row["updated_at"],
+    }  # fmt: skip
+
+
+def integrity_problem(db: sqlite3.Connection) -> str | None:
+    """What SQLite's quick check finds wrong with an open store file (None when it is sound)."""
+    try:
+        check = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
+    except sqlite3.DatabaseError as err:
+        if getattr(err, "sqlite_errorcode", 0) & 0xFF in _CORRUPT_CODES:
+            return str(err)
+        raise
+    return None if check == ["ok"] else "; ".join(check)
+
+
+def manifest_path(workspace: Path, campaign: str) -> Path:
+    return Path(workspace) / campaign / MANIFEST
+
+
+def read_manifest(path: Path) -> tuple[dict[str, Any], list[CellRow]] | None:
+    """A campaign.json: (campaign record as `Store.campaign` returns it, its cells), or None if unreadable."""
+    data = rundir.read_json(path)
+    if data is None or not isinstance(data.get("spec"), dict) or not isinstance(data.get("cells"), list):
+        return None
+    try:
+        cells = [CellRow(**cell) for cell in data.pop("cells")]
+    except TypeError:  # not the fields of a cell
+        return None
+    data.pop("store_schema", None)
+    return data, cells
 
 
 class Store:
-    """One SQLite file per workspace; every write is its own short transaction (safe to SIGKILL anytime)."""
+    """One SQLite file per workspace; every write is one short transaction (safe to SIGKILL anytime)."""
 
-    def __init__(self, workspace: Path):
+    def __init__(self, workspace: Path, file: str = STORE_FILE):
         self.workspace = Path(workspace).expanduser().resolve()  # run dirs are used from other cwds
         self.workspace.mkdir(parents=True, exist_ok=True)
-        self.path = self.workspace / STORE_FILE
+        self.path = self.workspace / file
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         self._db.row_factory = sqlite3.Row
+        try:
+            with self._guard():
+                self._open()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _open(self) -> None:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
-        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None:
-            self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row["value"]) > SCHEMA_VERSION:
-            raise RuntimeError(
-                f"{self.path} was written by a newer mbx (schema {row['value']} > {SCHEMA_VERSION}); upgrade mbx"
-            )
+        problem = integrity_problem(self._db)
+        if problem:
+            raise StoreDamaged(self.path, problem)
+        with self._transaction() as db:
+            version = self._schema_version(db)
+            if version is None:
+                for statement in _TABLES.split(";"):  # (executescript would COMMIT first)
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif version > SCHEMA_VERSION:
+                raise StoreTooNew(f"{self.path} was written by a newer mbx (schema {version} > {SCHEMA_VERSION}); "
+                                  "upgrade mbx")  # fmt: skip
+            elif version == 1:
+                _migrate_1_to_2(db)
+        if version == 1:
+            for name in self.campaign_names():
+                self._write_manifest(self._db, name)
+
+    @staticmethod
+    def _schema_version(db: sqlite3.Connection) -> int | None:
+        if db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone() is None:
+            return None
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row["value"]) if row else 1
 
     def close(self) -> None:
         self._db.close()
 
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+    def _guard(self) -> Iterator[None]:
+        """A damaged file found by any query becomes StoreDamaged (naming the file and the rebuild command)."""
         try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
+            yield
+        except sqlite3.DatabaseError as err:
+            if getattr(err, "sqlite_errorcode", 0) & 0xFF in _CORRUPT_CODES:
+                raise StoreDamaged(self.path, str(err)) from err
             raise
-        self._db.execute("COMMIT")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._guard():
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._guard():
+            return self._db.execute(sql, params).fetchall()
 
     # campaigns -----------------------------------------------------------------------------------------
-    def upsert_campaign(
-        self, name: str, source_file: str | None, spec: dict[str, Any], launcher: str
+    def register_campaign(
+        self, name: str, source_file: str | None, spec: dict[str, Any], launcher: str, cells: list[CellRow]
     ) -> None:
+        """The campaign row and exactly these cells active (in this order; cells no longer in it stay,
+        inactive), and its campaign.json, in one transaction."""
         now = time.time()
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO campaigns VALUES (?,?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
-                "source_file=excluded.source_file, spec_json=excluded.spec_json, launcher=excluded.launcher, "
-                "updated_at=excluded.updated_at",
-                (name, source_file, json.dumps(spec), launcher, now, now),
-            )
+        with self._transaction() as db:
+            _insert(db, "campaigns", {"name": name, "source_file": source_file, "spec_json": json.dumps(spec),
+                                      "launcher": launcher, "created_at": now, "updated_at": now},
+                    key=("name",), keep=("created_at",))  # fmt: skip
+            db.execute("UPDATE cells SET active=0 WHERE campaign=?", (name,))
+            for cell in cells:
+                _insert(db, "cells", {**_cell_columns(cell), "campaign": name, "active": 1},
+                        key=("campaign", "cell_id"))  # fmt: skip
+            self._write_manifest(db, name)
+
+    def _write_manifest(self, db: sqlite3.Connection, name: str) -> None:
+        """<workspace>/<name>/campaign.json: the campaign row and all its cells (written inside the transaction
+        that changed them: a failed write rolls the rows back)."""
+        row = db.execute("SELECT * FROM campaigns WHERE name=?", (name,)).fetchone()
+        cells = db.execute("SELECT * FROM cells WHERE campaign=? ORDER BY ordinal", (name,)).fetchall()
+        path = manifest_path(self.workspace, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rundir.write_json(path, {"store_schema": SCHEMA_VERSION, **_campaign(row),
+                                 "cells": [asdict(_cell(c)) for c in cells]})  # fmt: skip
 
     def campaign(self, name: str) -> dict[str, Any] | None:
-        row = self._db.execute("SELECT * FROM campaigns WHERE name=?", (name,)).fetchone()
-        if row is None:
-            return None
-        return {
-            "name": row["name"],
-            "source_file": row["source_file"],
-            "spec": json.loads(row["spec_json"]),
-            "launcher": row["launcher"],
-            "created_at": row["created_at"],
-            "updated_at": row["updated_at"],
-        }
+        """name, source_file, spec, launcher, created_at, updated_at of a campaign, or None."""
+        rows = self._rows("SELECT * FROM campaigns WHERE name=?", (name,))
+        return _campaign(rows[0]) if rows else None
 
     def campaign_names(self) -> list[str]:
-        return [r["name"] for r in self._db.execute("SELECT name FROM campaigns ORDER BY updated_at DESC")]
+        return [r["name"] for r in self._rows("SELECT name FROM campaigns ORDER BY updated_at DESC")]
 
     # cells ---------------------------------------------------------------------------------------------
-    def sync_cells(self, campaign: str, cells: list[CellRow]) -> None:
-        """Make exactly these cells active (in this order); cells no longer in the campaign stay, inactive."""
-        with self.transaction() as db:
-            db.execute("UPDATE cells SET active=0 WHERE campaign=?", (campaign,))
-            for cell in cells:
-                db.execute(
-                    "INSERT INTO cells VALUES (?,?,?,?,?,?,?,?,?,?,1) ON CONFLICT(campaign, cell_id) DO UPDATE SET "
-                    "ordinal=excluded.ordinal, label=excluded.label, params_json=excluded.params_json, active=1",
-                    (
-                        campaign,
-                        cell.cell_id,
-                        cell.point_id,
-                        cell.repeat,
-                        cell.ordinal,
-                        cell.label,
-                        json.dumps(cell.params),
-                        json.dumps(cell.recipe),
-                        json.dumps(cell.resources),
-                        json.dumps(cell.env),
-                    ),
-                )
-
     def cells(self, campaign: str, active_only: bool = True) -> list[CellRow]:
         query = (
             "SELECT * FROM cells WHERE campaign=?"
             + (" AND active=1" if active_only else "")
             + " ORDER BY ordinal"
         )
-        return [
-            CellRow(
-                r["campaign"],
-                r["cell_id"],
-                r["point_id"],
-                r["repeat"],
-                r["ordinal"],
-                r["label"],
-                json.loads(r["params_json"]),
-                json.loads(r["recipe_json"]),
-                json.loads(r["resources_json"]),
-                json.loads(r["env_json"]),
-                bool(r["active"]),
-            )
-            for r in self._db.execute(query, (campaign,))
-        ]
+        return [_cell(r) for r in self._rows(query, (campaign,))]
 
     # attempts ------------------------------------------------------------------------------------------
-    def new_attempt(self, campaign: str, cell_id: str, launcher: str, run_dir_of: Any) -> AttemptRow:
-        """Reserve the next attempt number of a cell (state 'submitted', no job id yet)."""
-        with self.transaction() as db:
-            row = db.execute(
+    def reserve_attempt(
+        self,
+        campaign: str,
+        cell_id: str,
+        launcher: str,
+        run_dir_of: Callable[[int], Path],
+        try_number: int = 1,
+        steps_before: int | None = None,
+    ) -> AttemptRow:
+        """The cell's next attempt (state 'submitted', no job yet) and its new, empty run dir.
+
+        Its number is above every attempt the store knows and every run dir on disk, so an attempt never
+        writes into an earlier one's files (even after the store was lost and started afresh).
+        """
+        with self._transaction() as db:
+            known = db.execute(
                 "SELECT COALESCE(MAX(attempt), 0) AS n FROM attempts WHERE campaign=? AND cell_id=?",
                 (campaign, cell_id),
-            ).fetchone()
-            number = int(row["n"]) + 1
-            run_dir = str(run_dir_of(number))
-            db.execute(
-                "INSERT INTO attempts (campaign, cell_id, attempt, launcher, run_dir, state, submitted_at) "
-                "VALUES (?,?,?,?,?,?,?)",
-                (campaign, cell_id, number, launcher, run_dir, "submitted", time.time()),
-            )
-        return self.attempt(campaign, cell_id, number)  # type: ignore[return-value]
+            ).fetchone()["n"]
+            number = int(known) + 1
+            while Path(run_dir_of(number)).exists():
+                number += 1
+            run_dir = Path(run_dir_of(number))
+            row = AttemptRow(campaign=campaign, cell_id=cell_id, attempt=number, launcher=launcher,
+                             run_dir=str(run_dir), state="submitted", try_number=try_number,
+                             steps_before=steps_before, submitted_at=time.time())  # fmt: skip
+            _insert(db, "attempts", _attempt_columns(row))
+            run_dir.mkdir(parents=True)
+        return row
 
-    def requeue(self, campaign: str, cell_id: str, attempt: int, archive_dir: str, reason: str) -> AttemptRow:
-        """A requeued job: `attempt` ends as preempted with its outputs in `archive_dir`; the rerun (same job,
-        same live run dir) becomes the cell's next attempt, running. One transaction: never half of it."""
-        with self.transaction() as db:
-            old = db.execute(
-                "SELECT * FROM attempts WHERE campaign=? AND cell_id=? AND attempt=?", (campaign, cell_id, attempt)
-            ).fetchone()
-            number = int(db.execute(
-                "SELECT MAX(attempt) AS n FROM attempts WHERE campaign=? AND cell_id=?", (campaign, cell_id)
-            ).fetchone()["n"]) + 1
-            now = time.time()
+    def mark_submitted(
+        self, campaign: str, cell_id: str, attempt: int, job_id: str, job_info: dict[str, Any]
+    ) -> None:
+        """The launcher accepted the attempt: its job id and info, state 'running'."""
+        with self._transaction() as db:
             db.execute(
-                "UPDATE attempts SET run_dir=?, state='preempted', reason=?, failure_class='preempted', ended_at=? "
+                "UPDATE attempts SET job_id=?, job_info_json=?, state='running' "
                 "WHERE campaign=? AND cell_id=? AND attempt=?",
-                (archive_dir, reason, now, campaign, cell_id, attempt),
+                (job_id, json.dumps(job_info), campaign, cell_id, attempt),
             )
-            db.execute(
-                "INSERT INTO attempts (campaign, cell_id, attempt, launcher, job_id, job_info_json, run_dir, state, "
-                "submitted_at) VALUES (?,?,?,?,?,?,?,?,?)",
-                (campaign, cell_id, number, old["launcher"], old["job_id"], old["job_info_json"], old["run_dir"],
-                 "running", now),
-            )
-        return self.attempt(campaign, cell_id, number)  # type: ignore[return-value]
 
-    def set_job(self, campaign: str, cell_id: str, attempt: int, job_id: str, info: dict[str, Any]) -> None:
-        with self.transaction() as db:
-            db.execute(
-                "UPDATE attempts SET job_id=?, job_info_json=? WHERE campaign=? AND cell_id=? AND attempt=?",
-                (job_id, json.dumps(info), campaign, cell_id, attempt),
-            )
+    def record_outcome(
+        self,
+        campaign: str,
+        cell_id: str,
+        attempt: int,
+        state: str,
+        reason: str | None,
+        failure_class: str | None,
+        summary: dict[str, Any] | None,
+        gate: dict[str, Any] | None,
+    ) -> None:
+        """A collected attempt: its final state and its result row, together."""
+        with self._transaction() as db:
+            self._set_state(db, campaign, cell_id, attempt, state, reason, failure_class)
+            _insert(db, "results", _result_columns(campaign, cell_id, attempt, summary, gate),
+                    key=("campaign", "cell_id", "attempt"))  # fmt: skip
 
     def set_state(
         self,
@@ -279,96 +445,81 @@ class Store:
         reason: str | None = None,
         failure_class: str | None = None,
     ) -> None:
-        ended = time.time() if state in TERMINAL_STATES else None
-        with self.transaction() as db:
-            db.execute(
-                "UPDATE attempts SET state=?, reason=?, failure_class=?, ended_at=COALESCE(?, ended_at) "
-                "WHERE campaign=? AND cell_id=? AND attempt=?",
-                (state, reason, failure_class, ended, campaign, cell_id, attempt),
-            )
+        """Retire or relabel an attempt without a result (never submitted, refused, cancelled, retry stopped)."""
+        with self._transaction() as db:
+            self._set_state(db, campaign, cell_id, attempt, state, reason, failure_class)
 
-    def _attempt(self, row: sqlite3.Row) -> AttemptRow:
-        return AttemptRow(
-            row["campaign"],
-            row["cell_id"],
-            row["attempt"],
-            row["launcher"],
-            row["job_id"],
-            json.loads(row["job_info_json"] or "{}"),
-            row["run_dir"],
-            row["state"],
-            row["reason"],
-            row["failure_class"],
-            row["submitted_at"],
-            row["ended_at"],
+    @staticmethod
+    def _set_state(db: sqlite3.Connection, campaign: str, cell_id: str, attempt: int, state: str,
+                   reason: str | None, failure_class: str | None) -> None:  # fmt: skip
+        ended = time.time() if state in TERMINAL_STATES else None
+        db.execute(
+            "UPDATE attempts SET state=?, reason=?, failure_class=?, ended_at=COALESCE(?, ended_at) "
+            "WHERE campaign=? AND cell_id=? AND attempt=?",
+            (state, reason, failure_class, ended, campaign, cell_id, attempt),
         )
 
+    def requeue(self, campaign: str, cell_id: str, attempt: int, archive_dir: str, reason: str) -> AttemptRow:
+        """A requeued job: `attempt` ends as preempted with its outputs in `archive_dir`; the rerun (same job,
+        same live run dir, same try) becomes the cell's next attempt, running."""
+        with self._transaction() as db:
+            old = _attempt(db.execute(
+                "SELECT * FROM attempts WHERE campaign=? AND cell_id=? AND attempt=?", (campaign, cell_id, attempt)
+            ).fetchone())  # fmt: skip
+            number = int(db.execute(
+                "SELECT MAX(attempt) AS n FROM attempts WHERE campaign=? AND cell_id=?", (campaign, cell_id)
+            ).fetchone()["n"]) + 1  # fmt: skip
+            now = time.time()
+            db.execute(
+                "UPDATE attempts SET run_dir=?, state='preempted', reason=?, failure_class='preempted', ended_at=? "
+                "WHERE campaign=? AND cell_id=? AND attempt=?",
+                (archive_dir, reason, now, campaign, cell_id, attempt),
+            )
+            new = AttemptRow(campaign=campaign, cell_id=cell_id, attempt=number, launcher=old.launcher,
+                             run_dir=old.run_dir, state="running", job_id=old.job_id, job_info=old.job_info,
+                             try_number=old.try_number, steps_before=old.steps_before, submitted_at=now)  # fmt: skip
+            _insert(db, "attempts", _attempt_columns(new))
+        return new
+
     def attempt(self, campaign: str, cell_id: str, attempt: int) -> AttemptRow | None:
-        row = self._db.execute(
+        rows = self._rows(
             "SELECT * FROM attempts WHERE campaign=? AND cell_id=? AND attempt=?",
             (campaign, cell_id, attempt),
-        ).fetchone()
-        return self._attempt(row) if row else None
+        )
+        return _attempt(rows[0]) if rows else None
 
     def attempts(self, campaign: str, cell_id: str | None = None) -> list[AttemptRow]:
+        """A campaign's attempts (or one cell's), by cell and attempt number."""
         if cell_id is None:
-            rows = self._db.execute(
+            rows = self._rows(
                 "SELECT * FROM attempts WHERE campaign=? ORDER BY cell_id, attempt", (campaign,)
             )
         else:
-            rows = self._db.execute(
+            rows = self._rows(
                 "SELECT * FROM attempts WHERE campaign=? AND cell_id=? ORDER BY attempt", (campaign, cell_id)
             )
-        return [self._attempt(r) for r in rows]
+        return [_attempt(r) for r in rows]
 
     def latest_attempts(self, campaign: str) -> dict[str, AttemptRow]:
+        """Each cell's attempt with the highest number."""
         latest: dict[str, AttemptRow] = {}
         for attempt in self.attempts(campaign):
             latest[attempt.cell_id] = attempt  # ordered by attempt number
         return latest
 
     # results -------------------------------------------------------------------------------------------
-    def put_result(
-        self,
-        campaign: str,
-        cell_id: str,
-        attempt: int,
-        summary: dict[str, Any] | None,
-        gate: dict[str, Any] | None,
-    ) -> None:
-        verdict = gate.get("verdict") if gate else None
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO results VALUES (?,?,?,?,?,?,?) ON CONFLICT(campaign, cell_id, attempt) DO UPDATE SET "
-                "summary_json=excluded.summary_json, gate_json=excluded.gate_json, verdict=excluded.verdict, "
-                "collected_at=excluded.collected_at",
-                (
-                    campaign,
-                    cell_id,
-                    attempt,
-                    json.dumps(summary) if summary is not None else None,
-                    json.dumps(gate) if gate is not None else None,
-                    verdict,
-                    time.time(),
-                ),
-            )
-
     def result(self, campaign: str, cell_id: str, attempt: int) -> ResultRow | None:
-        row = self._db.execute(
+        rows = self._rows(
             "SELECT * FROM results WHERE campaign=? AND cell_id=? AND attempt=?", (campaign, cell_id, attempt)
-        ).fetchone()
-        if row is None:
-            return None
-        return ResultRow(
-            row["campaign"],
-            row["cell_id"],
-            row["attempt"],
-            json.loads(row["summary_json"]) if row["summary_json"] else None,
-            json.loads(row["gate_json"]) if row["gate_json"] else None,
-            row["verdict"],
         )
+        if not rows:
+            return None
+        row = rows[0]
+        return ResultRow(campaign=row["campaign"], cell_id=row["cell_id"], attempt=row["attempt"],
+                         summary=_loads(row["summary_json"]), gate=_loads(row["gate_json"]),
+                         verdict=row["verdict"])  # fmt: skip
 
-    # ingested runs -------------------------------------------------------------------------------------
+    # ingested runs and rebuilds ------------------------------------------------------------------------
     def record_ingested(
         self,
         spec: dict[str, Any],
@@ -381,55 +532,74 @@ class Store:
         summary: dict[str, Any] | None,
         gate: dict[str, Any] | None,
     ) -> None:
-        """One ingested run (`mbx ingest`): campaign, cell, finished attempt and result, in one transaction."""
+        """One ingested run (`mbx ingest`): campaign, cell, finished attempt, result and campaign.json, in one
+        transaction. An existing cell keeps its place (ordinal)."""
         now = time.time()
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO campaigns VALUES (?,?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
-                "spec_json=excluded.spec_json, updated_at=excluded.updated_at",
-                (cell.campaign, None, json.dumps(spec), "ingest", now, now),
+        row = AttemptRow(campaign=cell.campaign, cell_id=cell.cell_id, attempt=attempt, launcher=INGEST_LAUNCHER,
+                         run_dir=run_dir, state=state, reason=reason, failure_class=failure_class,
+                         submitted_at=now, ended_at=now)  # fmt: skip
+        with self._transaction() as db:
+            _insert(db, "campaigns", {"name": cell.campaign, "source_file": None, "spec_json": json.dumps(spec),
+                                      "launcher": INGEST_LAUNCHER, "created_at": now, "updated_at": now},
+                    key=("name",), keep=("created_at", "source_file", "launcher"))  # fmt: skip
+            _insert(
+                db,
+                "cells",
+                {**_cell_columns(cell), "active": 1},
+                key=("campaign", "cell_id"),
+                keep=("ordinal",),
             )
-            db.execute(
-                "INSERT INTO cells VALUES (?,?,?,?,?,?,?,?,?,?,1) ON CONFLICT(campaign, cell_id) DO UPDATE SET "
-                "label=excluded.label, params_json=excluded.params_json, recipe_json=excluded.recipe_json, active=1",
-                (
-                    cell.campaign,
-                    cell.cell_id,
-                    cell.point_id,
-                    cell.repeat,
-                    cell.ordinal,
-                    cell.label,
-                    json.dumps(cell.params),
-                    json.dumps(cell.recipe),
-                    json.dumps(cell.resources),
-                    json.dumps(cell.env),
-                ),
-            )
-            db.execute(
-                "INSERT INTO attempts (campaign, cell_id, attempt, launcher, run_dir, state, reason, failure_class, "
-                "submitted_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (
-                    cell.campaign,
-                    cell.cell_id,
-                    attempt,
-                    "ingest",
-                    run_dir,
-                    state,
-                    reason,
-                    failure_class,
-                    now,
-                    now,
-                ),
-            )
-            db.execute(
-                "INSERT INTO results VALUES (?,?,?,?,?,?,?)",
-                (
-                    cell.campaign,
-                    cell.cell_id,
-                    attempt,
-                    json.dumps(summary) if summary is not None else None,
-                    json.dumps(gate) if gate is not None else None,
-                    gate.get("verdict") if gate else None,
-                    now,
-                ),
-            )
+            _insert(db, "attempts", _attempt_columns(row))
+            _insert(db, "results", _result_columns(cell.campaign, cell.cell_id, attempt, summary, gate))
+            self._write_manifest(db, cell.campaign)
+
+    def restore_campaign(
+        self,
+        record: dict[str, Any],
+        cells: list[CellRow],
+        attempts: list[tuple[AttemptRow, ResultRow | None]],
+    ) -> None:
+        """Put back a campaign as read from its campaign.json and run dirs (`mbx store rebuild`), in one
+        transaction: rows are written as given (attempt numbers, times and all)."""
+        with self._transaction() as db:
+            _insert(db, "campaigns", {"name": record["name"], "source_file": record.get("source_file"),
+                                      "spec_json": json.dumps(record["spec"]), "launcher": record["launcher"],
+                                      "created_at": record["created_at"], "updated_at": record["updated_at"]},
+                    key=("name",))  # fmt: skip
+            for cell in cells:
+                _insert(db, "cells", _cell_columns(cell), key=("campaign", "cell_id"))
+            for attempt, result in attempts:
+                _insert(db, "attempts", _attempt_columns(attempt), key=("campaign", "cell_id", "attempt"))
+                if result is not None:
+                    _insert(db, "results", _result_columns(attempt.campaign, attempt.cell_id, attempt.attempt,
+                                                           result.summary, result.gate),
+                            key=("campaign", "cell_id", "attempt"))  # fmt: skip
+
+
+RETRY_KEY_V1 = "mbx_retry"  # schema 1 kept the retry budget in an attempt's job info under this key
+
+
+def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+    """Schema 1 → 2 (inside the caller's transaction): the trainer kind out of recipe_json's "kind" into
+    cells.trainer_kind, the retry budget out of job_info_json's "mbx_retry" into attempts.try_number and
+    attempts.steps_before. Every row is kept; the recipe keeps its content."""
+    db.execute("ALTER TABLE cells ADD COLUMN trainer_kind TEXT NOT NULL DEFAULT 'bundled'")
+    db.execute("ALTER TABLE attempts ADD COLUMN try_number INTEGER NOT NULL DEFAULT 1")
+    db.execute("ALTER TABLE attempts ADD COLUMN steps_before INTEGER")
+    for row in db.execute("SELECT campaign, cell_id, recipe_json FROM cells").fetchall():
+        kind = (_loads(row["recipe_json"]) or {}).get("kind")
+        if kind in TRAINER_KINDS:
+            db.execute("UPDATE cells SET trainer_kind=? WHERE campaign=? AND cell_id=?",
+                       (kind, row["campaign"], row["cell_id"]))  # fmt: skip
+    for row in db.execute("SELECT campaign, cell_id, attempt, job_info_json FROM attempts").fetchall():
+        info = _loads(row["job_info_json"]) or {}
+        retry = info.pop(RETRY_KEY_V1, None)
+        if not isinstance(retry, dict):
+            continue
+        db.execute(
+            "UPDATE attempts SET try_number=?, steps_before=?, job_info_json=? "
+            "WHERE campaign=? AND cell_id=? AND attempt=?",
+            (int(retry.get("try") or 1), retry.get("steps_before"), json.dumps(info), row["campaign"],
+             row["cell_id"], row["attempt"]),
+        )  # fmt: skip
+    db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))

@@ -1,4 +1,5 @@
-"""Sweep expansion: a pure function from a campaign to its points, each with a stable cell id."""
+"""Sweep expansion: the one loop from a campaign to its points (each with a stable cell id); a trainer kind
+supplies how one point resolves (`PointResolver`)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,10 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from pydantic import ValidationError
-
-from orchestrator.campaign import Campaign, CommandTrainer, Resources
+from orchestrator.campaign import Campaign
 from orchestrator.errors import ConfigError
-from orchestrator.keys import set_path, split_namespace, unknown_key_problem
-from trainer.recipe import Recipe, launch_problems
 
 
 @dataclass(frozen=True)
@@ -30,6 +27,7 @@ class Point:
     resources: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
     label: str = ""
+    trainer_kind: str = "bundled"  # the trainer kind that runs it (orchestrator.trainers)
 
     @property
     def world_size(self) -> int:
@@ -106,7 +104,8 @@ def _short_labels(keys: list[str]) -> dict[str, str]:
     return short
 
 
-def _key_locations(campaign: Campaign) -> list[tuple[str, str]]:
+def key_locations(campaign: Campaign) -> list[tuple[str, str]]:
+    """(where in the file, dotted key) of every key the sweep names, exclusions included."""
     locations = [(f"sweep.axes.{k}", k) for k in campaign.sweep.axes]
     locations += [(f"sweep.zip[{i}].{k}", k) for i, g in enumerate(campaign.sweep.zip) for k in g]
     locations += [(f"sweep.cells[{i}].{k}", k) for i, c in enumerate(campaign.sweep.cells) for k in c]
@@ -114,85 +113,59 @@ def _key_locations(campaign: Campaign) -> list[tuple[str, str]]:
     return locations
 
 
-def _key_problems(campaign: Campaign) -> list[str]:
-    if isinstance(campaign.trainer, CommandTrainer):
-        from orchestrator.command import key_problems
+@dataclass(frozen=True)
+class ResolvedPoint:
+    """One point as a trainer kind resolved it: what recipe.yaml records, resources, env, and its identity."""
 
-        return key_problems(campaign, _key_locations(campaign))
-    problems = []
-    for where, key in _key_locations(campaign):
-        namespace, rest = split_namespace(key)
-        if namespace == "recipe":
-            problem = unknown_key_problem(rest)
-        elif namespace == "resources":
-            problem = unknown_key_problem(rest, Resources, "resources")
-        else:
-            problem = None if "." not in rest else f"env keys are single names, got {rest!r}"
-        if problem:
-            problems.append(f"{where}: {problem}")
-    return problems
+    recipe: dict[str, Any]
+    resources: dict[str, Any]
+    env: dict[str, str]
+    identity: dict[str, Any]  # the input of the cell id: everything that changes what runs
 
 
-def _pydantic_problems(err: ValidationError, prefix: str) -> list[str]:
-    lines = []
-    for item in err.errors():
-        loc = ".".join(str(p) for p in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown key"
-        elif item["type"] in ("literal_error", "enum"):
-            expected = item.get("ctx", {}).get("expected")
-            message = f"must be one of {expected} (got {item.get('input')!r})"
-        lines.append(f"{prefix}{loc}: {message}" if loc else f"{prefix.rstrip('.')}: {message}")
-    return lines
+class PointProblems(ValueError):
+    """Why a point cannot run: lines such as `point [top_k=16]: trainer.recipe.model.moe: ...`."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
-def expand(campaign: Campaign, campaign_file: Path | None = None) -> list[Point]:
-    """All cells of a campaign. Raises ConfigError listing every invalid point."""
+class PointResolver(Protocol):
+    """How a trainer kind turns sweep keys and one assignment into a point."""
+
+    name: str
+
+    def key_problems(self, campaign: Campaign, locations: list[tuple[str, str]]) -> list[str]:
+        """`where: problem` for sweep keys this kind cannot address."""
+        ...
+
+    def resolve(
+        self, campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str
+    ) -> ResolvedPoint:
+        """The point of one assignment; raises PointProblems (each line starting with `where`)."""
+        ...
+
+
+def expand_points(campaign: Campaign, campaign_file: Path | None, kind: PointResolver) -> list[Point]:
+    """All cells of a campaign, each point resolved by `kind`. Raises ConfigError listing every invalid point."""
     file = str(campaign_file) if campaign_file else None
-    problems = _key_problems(campaign)
+    problems = kind.key_problems(campaign, key_locations(campaign))
     if problems:
         raise ConfigError(problems, file=file)
-    if isinstance(campaign.trainer, CommandTrainer):
-        return _expand_command(campaign, campaign_file)
-    base_recipe = campaign.base_recipe(campaign_file)
     keys = swept_keys(campaign)
     short = _short_labels(keys)
     points: list[Point] = []
     seen: set[str] = set()
     for assignment in assignments(campaign):
         label = ", ".join(f"{short[k]}={assignment[k]}" for k in keys if k in assignment) or "base"
-        docs: dict[str, dict[str, Any]] = {
-            "recipe": copy.deepcopy(base_recipe),
-            "resources": campaign.resources.model_dump(),
-            "env": dict(campaign.env.values),
-        }
-        for key, value in assignment.items():
-            namespace, rest = split_namespace(key)
-            if namespace == "env":
-                docs["env"][rest] = str(value)
-            else:
-                set_path(docs[namespace], rest, value)
         where = f"point [{label}]: " if assignment else ""
         try:
-            recipe = Recipe.model_validate(docs["recipe"])
-        except ValidationError as err:
-            problems.extend(_pydantic_problems(err, f"{where}trainer.recipe."))
+            resolved = kind.resolve(campaign, assignment, campaign_file, where)
+        except PointProblems as err:
+            problems.extend(p for p in err.problems if p not in problems)
             continue
-        try:
-            resources = Resources.model_validate(docs["resources"])
-        except ValidationError as err:
-            problems.extend(_pydantic_problems(err, f"{where}resources."))
-            continue
-        world = resources.nodes * resources.gpus_per_node
-        problems.extend(f"{where}{p}" for p in launch_problems(recipe, world))
-        identity = {
-            "trainer": "bundled",
-            "recipe": recipe.model_dump(mode="json", exclude_defaults=True),
-            "resources": resources.model_dump(mode="json", exclude_defaults=True),
-            "env": docs["env"],
-        }
-        point_id = point_digest(identity)
+        point_id = point_digest(resolved.identity)
         if point_id in seen:
             continue  # the same point listed twice (e.g. an explicit cell equal to a product point)
         seen.add(point_id)
@@ -203,52 +176,11 @@ def expand(campaign: Campaign, campaign_file: Path | None = None) -> list[Point]
                     point_id=point_id,
                     repeat=repeat,
                     params=dict(assignment),
-                    recipe=recipe.model_dump(mode="json"),
-                    resources=resources.model_dump(mode="json"),
-                    env=docs["env"],
+                    recipe=copy.deepcopy(resolved.recipe),
+                    resources=dict(resolved.resources),
+                    env=dict(resolved.env),
                     label=label,
-                )
-            )
-    if problems:
-        raise ConfigError(problems, file=file)
-    return points
-
-
-def _expand_command(campaign: Campaign, campaign_file: Path | None) -> list[Point]:
-    """Points of a command campaign: cell ids hash the resolved argv, env and resources."""
-    from orchestrator.command import TemplateError, expansion_problems, resolve_point
-
-    file = str(campaign_file) if campaign_file else None
-    keys = swept_keys(campaign)
-    short = _short_labels(keys)
-    problems: list[str] = []
-    points: list[Point] = []
-    seen: set[str] = set()
-    for assignment in assignments(campaign):
-        label = ", ".join(f"{short[k]}={assignment[k]}" for k in keys if k in assignment) or "base"
-        where = f"point [{label}]: " if assignment else ""
-        try:
-            resolved = resolve_point(campaign, assignment, campaign_file)
-        except (TemplateError, ValidationError) as err:
-            for problem in expansion_problems(err, where):
-                if problem not in problems:
-                    problems.append(problem)
-            continue
-        point_id = point_digest(resolved.identity)
-        if point_id in seen:
-            continue
-        seen.add(point_id)
-        for repeat in range(campaign.sweep.repeats):
-            points.append(
-                Point(
-                    cell_id=f"{point_id}-r{repeat}",
-                    point_id=point_id,
-                    repeat=repeat,
-                    params=dict(assignment),
-                    recipe=resolved.recipe,
-                    resources=resolved.resources,
-                    env=resolved.env,
-                    label=label,
+                    trainer_kind=kind.name,
                 )
             )
     if problems:

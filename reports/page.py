@@ -15,22 +15,15 @@ from typing import Any
 
 from reports.metrics import finite
 from reports.views import CampaignView, CellView
+from trainer import rundir
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 PLOTLY_ASSET = "assets/plotly.min.js"
 
-# Environment facts that must agree across cells for their numbers to compare. Per-host facts
-# (hostname, job id) and per-cell ones (GPU count) are left out on purpose.
-FINGERPRINT_KEYS: tuple[str, ...] = (
-    "gpu_name",
-    "driver",
-    "cuda",
-    "torch",
-    "te",
-    "nccl",
-    "container_image",
-    "git_sha",
-    "python",
+# Environment facts that must agree across cells for their numbers to compare: the run directory's one
+# fingerprint key list, less the per-host and per-cell facts (hostname, GPU count), left out on purpose.
+FINGERPRINT_KEYS: tuple[str, ...] = tuple(
+    k for k in rundir.FINGERPRINT_KEYS if k not in ("hostname", "gpu_count")
 )
 
 # Trace colours, one per cell, the same in every figure.

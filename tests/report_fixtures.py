@@ -19,7 +19,7 @@ FP_A: dict[str, Any] = {
     "driver": "580.82.07",
     "cuda": "13.0",
     "torch": "2.11.0+cu130",
-    "te": "2.20.2",
+    "transformer_engine": "2.20.2",
     "nccl": "2.27.3",
     "container_image": "nvcr.io/nvidia/pytorch:26.01-py3",
     "git_sha": "f9f0556",

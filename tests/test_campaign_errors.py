@@ -63,7 +63,9 @@ def test_duplicate_key_is_refused(mbx, write_campaign):
 
 def test_zip_groups_must_have_equal_lengths(mbx, write_campaign):
     data = base_campaign(sweep={"zip": [{"model.hidden_size": [32, 64], "model.num_attention_heads": [2]}]})
-    assert_clean_error(mbx("campaign", "validate", str(write_campaign(data))), "sweep.zip: ", "differ in length")
+    assert_clean_error(
+        mbx("campaign", "validate", str(write_campaign(data))), "sweep.zip: ", "differ in length"
+    )
 
 
 def test_world_size_must_match_parallel_layout(mbx, write_campaign):
@@ -91,13 +93,17 @@ def test_global_batch_must_divide_by_micro_batch_times_dp(mbx, write_campaign):
     data = base_campaign(resources={"gpus_per_node": 2})
     data["trainer"]["recipe"]["training"]["global_batch_size"] = 6
     result = mbx("campaign", "validate", str(write_campaign(data)))
-    assert_clean_error(result, "training.global_batch_size: 6 is not divisible by micro_batch_size × DP = 2 × 2 = 4")
+    assert_clean_error(
+        result, "training.global_batch_size: 6 is not divisible by micro_batch_size × DP = 2 × 2 = 4"
+    )
 
 
 def test_invalid_point_is_named_by_its_swept_values(mbx, write_campaign):
     data = base_campaign(sweep={"axes": {"model.moe.top_k": [2, 16]}})
     result = mbx("campaign", "validate", str(write_campaign(data)))
-    assert_clean_error(result, "point [top_k=16]: trainer.recipe.model.moe: top_k (16) must be ≤ num_experts (4)")
+    assert_clean_error(
+        result, "point [top_k=16]: trainer.recipe.model.moe: top_k (16) must be ≤ num_experts (4)"
+    )
     assert "top_k=2]" not in result.stderr
 
 
@@ -109,12 +115,18 @@ def test_missing_file(mbx, tmp_path):
 def test_bad_gate_and_launcher_values(mbx, write_campaign):
     data = base_campaign(gates={"tflops_per_gpu_min": -1, "step_time_max": 3})
     result = mbx("campaign", "validate", str(write_campaign(data)))
-    assert_clean_error(result, "gates.tflops_per_gpu_min:", "gates.step_time_max: unknown key (did you mean 'step_time_ms_max'?)")
+    assert_clean_error(
+        result,
+        "gates.tflops_per_gpu_min:",
+        "gates.step_time_max: unknown key (did you mean 'step_time_ms_max'?)",
+    )
 
 
 def test_unknown_launcher_is_a_usage_error(mbx, write_campaign, tmp_path):
     path = write_campaign(base_campaign())
-    result = mbx("campaign", "run", str(path), "--launcher", "warp-drive", "--workspace", str(tmp_path / "ws"))
+    result = mbx(
+        "campaign", "run", str(path), "--launcher", "warp-drive", "--workspace", str(tmp_path / "ws")
+    )
     assert_clean_error(result, "no such launcher 'warp-drive'; known: ", "local")
 
 
@@ -122,3 +134,19 @@ def test_good_file_validates(mbx, write_campaign):
     result = mbx("campaign", "validate", str(write_campaign(base_campaign())))
     assert result.returncode == 0, result.stderr
     assert "2 point(s) × 1 repeat(s) = 2 cell(s)" in result.stdout
+
+
+def test_launcher_sections_are_checked_against_the_backends_settings(mbx, write_campaign):
+    data = base_campaign(launchers={"local": {"paralel": 2}, "slurmx": {}, "nemo_run": {"bogus": 1}})
+    result = mbx("campaign", "validate", str(write_campaign(data)))
+    assert_clean_error(
+        result,
+        "launchers.local.paralel: unknown key (did you mean 'parallel'?); allowed: ",
+        "launchers.slurmx: no such launcher; known: ",
+        "launchers.nemo_run.bogus: unknown key",
+    )
+
+
+def test_dry_run_is_a_flag_not_a_launcher(mbx, write_campaign):
+    result = mbx("campaign", "validate", str(write_campaign(base_campaign(launcher="dry-run"))))
+    assert_clean_error(result, "launcher: 'dry-run' is not a backend", "mbx campaign run FILE --dry-run")

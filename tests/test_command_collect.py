@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from orchestrator.ingest import LogFollower, finalize_command_attempt
+from orchestrator.trainers.command import finalize_command_attempt
 from reports.parsers import parse_log, parse_rank_logs
+from reports.parsers.follow import LogFollower
 
 LOG = (
     ROOT

@@ -12,7 +12,7 @@ from orchestrator.command import (
     render_megatron_lm,
 )
 from orchestrator.errors import ConfigError
-from orchestrator.sweep import expand
+from orchestrator.trainers import expand
 
 HOSTILE = "a b 'c' \"d\" $(touch /tmp/pwned) `id`; rm -rf / && echo\nnext line {x} ${HOME} *"
 

@@ -1,4 +1,5 @@
-"""Slurm rendering without a cluster: golden sbatch files, quoting of hostile values, the dry-run CLI, rank env."""
+"""Rendering without a cluster: golden sbatch files, quoting of hostile values, describe() (what `--dry-run`
+prints), render purity, and the `mbx campaign run FILE --dry-run` CLI."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -13,31 +15,24 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, TINY_MOE_RECIPE
+from conftest import ROOT
 
-from launchers import _rank
-from launchers.base import JobState, LaunchSpec, Resources
-from launchers.dry_run import DryRunLauncher, DryRunSettings
-from launchers.slurm_common import SlurmRendered, slurm_minutes, wrapper_limit_s
-from launchers.submitit_slurm import SubmititLauncher, SubmititSettings
-from orchestrator.campaign import Campaign
+from launchers.backends.submitit_slurm import SubmititLauncher, SubmititSettings
+from launchers.base import LaunchSpec, Resources
+from launchers.profile import SlurmProfile
+from launchers.slurm.render import slurm_minutes, wrapper_limit_s
 
 GOLDEN = Path(__file__).parent / "golden" / "sbatch"
 UPDATE = os.environ.get("MBX_UPDATE_GOLDEN") == "1"
 HOSTILE = "a 'b' \"c\" $(touch CANARY1) `touch CANARY2`; touch CANARY3 && x|y >z \\"
 
 
-def campaign(**overrides) -> Campaign:
-    data = {
-        "name": "golden",
-        "trainer": {"kind": "bundled", "recipe": TINY_MOE_RECIPE},
-        "resources": {"nodes": 1, "gpus_per_node": 2},
-        "cluster": {"partition": "debug", "gpus": False, "python": "python3"},
-        "env": {"values": {"MBX_NOTE": "hello world"}, "pass": ["HF_TOKEN", "WANDB_API_KEY"]},
-    }
-    for key, value in overrides.items():
-        data[key] = value
-    return Campaign.model_validate(data)
+def profile(cluster: dict | None = None, container: dict | None = None) -> SlurmProfile:
+    """The profile a campaign with these `cluster` / `container` sections gives its launcher."""
+    return SlurmProfile.model_validate({
+        "cluster": cluster if cluster is not None else {"partition": "debug", "gpus": False, "python": "python3"},
+        "container": container or {},
+    })  # fmt: skip
 
 
 def spec(
@@ -85,10 +80,10 @@ def test_time_limits() -> None:
 
 def test_submitit_golden_arrays_per_shape(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
-    c = campaign(cluster={"partition": "debug", "account": "acct", "qos": "high", "constraint": "h100&ib",
-                          "exclusive": True, "gpus": True, "python": "python3", "sbatch_extra": {"mail_type": "END"}},
-                 launchers={"submitit": {"array_parallelism": 2, "sbatch_parameters": {"comment": "sweep"}}})  # fmt: skip
-    launcher = SubmititLauncher(SubmititSettings.model_validate(c.launchers["submitit"]), workspace, c)
+    p = profile(cluster={"partition": "debug", "account": "acct", "qos": "high", "constraint": "h100&ib",
+                         "exclusive": True, "gpus": True, "python": "python3", "sbatch_extra": {"mail_type": "END"}})  # fmt: skip
+    settings = {"array_parallelism": 2, "sbatch_parameters": {"comment": "sweep"}}
+    launcher = SubmititLauncher(SubmititSettings.model_validate(settings), workspace, p)
     specs = [spec(workspace, "aaaa-r0", minutes=20), spec(workspace, "bbbb-r0", minutes=20),
              spec(workspace, "cccc-r0", minutes=20), spec(workspace, "dddd-r0", nodes=2, ranks=4, minutes=60)]  # fmt: skip
     rendered = launcher.render(specs)
@@ -111,9 +106,9 @@ def test_submitit_golden_arrays_per_shape(tmp_path: Path) -> None:
 
 def test_submitit_golden_container(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
-    c = campaign(container={"image": "nvcr.io#nvidia/pytorch:25.01-py3", "mounts": ["/lustre/data:/data:ro"],
-                            "workdir": "/workspace"})  # fmt: skip
-    launcher = SubmititLauncher(None, workspace, c)
+    p = profile(container={"image": "nvcr.io#nvidia/pytorch:25.01-py3", "mounts": ["/lustre/data:/data:ro"],
+                           "workdir": "/workspace"})  # fmt: skip
+    launcher = SubmititLauncher(None, workspace, p)
     (item,) = launcher.render([spec(workspace, "aaaa-r0")])
     script = next(iter(item.scripts.values()))
     check_golden("submitit_container.sbatch", normalize(script, workspace))
@@ -121,6 +116,54 @@ def test_submitit_golden_container(tmp_path: Path) -> None:
     assert f"--container-mounts=/lustre/data:/data:ro,{ROOT}:{ROOT}," in script
     assert "--container-workdir=/workspace" in script and "--container-env=HF_TOKEN,WANDB_API_KEY" in script
     assert "hello world" not in script, "environment values go through the task table, not the script"
+
+
+def test_describe_is_what_submit_writes_and_runs(tmp_path: Path) -> None:
+    """describe() (what `mbx campaign run --dry-run` prints) shows every file submit() writes, byte for byte, and
+    the command launch() runs; submit() launches exactly what render() returned."""
+    launcher = SubmititLauncher(None, tmp_path, profile())
+    specs = [spec(tmp_path, "aaaa-r0"), spec(tmp_path, "bbbb-r0")]
+    (item,) = launcher.render(specs)
+    printed = item.describe()
+    script_path, script = next(iter(item.scripts.items()))
+    assert script.rstrip() in printed and "$ sbatch --parsable " + str(script_path) in printed
+    table_path, table = next((p, t) for p, t in item.files.items() if p.name == "tasks.json")
+    assert f"# ---- {table_path} (read by the ranks; no shell sees it)\n{table.rstrip()}" in printed
+    assert not tmp_path.joinpath("golden").exists(), "render() and describe() write nothing"
+
+    ran: list[list[str]] = []
+
+    def fake_sbatch(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "4242\n", "")
+
+    launcher.scheduler_command = fake_sbatch  # type: ignore[method-assign]
+    submitted = launcher.submit(specs)
+    assert ran == [item.submit_argv]
+    assert {p: p.read_text() for p in item.files} == item.files, "written where and as rendered"
+    assert [s.job_id for s in submitted] == ["4242_0", "4242_1"]
+    assert submitted[1].info["run_dir"] == str(specs[1].run_dir)
+
+
+def test_local_describe_shows_the_attempt_wrapper_and_torchrun(tmp_path: Path) -> None:
+    from launchers.backends.local import LocalLauncher
+
+    launcher = LocalLauncher({"parallel": 2}, tmp_path)
+    one, two = spec(tmp_path, "aaaa-r0", ranks=1), spec(tmp_path, "bbbb-r0", ranks=2)
+    first, second = launcher.render([one, two])
+    assert launcher.max_in_flight == 2
+    assert first.submit_argv[:3] == [sys.executable, "-m", "launchers.node.attempt"]
+    assert first.submit_argv[first.submit_argv.index("--") + 1 :] == [
+        sys.executable,
+        "-u",
+        "-m",
+        "trainer",
+        *one.args,
+    ]
+    assert "torch.distributed.run" in second.submit_argv and "--nproc-per-node" in second.submit_argv
+    text = second.describe()
+    assert text.startswith("# env set: ") and "MBX_RUN_DIR" in text and "\n$ " in text
+    assert not tmp_path.joinpath("golden").exists()
 
 
 def _fake_srun(bin_dir: Path) -> Path:
@@ -137,11 +180,11 @@ def _fake_srun(bin_dir: Path) -> Path:
 def test_hostile_values_never_reach_a_shell(tmp_path: Path) -> None:
     """Run the rendered script under bash with a fake srun: every value arrives as one verbatim argument."""
     workspace = tmp_path / "w s'$(touch CANARY0)"
-    c = campaign(container={"image": "img" + HOSTILE, "mounts": ["/d" + HOSTILE.replace(",", "") + ":/d"],
-                            "workdir": "/w" + HOSTILE},  # fmt: skip
-                 cluster={"partition": "p" + HOSTILE, "gpus": False, "python": "python3",
-                          "sbatch_extra": {"comment": HOSTILE}})  # fmt: skip
-    launcher = SubmititLauncher(SubmititSettings(container_auto_mounts=False), workspace, c)
+    p = profile(container={"image": "img" + HOSTILE, "mounts": ["/d" + HOSTILE.replace(",", "") + ":/d"],
+                           "workdir": "/w" + HOSTILE},  # fmt: skip
+                cluster={"partition": "p" + HOSTILE, "gpus": False, "python": "python3",
+                         "sbatch_extra": {"comment": HOSTILE}})  # fmt: skip
+    launcher = SubmititLauncher(SubmititSettings(container_auto_mounts=False), workspace, p)
     (item,) = launcher.render([spec(workspace, "aaaa-r0", env={"WEIRD": HOSTILE})])
     script_path, script = next(iter(item.scripts.items()))
     for path, text in item.files.items():
@@ -163,19 +206,20 @@ def test_hostile_values_never_reach_a_shell(tmp_path: Path) -> None:
     assert re.search(r"^#SBATCH --partition='p.*'$", script, re.MULTILINE)
 
 
-@pytest.mark.parametrize("where", ["partition", "image", "extra"])
+@pytest.mark.parametrize("where", ["partition", "image", "extra", "python"])
 def test_control_characters_are_refused(tmp_path: Path, where: str) -> None:
-    cluster = {"partition": "debug", "gpus": False}
+    cluster: dict = {"partition": "debug", "gpus": False}
     container: dict = {}
     if where == "partition":
         cluster["partition"] = "debug\nrm -rf /"
     elif where == "image":
         container = {"image": "img\ntouch CANARY"}
+    elif where == "python":
+        cluster["python"] = "python3\ntouch CANARY"
     else:
         cluster["sbatch_extra"] = {"comment": "x\ny"}
-    c = campaign(cluster=cluster, container=container)
     with pytest.raises(ValueError, match="control character"):
-        SubmititLauncher(None, tmp_path, c)
+        SubmititLauncher(None, tmp_path, profile(cluster=cluster, container=container))
 
 
 def test_unknown_sbatch_parameter_lists_valid_ones() -> None:
@@ -185,25 +229,7 @@ def test_unknown_sbatch_parameter_lists_valid_ones() -> None:
         SubmititSettings.model_validate({"sbatch_parameters": {"nodes": 2}})
 
 
-def test_dry_run_is_the_backends_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    c = campaign()
-    specs = [spec(tmp_path, "aaaa-r0"), spec(tmp_path, "bbbb-r0")]
-    real = SubmititLauncher(None, tmp_path, c).render(specs)
-    dry = DryRunLauncher(DryRunSettings(), tmp_path, c)
-    assert [(r.files, r.submit_argv) for r in dry.render(specs)] == [(r.files, r.submit_argv) for r in real]
-    submitted = dry.submit(specs)
-    printed = capsys.readouterr().out
-    script_path, script = next(iter(real[0].scripts.items()))
-    assert script in printed and "$ sbatch --parsable " + str(script_path) in printed
-    assert script_path.read_text() == script  # written where the real submit writes it
-    assert {s.job_id for s in submitted} == {
-        f"dry-run-{s.job_id.split('-')[2]}-{i}" for i, s in enumerate(submitted)
-    }
-    assert json.loads((specs[0].run_dir / "status.json").read_text())["state"] == "cancelled"
-    assert set(dry.poll(submitted).values()) == {JobState.CANCELLED}
-
-
-def test_dry_run_cli_submits_nothing(tmp_path: Path, mbx, write_campaign) -> None:
+def _fake_slurm_bin(tmp_path: Path) -> tuple[Path, Path]:
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     marker = tmp_path / "sbatch-called"
@@ -211,50 +237,74 @@ def test_dry_run_cli_submits_nothing(tmp_path: Path, mbx, write_campaign) -> Non
         tool = fake_bin / name
         tool.write_text(f'#!/bin/sh\necho "$0 $*" >> {marker}\nexit 1\n')
         tool.chmod(0o755)
+    return fake_bin, marker
+
+
+def _attempt_rows(workspace: Path) -> int:
+    db_path = workspace / "mbx.sqlite"
+    if not db_path.exists():
+        return 0
+    db = sqlite3.connect(db_path)
+    try:
+        return db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_dry_run_cli_submits_nothing(tmp_path: Path, mbx, write_campaign) -> None:
+    fake_bin, marker = _fake_slurm_bin(tmp_path)
     data = yaml.safe_load((ROOT / "campaigns" / "quickstart.yaml").read_text())
     data.update(
         resources={"nodes": 1, "gpus_per_node": 2}, cluster={"gpus": False}, wandb={"mode": "disabled"}
     )
     file = write_campaign(data)
-    result = mbx("campaign", "run", str(file), "--launcher", "dry-run", "--workspace", str(tmp_path / "ws"),
-                 env={"PATH": f"{fake_bin}:{os.environ['PATH']}"})  # fmt: skip
+    result = mbx("campaign", "run", str(file), "--dry-run", "--launcher", "submitit", "--workspace",
+                 str(tmp_path / "ws"), env={"PATH": f"{fake_bin}:{os.environ['PATH']}"})  # fmt: skip
     assert "#SBATCH --array=0-3%4" in result.stdout, result.stdout + result.stderr
-    assert "$ sbatch --parsable " in result.stdout and "_rank.py --tasks" in result.stdout
+    assert "$ sbatch --parsable " in result.stdout and "launchers/node/rank.py --tasks" in result.stdout
     assert not marker.exists(), marker.read_text() if marker.exists() else ""
     assert "dry run: nothing submitted (4 attempt(s) rendered)" in result.stdout
     assert result.returncode == 0
-    import sqlite3
+    assert _attempt_rows(tmp_path / "ws") == 0, "a dry run records no attempt"
 
-    db = sqlite3.connect(tmp_path / "ws" / "mbx.sqlite")
-    assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0, "a dry run records no attempt"
+
+def test_dry_run_cli_renders_the_campaigns_own_launcher(tmp_path: Path, mbx, write_campaign) -> None:
+    """`launcher: nemo-run` in the campaign: --dry-run shows NeMo-Run's scripts (not submitit's)."""
+    pytest.importorskip("nemo_run", reason="pip install 'mbx[nemo]' (nemo-run==0.11.1, leptonai==0.27.3)")
+    fake_bin, marker = _fake_slurm_bin(tmp_path)
+    data = yaml.safe_load((ROOT / "campaigns" / "quickstart.yaml").read_text())
+    data.update(resources={"nodes": 1, "gpus_per_node": 2}, cluster={"gpus": False}, wandb={"mode": "disabled"},
+                launcher="nemo-run", sweep={"axes": {"model.moe.top_k": [1, 2]}})  # fmt: skip
+    file = write_campaign(data)
+    result = mbx("campaign", "run", str(file), "--dry-run", "--workspace", str(tmp_path / "ws"),
+                 env={"PATH": f"{fake_bin}:{os.environ['PATH']}"})  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        result.stdout.count("Generated by NeMo Run") == 2
+        and "$ sbatch --requeue --parsable " in result.stdout
+    )
+    assert "#SBATCH --array" not in result.stdout
+    assert not marker.exists() and _attempt_rows(tmp_path / "ws") == 0
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_nemo_run_golden(tmp_path: Path) -> None:
     pytest.importorskip("nemo_run", reason="pip install 'mbx[nemo]' (nemo-run==0.11.1, leptonai==0.27.3)")
-    from launchers.nemo_run import NemoRunLauncher
+    from launchers.backends.nemo_run import NemoRunLauncher
 
     workspace = tmp_path / "ws"
-    c = campaign(container={"image": "nvcr.io#nvidia/pytorch:25.01-py3", "workdir": "/workspace"},
-                 resources={"nodes": 1, "gpus_per_node": 2, "time_limit_min": 30})  # fmt: skip
-    launcher = NemoRunLauncher(None, workspace, c)
+    p = profile(container={"image": "nvcr.io#nvidia/pytorch:25.01-py3", "workdir": "/workspace"})
+    launcher = NemoRunLauncher(None, workspace, p)
     (item,) = launcher.render(
         [spec(workspace, "aaaa-r0", minutes=30), spec(workspace, "bbbb-r0", minutes=30)]
     )
-    assert isinstance(item, SlurmRendered) and len(item.scripts) == 2
+    assert len(item.scripts) == 2
     first = next(iter(item.scripts.values()))
     check_golden("nemo_run_container.sh", normalize(first, workspace))
     assert "hello world" not in first and "--container-env HF_TOKEN,WANDB_API_KEY" in first
-    assert item.submit_commands[0][:3] == ["sbatch", "--requeue", "--parsable"]
-
-
-def test_hostlist_and_rank_env() -> None:
-    assert _rank.expand_hostlist("gpu[01-03,7],login-a,x[1-2]-ib") == [
-        "gpu01", "gpu02", "gpu03", "gpu7", "login-a", "x1-ib", "x2-ib"]  # fmt: skip
-    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-           "SLURM_JOB_NODELIST": "node[12-13]", "SLURM_JOB_ID": "123456", "SLURM_NTASKS_PER_NODE": "4(x2)"}  # fmt: skip
-    dist = _rank.dist_env(env, 20000)
-    assert dist == {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "NODE_RANK": "1",
-                    "MASTER_ADDR": "node12", "MASTER_PORT": str(20000 + 123456 % 20000)}  # fmt: skip
-    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}
-    assert _rank.dist_env(torchrun, 20000)["RANK"] == "1"
+    assert item.commands[0][:3] == ["sbatch", "--requeue", "--parsable"]
+    printed = item.describe()
+    assert printed.count("Generated by NeMo Run") == 2 and "$ sbatch --requeue --parsable " in printed
+    assert not (workspace / "golden" / "nemo-run" / "experiments").exists() or not any(
+        (workspace / "golden" / "nemo-run" / "experiments").rglob("*_sbatch.sh")
+    ), "NeMo-Run's own dry run leaves no script behind"

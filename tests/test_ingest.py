@@ -151,6 +151,37 @@ def test_ingested_run_is_the_baseline_of_a_new_campaign(mbx, write_campaign, tmp
     # a campaign run from a file is not an ingest target (its cells would be mixed with foreign runs)
     refused = mbx("ingest", str(LM_LOG), "--campaign", "after", "--workspace", str(workspace))
     assert refused.returncode == 2 and "was run from a campaign file" in refused.stderr
-    assert sorted(p.name for p in (workspace / "after").iterdir() if not p.name.startswith(".")) == sorted(
-        c["cell_id"] for c in status
-    )
+    cell_dirs = [p.name for p in (workspace / "after").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert sorted(cell_dirs) == sorted(c["cell_id"] for c in status)
+
+
+def test_plan_writes_nothing_and_commit_writes_run_dir_and_rows(tmp_path):
+    """The plan decides everything from the logs and the store; the commit writes the run dir and the rows."""
+    from orchestrator.ingest import commit, ingest_campaign, parse, plan_ingest, sources
+    from orchestrator.store import Store
+    from trainer import rundir
+
+    parsed = parse(sources([LM_LOG]), "auto", None, None, None)
+    with Store(tmp_path / "ws") as store:
+        plan = plan_ingest(store, ingest_campaign(store, "past"), parsed, "auto", seq_length=None, num_gpus=None,
+                           label=None, params={"x": 1}, exit_code=None)  # fmt: skip
+        assert not (tmp_path / "ws" / "past").exists(), "a plan writes nothing"
+        assert (plan.attempt, plan.cell.trainer_kind, plan.status["state"]) == (1, "ingested", "completed")
+        done = commit(store, plan)
+        assert store.attempts("past", plan.cell.cell_id)[0].state == "completed"
+        assert store.cells("past")[0].trainer_kind == "ingested"
+    assert done.run_dir == plan.run_dir and rundir.read_status(done.run_dir)["written_by"] == rundir.INGEST
+    assert rundir.read_launch(done.run_dir)["launcher"] == "ingest"
+    assert len(rundir.read_metrics(done.run_dir)) == len(parsed.rows)
+    assert [p.name for p in plan.run_dir.parent.iterdir()] == ["1"], "no temporary folder left behind"
+
+
+def test_a_lost_store_never_reuses_an_ingested_run_dir(mbx, tmp_path):
+    workspace = tmp_path / "ws"
+    first = mbx("ingest", str(LM_LOG), "--campaign", "past", "--workspace", str(workspace))
+    assert first.returncode == 0, first.stderr
+    (workspace / "mbx.sqlite").unlink()
+    again = mbx("ingest", str(LM_LOG), "--campaign", "past", "--workspace", str(workspace))
+    assert again.returncode == 0, again.stderr
+    (cell_dir,) = [p for p in (workspace / "past").iterdir() if p.is_dir()]
+    assert sorted(p.name for p in cell_dir.iterdir()) == ["1", "2"]

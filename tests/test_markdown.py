@@ -47,7 +47,7 @@ gates: `tflops_per_gpu_min=300.0`, `peak_alloc_gib_max=70.0`, `loss_finite=true`
 > - environment 1 (`c1a0`, `c1a1`, `c3c0`, `c4d0`, `c5e0`): driver `580.82.07`, torch `2.11.0+cu130`
 > - environment 2 (`c2b0`): driver `590.10`, torch `2.12.0+cu130`
 
-Common: gpu_name `NVIDIA H200`, cuda `13.0`, te `2.20.2`, nccl `2.27.3`, container_image `nvcr.io/nvidia/pytorch:26.01-py3`, git_sha `f9f0556`
+Common: gpu_name `NVIDIA H200`, cuda `13.0`, transformer_engine `2.20.2`, nccl `2.27.3`, container_image `nvcr.io/nvidia/pytorch:26.01-py3`, git_sha `f9f0556`
 """
 
 GOLDEN_EMPTY = r"""## mbx campaign `empty`

@@ -1,14 +1,16 @@
-"""Scheduler queries without a cluster: one batched sacct, squeue for the rest, backoff, status correction."""
+"""Scheduler queries and job states without a cluster: one batched sacct, squeue for the rest, backoff, and the
+Slurm base class settling status.json through rundir.resolve_state."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
-from launchers import _rank
+from launchers.backends.submitit_slurm import SubmititLauncher
 from launchers.base import JobState, Submitted
-from launchers.slurm_common import SlurmQuery, StateResolver
+from launchers.node.rank import archive_previous_run
+from launchers.slurm.query import SlurmQuery
+from trainer import rundir
 
 SACCT = """\
 100_0|COMPLETED|0:0
@@ -33,6 +35,13 @@ class FakeSlurm:
                 return subprocess.CompletedProcess(argv, 1, "", "Slurm accounting storage is disabled\n")
             return subprocess.CompletedProcess(argv, 0, self.sacct, "")
         return subprocess.CompletedProcess(argv, 0, self.squeue, "")
+
+
+def launcher_with(fake: FakeSlurm, workspace: Path) -> SubmititLauncher:
+    launcher = SubmititLauncher(None, workspace)
+    launcher.query = SlurmQuery(fake, min_interval_s=0.0)
+    launcher.settle_s = 0.0
+    return launcher
 
 
 def test_one_batched_sacct_for_all_jobs() -> None:
@@ -69,18 +78,59 @@ def test_interval_backs_off_while_nothing_changes() -> None:
         assert query.interval_s == expected
 
 
+def test_cancel_is_one_batched_scancel(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    launcher = launcher_with(fake, tmp_path)
+    launcher.cancel(
+        [Submitted("a", 1, "100_1", {}), Submitted("b", 1, "100_0", {}), Submitted("c", 1, "100_1", {})]
+    )
+    assert fake.calls == [["scancel", "100_0", "100_1"]]
+
+
 def test_wrapper_fallback_is_corrected_by_slurm(tmp_path: Path) -> None:
     """rank 0's wrapper saw SIGTERM and wrote 'cancelled'; Slurm says TIMEOUT: the run dir says timeout."""
-    (tmp_path / "status.json").write_text(json.dumps({
-        "state": "cancelled", "reason": "cancelled (signal 15)", "written_by": "launcher", "log_tail": "x",
-    }))  # fmt: skip
-    (tmp_path / "exit.json").write_text("{}")
-    resolver = StateResolver(SlurmQuery(FakeSlurm(), min_interval_s=0.0))
+    rundir.write_status(tmp_path, {"state": "cancelled", "reason": "cancelled (signal 15)", "log_tail": "x"},
+                        rundir.WRAPPER)  # fmt: skip
+    rundir.write_exit(tmp_path, exit_code=-15, started_at=0, ended_at=1, stopped_by_signal=15)
+    launcher = launcher_with(FakeSlurm(), tmp_path)
     job = Submitted("c", 1, "101", {"run_dir": str(tmp_path), "time_min": 30})
-    assert resolver.resolve([job]) == {"101": JobState.TIMEOUT}
-    status = json.loads((tmp_path / "status.json").read_text())
+    assert launcher.poll([job]) == {"101": JobState.TIMEOUT}
+    status = rundir.read_status(tmp_path)
     assert status["state"] == "timeout" and "time limit of 30 min" in status["reason"]
     assert status["attempt_wrapper"] == {"state": "cancelled", "reason": "cancelled (signal 15)"}
+    assert status["written_by"] == rundir.SCHEDULER and status["slurm_state"] == "TIMEOUT"
+    assert status["log_tail"] == "x" and not rundir.status_problems(status)
+
+
+def test_another_rank_failing_and_a_run_that_left_nothing(tmp_path: Path) -> None:
+    """FAILED over rank 0's 'cancelled': another rank failed; CANCELLED with no files: Slurm's word, written."""
+    stopped, empty = tmp_path / "stopped", tmp_path / "empty"
+    for d in (stopped, empty):
+        d.mkdir()
+    rundir.write_status(stopped, {"state": "cancelled", "reason": "cancelled (signal 15)"}, rundir.WRAPPER)
+    rundir.write_exit(stopped, exit_code=-15, started_at=0, ended_at=1, stopped_by_signal=15)
+    (tmp_path / "slurm.err").write_text("srun: error: task 1: Exited with exit code 3\n")
+    launcher = launcher_with(FakeSlurm(), tmp_path)
+    jobs = [Submitted("a", 1, "102", {"run_dir": str(stopped)}),
+            Submitted("b", 1, "100_1", {"run_dir": str(empty), "slurm_error": str(tmp_path / "slurm.err")})]  # fmt: skip
+    assert launcher.poll(jobs) == {"102": JobState.FAILED, "100_1": JobState.CANCELLED}
+    failed = rundir.read_status(stopped)
+    assert "Slurm job 102 FAILED: another rank failed and srun stopped the others" in failed["reason"]
+    cancelled = rundir.read_status(empty)
+    assert cancelled["state"] == "cancelled" and "cancelled in Slurm (scancel" in cancelled["reason"]
+    assert cancelled["job_id"] == "100_1" and "exit code 3" in cancelled["log_tail"]
+    assert not rundir.status_problems(failed) and not rundir.status_problems(cancelled)
+
+
+def test_a_finished_run_dir_needs_no_scheduler(tmp_path: Path) -> None:
+    rundir.write_status(tmp_path, {"state": "completed", "reason": None}, rundir.TRAINER)
+    rundir.write_exit(tmp_path, exit_code=0, started_at=0, ended_at=1)
+    fake = FakeSlurm()
+    launcher = launcher_with(fake, tmp_path)
+    assert launcher.poll([Submitted("a", 1, "100_0", {"run_dir": str(tmp_path)})]) == {
+        "100_0": JobState.COMPLETED
+    }
+    assert fake.calls == []
 
 
 def test_requeued_run_archives_the_interrupted_one(tmp_path: Path) -> None:
@@ -88,7 +138,7 @@ def test_requeued_run_archives_the_interrupted_one(tmp_path: Path) -> None:
         (tmp_path / name).write_text("{}")
     (tmp_path / "logs").mkdir()
     (tmp_path / "recipe.yaml").write_text("x: 1\n")
-    _rank.archive_previous_run(tmp_path, restart=1)
+    archive_previous_run(tmp_path, restart=1)
     assert sorted(p.name for p in (tmp_path / "requeued" / "0").iterdir()) == [
         "exit.json", "logs", "metrics.jsonl", "status.json"]  # fmt: skip
     assert (tmp_path / "recipe.yaml").exists() and not (tmp_path / "status.json").exists()

@@ -33,7 +33,9 @@ def _running_launch(workspace: Path, campaign: str, timeout: float) -> dict:
     raise TimeoutError("the point never reached step 2")
 
 
-def test_requeued_job_is_a_new_attempt_of_the_same_cell(slurm, tmp_path: Path, cache_env, write_campaign) -> None:
+def test_requeued_job_is_a_new_attempt_of_the_same_cell(
+    slurm, tmp_path: Path, cache_env, write_campaign
+) -> None:
     workspace = tmp_path / "ws"
     data = slurm.campaign("qs-requeue", steps=150, sweep={"axes": {"model.moe.top_k": [2]}})
     data["launchers"]["submitit"]["requeue"] = True

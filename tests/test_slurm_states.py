@@ -1,4 +1,5 @@
-"""Job states on a real Slurm without accounting: scancel, mbx's time limit, Slurm's own TIMEOUT, vanished jobs."""
+"""Job states on a real Slurm without accounting: scancel, mbx's time limit, Slurm's own TIMEOUT, another rank
+failing, vanished jobs — the Slurm base class driven directly (LaunchSpecs built here), and one campaign."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from launchers.backends.submitit_slurm import SubmititLauncher, SubmititSettings
 from launchers.base import JobState, LaunchSpec, Resources, Submitted
-from launchers.slurm_common import SlurmQuery, StateResolver
-from launchers.submitit_slurm import SubmititLauncher, SubmititSettings
-from orchestrator.campaign import Campaign
+from launchers.profile import SlurmProfile
+from launchers.slurm.query import SlurmQuery
+from trainer import rundir
 
 pytest_plugins = ["slurm_cluster"]
 pytestmark = pytest.mark.slurm
@@ -26,11 +28,11 @@ def native_timeout(slurm, tmp_path_factory: pytest.TempPathFactory) -> tuple[Sub
     Submitted first in this module so its ~80 s run overlaps the other tests.
     """
     workspace = tmp_path_factory.mktemp("native-timeout")
-    campaign = Campaign.model_validate({
-        "name": "native", "cluster": {"gpus": False, "python": sys.executable, "sbatch_extra": {"time": 1}},
-    })  # fmt: skip
+    profile = SlurmProfile.model_validate(
+        {"cluster": {"gpus": False, "python": sys.executable, "sbatch_extra": {"time": 1}}}
+    )
     launcher = SubmititLauncher(
-        SubmititSettings(poll_interval_s=1, poll_max_interval_s=2), workspace, campaign
+        SubmititSettings(poll_interval_s=1, poll_max_interval_s=2), workspace, profile
     )
     run_dir = workspace / "native" / "cell-r0" / "1"
     spec = LaunchSpec(campaign="native", cell_id="cell-r0", attempt=1, run_dir=run_dir,
@@ -108,27 +110,87 @@ def _has_no_time_limit(workspace: Path, cell_id: str, campaign: str) -> bool:
 
 def test_states_without_accounting(slurm, tmp_path: Path) -> None:
     """Jobs squeue does not know: a finished run dir is final; one with nothing fails after gone_after_s."""
-    query = SlurmQuery(min_interval_s=0.01, max_interval_s=0.01)
-    resolver = StateResolver(query, gone_after_s=1.0, settle_s=0.2)
+    launcher = SubmititLauncher(SubmititSettings(gone_after_s=1.0), tmp_path)
+    launcher.query = SlurmQuery(min_interval_s=0.01, max_interval_s=0.01)
+    launcher.settle_s = 0.2
     done, lost = tmp_path / "done", tmp_path / "lost"
     for d in (done, lost):
         d.mkdir()
-    (done / "status.json").write_text(json.dumps({"state": "completed"}))
-    (done / "exit.json").write_text(json.dumps({"exit_code": 0}))
+    rundir.write_status(done, {"state": "completed"}, rundir.TRAINER)
+    rundir.write_exit(done, exit_code=0, started_at=0, ended_at=1)
     jobs = [
         Submitted("a", 1, "987654_0", {"run_dir": str(done)}),
         Submitted("b", 1, "987655_3", {"run_dir": str(lost)}),
     ]
-    states = resolver.resolve(jobs)
+    states = launcher.poll(jobs)
     assert states["987654_0"] == JobState.COMPLETED, "the status file answers first, no scheduler needed"
     deadline = time.time() + 10
     while states["987655_3"] != JobState.FAILED and time.time() < deadline:
         time.sleep(0.3)
-        states = resolver.resolve(jobs)
+        states = launcher.poll(jobs)
     assert states["987655_3"] == JobState.FAILED
     status = json.loads((lost / "status.json").read_text())
     assert status["state"] == "failed" and "no longer known" in status["reason"]
-    assert not query.sacct_enabled and not query.errors
+    assert status["written_by"] == rundir.SCHEDULER and not rundir.status_problems(status)
+    assert not launcher.query.sacct_enabled and not launcher.query.errors
+
+
+def _command_spec(
+    workspace: Path, cell: str, argv: list[str], ranks: int = 1, minutes: float | None = None
+) -> LaunchSpec:
+    return LaunchSpec(campaign="direct", cell_id=cell, attempt=1, run_dir=workspace / "direct" / cell / "1",
+                      resources=Resources(1, ranks, minutes), module=None, args=argv)  # fmt: skip
+
+
+def test_direct_scancel_limit_rank_failure_and_completion(slurm, tmp_path: Path) -> None:
+    """Four attempts submitted, polled and cancelled through the launcher itself: one scancel'ed while running,
+    one stopped by mbx's 0.25 min limit, one whose rank 1 fails while rank 0 waits, one that completes."""
+    workspace = tmp_path / "ws"
+    profile = SlurmProfile.model_validate({"cluster": {"gpus": False, "python": sys.executable}})
+    launcher = SubmititLauncher(
+        SubmititSettings(poll_interval_s=0.5, poll_max_interval_s=1), workspace, profile
+    )
+    launcher.settle_s = 1.0
+    py = sys.executable
+    complete = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); "
+                "import os; from trainer import rundir; "
+                "rundir.write_status(os.environ['MBX_RUN_DIR'], {'state': 'completed'}, rundir.TRAINER)")  # fmt: skip
+    rank_fails = "import os, sys, time; sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(120)"
+    specs = [
+        _command_spec(workspace, "victim", [py, "-c", "import time; time.sleep(300)"]),
+        _command_spec(workspace, "limited", [py, "-c", "import time; time.sleep(300)"], minutes=0.25),
+        _command_spec(workspace, "rankfail", [py, "-c", rank_fails], ranks=2),
+        _command_spec(workspace, "done", [py, "-c", complete]),
+    ]
+    jobs = {job.cell_id: job for job in launcher.submit(specs)}
+    assert len({j.job_id.split("_")[0] for j in jobs.values()}) == 3, "one array per shape"
+    deadline = time.time() + 60
+    while (
+        launcher.poll([jobs["victim"]])[jobs["victim"].job_id] != JobState.RUNNING and time.time() < deadline
+    ):
+        time.sleep(0.5)
+    launcher.cancel([jobs["victim"]])
+    states: dict[str, JobState] = {}
+    deadline = time.time() + 150
+    while time.time() < deadline:
+        states = launcher.poll(list(jobs.values()))
+        if all(state.finished for state in states.values()):
+            break
+        time.sleep(1)
+    by_cell = {cell: states[job.job_id] for cell, job in jobs.items()}
+    assert by_cell == {"victim": JobState.CANCELLED, "limited": JobState.TIMEOUT, "rankfail": JobState.FAILED,
+                       "done": JobState.COMPLETED}, by_cell  # fmt: skip
+    status = {spec.cell_id: rundir.read_status(spec.run_dir) for spec in specs}
+    assert "cancelled in Slurm (scancel" in status["victim"]["reason"], status["victim"]
+    assert status["victim"]["attempt_wrapper"]["state"] == "cancelled"
+    assert status["limited"]["state"] == "timeout" and "time limit of 15 s" in status["limited"]["reason"]
+    assert "another rank failed and srun stopped the others" in status["rankfail"]["reason"], status[
+        "rankfail"
+    ]
+    assert status["done"]["written_by"] == rundir.TRAINER
+    for record in status.values():
+        assert not rundir.status_problems(record), record
+    assert (specs[2].run_dir / "logs" / "rank-1.log").exists() and (specs[2].run_dir / "node.json").exists()
 
 
 def test_native_slurm_timeout(native_timeout) -> None:
@@ -143,4 +205,4 @@ def test_native_slurm_timeout(native_timeout) -> None:
     status = json.loads((Path(job.info["run_dir"]) / "status.json").read_text())
     assert status["state"] == "timeout" and "DUE TO TIME LIMIT" in status["reason"], status
     assert status["slurm_state"] == "TIMEOUT" and status["attempt_wrapper"]["state"] == "cancelled"
-    assert launcher.exit_info(job)["slurm_state"] == "TIMEOUT"
+    assert status["written_by"] == rundir.SCHEDULER and not rundir.status_problems(status)

@@ -11,7 +11,7 @@ from conftest import TINY_MOE_RECIPE
 
 from orchestrator.campaign import Campaign
 from orchestrator.errors import ConfigError
-from orchestrator.sweep import expand
+from orchestrator.trainers import expand
 
 GOLDEN = Path(__file__).parent / "golden" / "expansion.json"
 
@@ -23,7 +23,9 @@ def campaign(sweep: dict, **over) -> Campaign:
 
 
 def test_product_of_axes_in_order():
-    points = expand(campaign({"axes": {"model.moe.top_k": [1, 2], "model.moe.capacity_factor": [1.0, 1.5, None]}}))
+    points = expand(
+        campaign({"axes": {"model.moe.top_k": [1, 2], "model.moe.capacity_factor": [1.0, 1.5, None]}})
+    )
     assert [(p.params["model.moe.top_k"], p.params["model.moe.capacity_factor"]) for p in points] == [
         (1, 1.0), (1, 1.5), (1, None), (2, 1.0), (2, 1.5), (2, None),
     ]  # fmt: skip
@@ -50,13 +52,21 @@ def test_explicit_cells_exclusions_and_dedup():
         campaign(
             {
                 "axes": {"model.moe.top_k": [1, 2], "model.moe.capacity_factor": [1.0, 2.0]},
-                "cells": [{"model.moe.top_k": 3, "model.moe.capacity_factor": 1.0}, {"model.moe.top_k": 1, "model.moe.capacity_factor": 1.0}],
+                "cells": [
+                    {"model.moe.top_k": 3, "model.moe.capacity_factor": 1.0},
+                    {"model.moe.top_k": 1, "model.moe.capacity_factor": 1.0},
+                ],
                 "exclude": [{"model.moe.top_k": 2, "model.moe.capacity_factor": [2.0]}],
             }
         )
     )
     combos = [(p.params["model.moe.top_k"], p.params["model.moe.capacity_factor"]) for p in points]
-    assert combos == [(1, 1.0), (1, 2.0), (2, 1.0), (3, 1.0)]  # (2, 2.0) excluded; the repeated (1, 1.0) deduplicated
+    assert combos == [
+        (1, 1.0),
+        (1, 2.0),
+        (2, 1.0),
+        (3, 1.0),
+    ]  # (2, 2.0) excluded; the repeated (1, 1.0) deduplicated
 
 
 def test_repeats_share_point_id_with_distinct_cell_ids():
@@ -73,7 +83,13 @@ def test_cell_ids_are_stable_and_depend_only_on_the_resolved_point():
     recipe = copy.deepcopy(TINY_MOE_RECIPE)
     recipe["precision"] = "bf16"  # the default, spelled out
     recipe["model"]["moe"]["top_k"] = 2
-    b = Campaign.model_validate({"name": "other-name", "trainer": {"recipe": recipe}, "sweep": {"cells": [{"model.moe.top_k": 1}, {}]}})
+    b = Campaign.model_validate(
+        {
+            "name": "other-name",
+            "trainer": {"recipe": recipe},
+            "sweep": {"cells": [{"model.moe.top_k": 1}, {}]},
+        }
+    )
     b_points = expand(b)
     assert {p.point_id for p in a} == {p.point_id for p in b_points}
     changed = expand(campaign({"axes": {"model.moe.top_k": [1, 2]}}, resources={"gpus_per_node": 2}))

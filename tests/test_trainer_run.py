@@ -9,6 +9,8 @@ import pytest
 import yaml
 from trainer_helpers import explain, losses, metrics, recipe_dict, run_torchrun, run_trainer, status
 
+from trainer import rundir
+
 ROW_FIELDS = {
     "step", "loss", "grad_norm", "lr", "step_time_ms", "tflops_per_gpu", "tokens_per_s_per_gpu",
     "mem_allocated_gib", "mem_max_allocated_gib", "mem_reserved_gib", "mem_max_reserved_gib", "skipped", "nan",
@@ -17,6 +19,7 @@ ROW_FIELDS = {
 STATUS_FIELDS = {
     "state", "reason", "steps_completed", "steps_planned", "skipped_iterations", "nan_iterations",
     "flops_per_step", "world_size", "device", "gpu_name", "torch_version", "params", "started_at", "ended_at",
+    "written_by",
 }
 
 
@@ -53,7 +56,8 @@ def test_run_directory_contract(runs):
     assert all(math.isfinite(r["eval_loss"]) for r in rows if "eval_loss" in r)
     st = status(a)
     assert set(st) == STATUS_FIELDS
-    assert st["state"] == "completed" and st["reason"] is None
+    assert st["state"] == "completed" and st["reason"] is None and st["written_by"] == rundir.TRAINER
+    assert rundir.status_problems(st) == []  # the one schema every writer of status.json is held to
     assert (st["steps_completed"], st["steps_planned"], st["skipped_iterations"], st["nan_iterations"]) == (6, 6, 0, 0)
     assert st["device"] == "cpu" and st["world_size"] == 1 and st["gpu_name"] is None and st["params"] > 0
     assert st["flops_per_step"] > 0 and st["ended_at"] >= st["started_at"]

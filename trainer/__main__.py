@@ -16,7 +16,7 @@ def _write_failed_status(out: Path, reason: str, started_at: float) -> None:
     """The recipe could not be read: record that in status.json (rank 0) without importing torch."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from trainer.runlog import status_record, write_json_atomic
+    from trainer import rundir
 
     if int(os.environ.get("RANK", 0)) != 0:
         return
@@ -25,11 +25,11 @@ def _write_failed_status(out: Path, reason: str, started_at: float) -> None:
     except PackageNotFoundError:
         torch_version = "unknown"
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "status.json", status_record(
+    rundir.write_status(out, rundir.trainer_status(
         state="failed", reason=reason, steps_completed=0, steps_planned=0, skipped_iterations=0,
         nan_iterations=0, flops_per_step=0.0, world_size=int(os.environ.get("WORLD_SIZE", 1)), device="cpu",
         gpu_name=None, torch_version=torch_version, params=0, started_at=started_at, ended_at=time.time(),
-    ))
+    ), rundir.TRAINER)
 
 
 def run(argv: list[str]) -> int:
@@ -38,7 +38,7 @@ def run(argv: list[str]) -> int:
     try:
         recipe = load_recipe(args.recipe, args.overrides)
     except Exception as err:  # noqa: BLE001 (file, YAML or schema errors: one line, exit 2)
-        from trainer.runlog import one_line
+        from trainer.rundir import one_line
 
         reason = one_line(err)
         print(f"error: {reason}", file=sys.stderr)

@@ -21,6 +21,10 @@ On a GPU with `dispatcher_sms`, the EP group's NCCL communicator is limited to t
 max_ctas), as the permutation work is limited to the green context's SMs. That caps how many SMs the all-to-all
 takes; whether its kernels also run inside the green context depends on torch issuing them on the current
 stream (recent torch does for blocking collectives; older releases use NCCL's own stream).
+
+Applied from outside: trainer.parallelize.apply_expert_parallel shards every MoE layer's experts
+(`ExpertParallel.shard`) and gives the layer's pipeline (trainer.moe_pipeline) this object as its exchange
+(`send`, `receive`), which it calls on the dispatcher stream, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.moe import DispatchPlan, GroupedExperts, MoELayer
+from trainer.moe import DispatchPlan, GroupedExperts
 
 
 def _exchange(x: torch.Tensor, group: Any, out_splits: list[int] | None, in_splits: list[int] | None
               ) -> torch.Tensor:
+    """One all_to_all_single of the rows of `x` (splits None = equal), outside autograd."""
     rows = sum(out_splits) if out_splits is not None else x.shape[0]
     out = x.new_empty((rows, *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
@@ -72,6 +77,7 @@ class _Permute(torch.autograd.Function):
 
 
 def _inverse(order: torch.Tensor) -> torch.Tensor:
+    """The inverse permutation of `order` (a scatter)."""
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
     return inverse
@@ -96,8 +102,24 @@ class ExpertParallel:
     expert_dp_group: Any  # the ranks holding the same experts (None when DP == EP)
 
     def local_experts(self, num_experts: int) -> slice:
+        """The experts this rank holds: a run of E / EP consecutive ones."""
         per = num_experts // self.size
         return slice(self.rank * per, (self.rank + 1) * per)
+
+    def shard(self, experts: GroupedExperts) -> list[nn.Parameter]:
+        """Keep only this rank's slice of `experts` (drawn in full first, so every EP layout starts from the
+        weights EP = 1 has); returns the kept parameters."""
+        part = self.local_experts(experts.num_experts)
+        if experts.discrete:
+            experts.w1 = nn.ParameterList(list(experts.w1)[part])
+            experts.w2 = nn.ParameterList(list(experts.w2)[part])
+            params = list(experts.w1) + list(experts.w2)
+        else:
+            experts.w1 = nn.Parameter(experts.w1.detach()[part].clone())
+            experts.w2 = nn.Parameter(experts.w2.detach()[part].clone())
+            params = [experts.w1, experts.w2]
+        experts.num_experts = part.stop - part.start
+        return params
 
     # -- the exchange ----------------------------------------------------------------------------------
 
@@ -206,23 +228,3 @@ def _nccl_options(dispatcher_sms: int | None) -> Any:
               flush=True)
         return None
     return options
-
-
-def shard_experts(model: nn.Module, ep: ExpertParallel) -> list[nn.Parameter]:
-    """Keep only this rank's slice of every MoE layer's experts (drawn in full first, so every EP layout
-    starts from the weights EP = 1 has); give each layer the exchange. Returns the expert parameters."""
-    params: list[nn.Parameter] = []
-    for layer in (m for m in model.modules() if isinstance(m, MoELayer)):
-        experts: GroupedExperts = layer.experts
-        part = ep.local_experts(experts.num_experts)
-        if experts.discrete:
-            experts.w1 = nn.ParameterList(list(experts.w1)[part])
-            experts.w2 = nn.ParameterList(list(experts.w2)[part])
-            params += list(experts.w1) + list(experts.w2)
-        else:
-            experts.w1 = nn.Parameter(experts.w1.detach()[part].clone())
-            experts.w2 = nn.Parameter(experts.w2.detach()[part].clone())
-            params += [experts.w1, experts.w2]
-        experts.num_experts = part.stop - part.start
-        layer.ep = ep
-    return params

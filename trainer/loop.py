@@ -27,7 +27,7 @@ from trainer.green import dispatcher_stream
 from trainer.master import MasterWeights
 from trainer.model import GPT
 from trainer.optim import build_optimizer, clip_divisor, grad_norm, lr_at, set_lr
-from trainer.parallelize import attach_dispatcher, no_sync, parallelize, unwrap
+from trainer.parallelize import apply_expert_parallel, attach_dispatcher, no_sync, parallelize, unwrap
 from trainer.profiling import StepProfiler
 from trainer.recipe import QUANTIZED_PRECISIONS, Recipe, arch_number, te_knobs
 from trainer.support import check_supported
@@ -81,7 +81,7 @@ class Trainer:
         # EP > 1: keep this rank's experts only (drawn in full first: every EP layout starts from EP = 1's weights).
         self.ep = expert_parallel.build(recipe.parallel.expert, dist.world_size, dist.rank, self.device,
                                         m.moe.dispatcher_sms if m.moe else None)
-        self.expert_params = expert_parallel.shard_experts(model, self.ep) if self.ep else []
+        self.expert_params = apply_expert_parallel(model, self.ep) if self.ep else []
         self._expert_ids = {id(p) for p in self.expert_params}
         self.te = prepare_model(model, recipe, self.device)  # TE modules in, before master weights are taken
         if self.te.paths.uses_te:

@@ -1,24 +1,21 @@
 """Mixture-of-experts MLP: top-k router, token dispatch (argsort permutation, capacity, drops), grouped experts.
 
-Routing (which experts a token goes to, with what weight) is kept apart from dispatch
-(where each token's row goes in the permuted buffer) and from expert computation
-(grouped GEMMs over that buffer), so that expert parallelism, chunked dispatch and other
-GEMM back-ends can replace one piece without touching the others.
+Read top to bottom: activations and the recompute hook, routing (which experts a token goes to, with
+what weight), dispatch (where each token's row goes in the expert-grouped buffer, and back), the expert
+MLPs (grouped GEMMs over that buffer), and the layer, which runs them in that order on this device.
+
+How the rows travel is not this module's business: trainer.parallelize installs trainer.moe_pipeline on
+a layer to overlap its chunks on a dispatcher stream (CUDA streams, events, green contexts) and to send
+rows to other ranks' experts (trainer.expert_parallel); `MoELayer.routed` is what that pipeline computes.
 
 Device→host syncs: none in the default (dropless, grouped_mm) path. Three opt-in paths
 sync, each marked where it happens: capacity dropping without `pad_to_capacity`
-(the compact buffer's size is data-dependent), the `loop` GEMM fallback and TE GroupedLinear
-experts without `pad_to_capacity` (both need the group sizes on the host).
+(the compact buffer's size is data-dependent), the `loop` GEMM fallback and TE GroupedLinear experts
+without `pad_to_capacity` (both need the group sizes on the host).
 
-Opt-in paths, each apart from the default one:
-- chunked dispatch (`dispatch_chunk_tokens`): on a GPU chunk i+1's routing/permutation runs on a
-  dispatcher stream (an ordinary side stream, or a green context's of `dispatcher_sms` SMs) while chunk
-  i's expert GEMMs run on the compute stream, and chunk i's combine overlaps chunk i+1's GEMMs; CUDA
-  events order them, `record_stream` keeps the caching allocator from handing a buffer to one stream
-  while the other still reads it. On the CPU the same code runs the chunks one after another.
-- selective recompute of `moe_dispatch` (the permuted buffer, the first expert GEMM's input) and
-  `moe_act` (the activation's output, the second expert GEMM's input): saved-tensor hooks keep a recipe
-  instead of the tensor and the backward re-makes it (a gather, an activation).
+Selective recompute of `moe_dispatch` (the permuted buffer, the first expert GEMM's input) and `moe_act`
+(the activation's output, the second expert GEMM's input): saved-tensor hooks keep a recipe instead of
+the tensor and the backward re-makes it (a gather, an activation).
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +131,10 @@ class Routing(NamedTuple):
     experts: torch.Tensor  # [T, k] int64: the experts of each token
     weights: torch.Tensor  # [T, k] fp32: combine weights (softmax over the k chosen logits)
     aux_loss: torch.Tensor  # scalar fp32, already × aux_loss_coeff (0 outside training)
+
+    def rows(self, part: slice) -> Routing:
+        """The routing of the tokens in `part` (views; the aux loss stays the whole batch's)."""
+        return Routing(self.experts[part], self.weights[part], self.aux_loss)
 
 
 def load_balancing_loss(logits: torch.Tensor, experts: torch.Tensor, top_k: int, coeff: float) -> torch.Tensor:
@@ -468,42 +469,29 @@ class GroupedLinearExperts(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# The layer, and the dispatcher stream of the chunked pipeline.
+# The layer: route, then dispatch → experts → combine chunk after chunk, then the shared experts.
 # ---------------------------------------------------------------------------------------------
 
 
-def _on(stream: Any) -> contextlib.AbstractContextManager:
-    """Issue work on `stream` (None: where it is issued now: the CPU, or no overlap)."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+def token_chunks(num_tokens: int, chunk_tokens: int | None) -> list[slice]:
+    """The token ranges of chunks of `chunk_tokens` tokens (None: one chunk of all tokens); the last may be shorter."""
+    chunk = chunk_tokens or num_tokens
+    return [slice(start, min(start + chunk, num_tokens)) for start in range(0, num_tokens, chunk)]
 
 
-def _record(stream: Any) -> Any:
-    return stream.record_event() if stream is not None else None
+class TokenPipeline(Protocol):
+    """What may carry a layer's routed tokens instead of `MoELayer.routed` (trainer.moe_pipeline.MoEPipeline)."""
 
-
-def _wait(stream: Any, event: Any) -> None:
-    if stream is not None:
-        stream.wait_event(event)
-
-
-def _used_by(stream: Any, *tensors: torch.Tensor | None) -> None:
-    """Tensors made on one stream and read on `stream`: the caching allocator must not hand their memory to
-    new work of the making stream before `stream`'s work queued so far is done (record_stream)."""
-    if stream is not None:
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                t.record_stream(stream)
+    def __call__(self, layer: MoELayer, flat: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class MoELayer(nn.Module):
     """Router → dispatch → grouped experts → combine, plus optional shared experts on every token.
 
-    Default (no `dispatch_chunk_tokens`, no dispatcher stream): one dispatch, one pair of grouped GEMMs, one
-    combine, in order on the current stream. With `dispatch_chunk_tokens` the tokens are dispatched, computed
-    and combined chunk by chunk (capacity is then per chunk), pipelined (`_pipelined`): with a `dispatcher`
-    stream (set from outside: an ordinary side stream, or a green context's) routing/permutation and combine
-    run there, overlapped with the GEMMs on the compute stream; without one (CPU, dispatch_overlap false)
-    the very same code runs the chunks one after another.
+    All on this device, in order (`routed`): one dispatch, one pair of grouped GEMMs and one combine, or, with
+    `dispatch_chunk_tokens`, one of each per chunk of that many tokens (capacity is then counted per chunk).
+    `pipeline` is None here; trainer.parallelize installs one (trainer.moe_pipeline) where chunks overlap on a
+    dispatcher stream or rows go to other ranks' experts; it computes what `routed` computes.
     `recompute_dispatch` (selective recompute's moe_dispatch) re-makes the permuted buffer in the backward.
     """
 
@@ -515,25 +503,37 @@ class MoELayer(nn.Module):
         self.experts = GroupedExperts(cfg.num_experts, hidden_size, cfg.ffn_hidden_size, activation, init_std,
                                       output_std, cfg.expert_weights, cfg.grouped_gemm)
         self.shared = shared
-        self.dispatcher: Any = None  # torch.cuda.Stream (or a green context's) for the chunked pipeline
         self.recompute_dispatch = False
-        self.ep: Any = None  # trainer.expert_parallel.ExpertParallel when the experts are sharded (EP > 1)
+        self.pipeline: TokenPipeline | None = None  # set from outside (trainer.parallelize)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, S, h] → (output [B, S, h], aux loss, dropped (token, slot) pairs)."""
         flat = x.reshape(-1, x.shape[-1])
         routing = self.router(flat)  # one router GEMM and one aux loss over all tokens, chunked or not
-        if self.cfg.dispatch_chunk_tokens is None and self.dispatcher is None and self.ep is None:
-            out, dropped = self._routed(flat, routing)
-            if self.shared is not None:
-                out = out + self.shared(flat)
-        elif (self.dispatcher is not None and flat.is_cuda) or self.ep is not None:
-            out, dropped = self._pipelined_on_streams(flat, routing)
+        if self.pipeline is not None:
+            out, dropped = self.pipeline(self, flat, routing)
         else:
-            out, dropped = self._pipelined(flat, routing, None)
+            out, dropped = self.routed(flat, routing)
         return out.view_as(x), routing.aux_loss, dropped
 
-    def _plan(self, routing: Routing) -> DispatchPlan:
+    def routed(self, flat: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every chunk in turn (all tokens at once by default), then the shared experts on every token."""
+        if self.cfg.dispatch_chunk_tokens is None:
+            out, dropped = self.route_chunk(flat, routing)
+        else:
+            parts = token_chunks(flat.shape[0], self.cfg.dispatch_chunk_tokens)
+            done = [self.route_chunk(flat[part], routing.rows(part)) for part in parts]
+            out, dropped = torch.cat([y for y, _ in done]), torch.stack([d for _, d in done]).sum()
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return out, dropped
+
+    def route_chunk(self, tokens: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dispatch → experts → combine of one chunk: (its output, its dropped pairs)."""
+        plan = self.plan(routing)
+        return combine(self.run_experts(dispatch(tokens, plan), plan, tokens), plan), plan.dropped
+
+    def plan(self, routing: Routing) -> DispatchPlan:
         """Capacity (counted over this chunk's tokens) and the permutation of one chunk."""
         cfg = self.cfg
         capacity = None
@@ -541,71 +541,8 @@ class MoELayer(nn.Module):
             capacity = expert_capacity(routing.experts.shape[0], cfg.top_k, cfg.num_experts, cfg.capacity_factor)
         return plan_dispatch(routing, cfg.num_experts, capacity, cfg.drop_policy, cfg.pad_to_capacity)
 
-    def _experts(self, buf: torch.Tensor, plan: DispatchPlan, tokens: torch.Tensor) -> torch.Tensor:
+    def run_experts(self, buf: torch.Tensor, plan: DispatchPlan, tokens: torch.Tensor) -> torch.Tensor:
+        """The experts over the permuted buffer `buf` of `tokens`; with moe_dispatch recompute the backward re-gathers it."""
         if self.recompute_dispatch:
             return self.experts(buf, plan, lambda: gather_rows(tokens, plan).to(buf.dtype))
         return self.experts(buf, plan)
-
-    def _routed(self, flat: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dispatch → experts → combine of all tokens at once (the default path)."""
-        plan = self._plan(routing)
-        return combine(self._experts(dispatch(flat, plan), plan, flat), plan), plan.dropped
-
-    @torch.compiler.disable  # streams, events, record_stream and the EP all-to-alls run eagerly
-    def _pipelined_on_streams(self, flat: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._pipelined(flat, routing, self.dispatcher if flat.is_cuda else None)
-
-    def _pipelined(self, flat: torch.Tensor, routing: Routing, side: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chunks of `dispatch_chunk_tokens` tokens; with a `side` stream the dispatcher work overlaps the GEMMs.
-
-        Issue order (one CPU thread): permute chunk 0 (side) · shared experts (compute) · then per chunk i:
-        GEMMs i (compute, after permute i) · permute i+1 (side, beside GEMMs i) · combine i (side, after
-        GEMMs i, beside GEMMs i+1). Outputs join on the compute stream at the end.
-        """
-        main = torch.cuda.current_stream(flat.device) if side is not None else None
-        total = flat.shape[0]
-        chunk = self.cfg.dispatch_chunk_tokens or total
-        parts = [slice(start, min(start + chunk, total)) for start in range(0, total, chunk)]
-        if side is not None:
-            side.wait_stream(main)  # x and the routing are ready before the first permutation
-            _used_by(side, flat, routing.experts, routing.weights)
-
-        def permute(part: slice) -> tuple[torch.Tensor, DispatchPlan, torch.Tensor, Any, Any]:
-            with _on(side):
-                tokens = flat[part]
-                plan = self._plan(Routing(routing.experts[part], routing.weights[part], routing.aux_loss))
-                buf, batch = dispatch(tokens, plan), None
-                if self.ep is not None:  # rows to their experts' ranks (all-to-all on the dispatcher stream)
-                    buf, batch = self.ep.send(buf, plan)
-                ready = _record(side)
-            local = batch.plan if batch is not None else plan
-            _used_by(main, buf, *(t for t in (*plan, *local) if isinstance(t, torch.Tensor)))
-            return tokens, plan, buf, ready, batch
-
-        pending = permute(parts[0])
-        shared = self.shared(flat) if self.shared is not None else None  # compute stream, beside permute 0
-        outs, dropped = [], []
-        for i in range(len(parts)):
-            tokens, plan, buf, ready, batch = pending
-            _wait(main, ready)
-            if batch is None:
-                y = self._experts(buf, plan, tokens)
-            else:  # the received buffer cannot be re-made locally: moe_dispatch recompute does not apply
-                y = self.experts(buf, batch.plan)
-            done = _record(main)
-            _used_by(side, y)
-            if i + 1 < len(parts):
-                pending = permute(parts[i + 1])  # the next chunk's permutation runs beside these GEMMs
-            with _on(side):
-                _wait(side, done)
-                if batch is not None:  # outputs back to the ranks that own the tokens
-                    y = self.ep.receive(y, batch)
-                outs.append(combine(y, plan))
-            dropped.append(plan.dropped)
-            _used_by(main, outs[-1])
-        if side is not None:
-            main.wait_stream(side)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)
-        if shared is not None:
-            out = out + shared
-        return out, dropped[0] if len(dropped) == 1 else torch.stack(dropped).sum()

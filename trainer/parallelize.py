@@ -1,8 +1,10 @@
-"""What wraps the model from outside: activation recompute, the MoE dispatcher stream, torch.compile, DDP."""
+"""What wraps the model from outside: the MoE pipeline and expert parallelism, recompute, torch.compile, DDP."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from typing import Any
 
 import torch
 from torch import nn
@@ -10,8 +12,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from trainer.distributed import Dist
+from trainer.expert_parallel import ExpertParallel
 from trainer.model import GPT
 from trainer.moe import MoELayer
+from trainer.moe_pipeline import MoEPipeline
 from trainer.recipe import RECOMPUTE_MODULES
 
 
@@ -22,7 +26,7 @@ class Recompute(nn.Module):
         super().__init__()
         self.inner = inner
 
-    def forward(self, *args):
+    def forward(self, *args: Any) -> Any:
         # preserve_rng_state=False: the model draws no random numbers (no dropout, deterministic routing).
         return checkpoint(self.inner, *args, use_reentrant=False, preserve_rng_state=False)
 
@@ -48,12 +52,36 @@ def apply_recompute(model: GPT, mode: str, modules: frozenset[str] | None = None
             layer.mlp.experts.recompute_act = "moe_act" in modules
 
 
+def moe_layers(model: nn.Module) -> list[MoELayer]:
+    """Every MoE layer of `model` (or `model` itself when it is one)."""
+    return [m for m in model.modules() if isinstance(m, MoELayer)]
+
+
+def _install_pipeline(layer: MoELayer, **fields: Any) -> None:
+    """Set `fields` of the layer's pipeline; a layer that neither chunks, overlaps nor exchanges keeps none."""
+    pipeline = dataclasses.replace(layer.pipeline or MoEPipeline(), **fields)
+    needed = (pipeline.side is not None or pipeline.exchange is not None
+              or layer.cfg.dispatch_chunk_tokens is not None)
+    layer.pipeline = pipeline if needed else None
+
+
 def attach_dispatcher(model: nn.Module, stream: object) -> int:
-    """Give every MoE layer the dispatcher stream of the chunked pipeline (None = no overlap); returns how many."""
-    layers = [m for m in model.modules() if isinstance(m, MoELayer)]
+    """Give every MoE layer the chunked pipeline (trainer.moe_pipeline) on dispatcher stream `stream` (None = no
+    overlap) where it chunks its tokens or has a stream; returns how many MoE layers there are."""
+    layers = moe_layers(model)
     for layer in layers:
-        layer.dispatcher = stream
+        _install_pipeline(layer, side=stream)
     return len(layers)
+
+
+def apply_expert_parallel(model: nn.Module, ep: ExpertParallel) -> list[nn.Parameter]:
+    """Keep this rank's experts of every MoE layer and send its rows to their experts' ranks through `ep`'s
+    all-to-all (in the layer's pipeline, on its dispatcher stream if any). Returns the expert parameters."""
+    params: list[nn.Parameter] = []
+    for layer in moe_layers(model):
+        params += ep.shard(layer.experts)
+        _install_pipeline(layer, exchange=ep)
+    return params
 
 
 def apply_compile(model: GPT) -> None:
@@ -94,4 +122,5 @@ def no_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
 
 
 def unwrap(model: nn.Module) -> GPT:
+    """The model inside DDP (or the model itself)."""
     return model.module if isinstance(model, DistributedDataParallel) else model

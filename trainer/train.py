@@ -34,17 +34,17 @@ from pathlib import Path
 
 import torch
 
-from trainer import distributed
+from trainer import distributed, rundir
 from trainer.cli import recipe_yaml
 from trainer.flops import step_flops
 from trainer.loop import Trainer
 from trainer.recipe import Recipe
-from trainer.runlog import MetricsWriter, base_env, one_line, status_record, write_json_atomic
+from trainer.rundir import MetricsWriter, one_line
 
 
 def environment(world_size: int) -> dict:
     """env.json: what ran where (versions of everything that changes kernel performance)."""
-    env = base_env()
+    env = rundir.host_env()
     env.update(world_size=world_size, torch=torch.__version__, cuda=torch.version.cuda,
                gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
                gpu_name=None, gpu_capability=None, driver=None, nccl=None, transformer_engine=None)
@@ -125,12 +125,12 @@ def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
         device = dist.device.type
         gpu_name = torch.cuda.get_device_name(dist.device) if device == "cuda" else None
         if is_main:
-            write_json_atomic(out_dir / "env.json", environment(dist.world_size))
-            if not (out_dir / "recipe.yaml").exists():
-                (out_dir / "recipe.yaml").write_text(recipe_yaml(recipe))
+            rundir.write_env(out_dir, environment(dist.world_size))
+            if not (out_dir / rundir.RECIPE).exists():
+                (out_dir / rundir.RECIPE).write_text(recipe_yaml(recipe))
         trainer = Trainer(recipe, dist, log=lambda line: print(line, flush=True))
         print(trainer.describe(), flush=True)
-        metrics = MetricsWriter(out_dir / "metrics.jsonl") if is_main else None
+        metrics = MetricsWriter(out_dir) if is_main else None
         trainer.run(on_row=metrics.write if metrics else lambda row: None, out_dir=out_dir)
     except BaseException as err:  # noqa: BLE001 (Ctrl-C and SystemExit are failures too)
         _RAISE_ON_SIGTERM[0] = False
@@ -143,7 +143,7 @@ def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
         if metrics is not None:
             metrics.close()
         if is_main:
-            write_json_atomic(out_dir / "status.json", status_record(
+            rundir.write_status(out_dir, rundir.trainer_status(
                 state=state, reason=reason,
                 steps_completed=trainer.completed if trainer else 0,
                 steps_planned=recipe.training.steps,
@@ -152,7 +152,7 @@ def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
                 flops_per_step=trainer.flops.total if trainer else _flops_or_zero(recipe, world),
                 world_size=world, device=device, gpu_name=gpu_name, torch_version=torch.__version__,
                 params=trainer.params if trainer else 0, started_at=started_at, ended_at=time.time(),
-            ))
+            ), rundir.TRAINER)
         _KEPT_UNTIL_EXIT.append(trainer)
         distributed.teardown()
     print(json.dumps({"state": state, "reason": reason}), file=sys.stderr if rc else sys.stdout, flush=True)

@@ -33,7 +33,7 @@ head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 
 # Command 1
 
-srun --output <WS>/golden/nemo-run/experiments/mbx-golden/mbx-golden_e7781b3856/aaaa-r0-a1/log-mbx-golden-aaaa-r0-a1_%j_${SLURM_RESTART_COUNT:-0}.out --container-image nvcr.io#nvidia/pytorch:25.01-py3 --container-mounts <MBX>:<MBX>,<WS>:<WS>,<WS>/golden/nemo-run/experiments/mbx-golden/mbx-golden_e7781b3856/aaaa-r0-a1:/nemo_run --container-workdir /nemo_run/code --container-env HF_TOKEN,WANDB_API_KEY --wait=60 --kill-on-bad-exit=1 --container-workdir=/workspace python3 <MBX>/launchers/_rank.py --tasks <WS>/golden/slurm/nemo-e7781b3856/tasks.json --index 0 --port-base 20000
+srun --output <WS>/golden/nemo-run/experiments/mbx-golden/mbx-golden_e7781b3856/aaaa-r0-a1/log-mbx-golden-aaaa-r0-a1_%j_${SLURM_RESTART_COUNT:-0}.out --container-image nvcr.io#nvidia/pytorch:25.01-py3 --container-mounts <MBX>:<MBX>,<WS>:<WS>,<WS>/golden/nemo-run/experiments/mbx-golden/mbx-golden_e7781b3856/aaaa-r0-a1:/nemo_run --container-workdir /nemo_run/code --container-env HF_TOKEN,WANDB_API_KEY --wait=60 --kill-on-bad-exit=1 --container-workdir=/workspace python3 -u <MBX>/launchers/node/rank.py --tasks <WS>/golden/slurm/nemo-e7781b3856/tasks.json --index 0 --port-base 20000
 
 exitcode=$?
 

@@ -9,36 +9,27 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from launchers.base import JobState, Launcher, LaunchSpec, Submitted
+from launchers.base import LaunchSpec, Rendered, Submitted
+from launchers.command import node_entry_argv, node_python
 from launchers.registry import register
-from launchers.slurm_common import (
+from launchers.slurm.launcher import SlurmLauncher
+from launchers.slurm.query import parse_parsable
+from launchers.slurm.render import (
     SCRIPT_FILE,
     TASKS_FILE,
-    SlurmQuery,
-    SlurmRendered,
-    SlurmSettings,
-    StateResolver,
+    JobRequest,
     batch_dir,
     batch_key,
-    cancel_jobs,
-    check_campaign,
-    check_value,
-    container_flags,
-    describe,
     group_by_shape,
-    parse_parsable,
-    project_git_sha,
-    rank_command,
-    run_local,
+    job_request,
     safe_name,
-    sbatch_cluster_parameters,
-    sbatch_extra,
     shape_label,
     shape_of,
     task_table,
 )
+from launchers.slurm.settings import SlurmSettings, check_value
 
-# sbatch parameters mbx sets itself from the campaign (resources, cluster, container): not settable here.
+# sbatch parameters mbx sets itself from the profile and resources: not settable in sbatch_parameters.
 _OWN_PARAMETERS = {"job_name", "nodes", "ntasks_per_node", "time", "gpus_per_node", "setup", "teardown", "srun_args",
                    "use_srun", "array_parallelism", "additional_parameters", "partition", "account", "qos",
                    "constraint", "exclusive", "cpus_per_task", "mem", "wckey", "signal_delay_s"}  # fmt: skip
@@ -78,22 +69,18 @@ class SubmititSettings(SlurmSettings):
 def sbatch_text(
     specs: list[LaunchSpec],
     folder: Path,
-    table: Path,
-    campaign: Any,
+    request: JobRequest,
+    rank_argv: list[str],
     settings: SubmititSettings,
-    workspace: Path,
 ) -> str:
     """The array job script of one group of same-shape attempts, rendered by submitit's `_make_sbatch_string`."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    spec = specs[0]
-    nodes, ranks, minutes = shape_of(spec)
-    gpus = getattr(getattr(campaign, "cluster", None), "gpus", True)
-    env_pass = sorted({name for s in specs for name in s.env_pass})
-    srun = ["srun", "--unbuffered", "--kill-on-bad-exit=1", *container_flags(campaign, settings, workspace, env_pass),
-            *settings.srun_args, *rank_command(campaign, table, settings)]  # fmt: skip
+    srun = ["srun", "--unbuffered", "--kill-on-bad-exit=1", *request.container_flags(), *request.srun_args,
+            *rank_argv]  # fmt: skip
     setup = ["# every value reaches the ranks through the task table, never through this shell",
-             f"# task table: {shlex.quote(str(table))}"]  # fmt: skip
+             f"# task table: {shlex.quote(str(folder / TASKS_FILE))}"]  # fmt: skip
+    env_pass = sorted({name for s in specs for name in s.env_pass})
     if env_pass:
         setup.append("# passed by name from the submitting environment (--export=ALL): " + " ".join(env_pass))
     text = _make_sbatch_string(
@@ -101,16 +88,16 @@ def sbatch_text(
         folder=folder,
         map_count=len(specs),
         array_parallelism=settings.array_parallelism,
-        job_name=safe_name(f"mbx-{spec.campaign}-{shape_label(spec)}"),
-        nodes=nodes,
-        ntasks_per_node=ranks,
-        gpus_per_node=ranks if gpus else None,
-        time=minutes,  # None: no --time line (the partition's limit)
+        job_name=safe_name(f"mbx-{specs[0].campaign}-{shape_label(specs[0])}"),
+        nodes=request.nodes,
+        ntasks_per_node=request.ntasks_per_node,
+        gpus_per_node=request.gpus_per_node,
+        time=request.time_min,  # None: no --time line (the partition's limit)
         wckey=settings.wckey,
         use_srun=False,
         setup=setup,
-        additional_parameters=sbatch_extra(campaign, settings),
-        **sbatch_cluster_parameters(campaign, settings),
+        additional_parameters=request.extra,
+        **request.cluster,
         **settings.sbatch_parameters,
     )
     # submitit asks for USR2 before the limit (its checkpoint hook); the ranks here would die of it: drop it.
@@ -118,42 +105,34 @@ def sbatch_text(
 
 
 @register
-class SubmititLauncher(Launcher):
+class SubmititLauncher(SlurmLauncher):
     """Submits each group of same-shape attempts as one Slurm job array through sbatch --parsable."""
 
     name = "submitit"
     Settings = SubmititSettings
+    settings: SubmititSettings
 
-    def __init__(self, settings: SubmititSettings | None, workspace: Path, cluster: Any = None):
-        super().__init__(settings, workspace, cluster)
-        s = self.settings
-        check_campaign(cluster, s, workspace)
-        self.query = SlurmQuery(run_local, s.poll_interval_s, s.poll_max_interval_s)
-        self.resolver = StateResolver(self.query, gone_after_s=s.gone_after_s)
-
-    def render(self, specs: list[LaunchSpec]) -> list[SlurmRendered]:
+    def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
         rendered = []
-        sha = project_git_sha()
         for group in group_by_shape(specs):
             folder = batch_dir(self.workspace, group[0], batch_key(group))
             table, script = folder / TASKS_FILE, folder / SCRIPT_FILE
-            text = sbatch_text(group, folder, table, self.cluster, self.settings, self.workspace)
-            argv = ["sbatch", "--parsable", str(script)]
-            files = {table: task_table(group, self.cluster, self.settings, sha), script: text}
-            item = SlurmRendered(group, files, argv, scripts={script: text}, submit_commands=[argv])
-            item.description = describe(item)
-            rendered.append(item)
+            request = job_request(group, self.profile, self.settings, self.workspace)
+            python = node_python(self.profile)
+            rank = node_entry_argv(python, table, self.settings.master_port_base)
+            text = sbatch_text(group, folder, request, rank, self.settings)
+            files = {table: task_table(group, self.profile, self.settings, python), script: text}
+            rendered.append(Rendered(group, files, {script: text}, [["sbatch", "--parsable", str(script)]]))
         return rendered
 
-    def launch(self, rendered: SlurmRendered) -> list[Submitted]:
-        out = run_local(rendered.submit_argv or [])
+    def launch(self, rendered: Rendered) -> list[Submitted]:
+        out = self.scheduler_command(rendered.submit_argv or [])
         if out.returncode != 0:
             raise RuntimeError(f"sbatch failed ({out.returncode}): {(out.stderr or out.stdout).strip()}")
         array_id = parse_parsable(out.stdout)
-        script = next(iter(rendered.scripts))
-        folder = script.parent
-        minutes = shape_of(rendered.specs[0])[2]
-        now = time.time()
+        folder = next(iter(rendered.scripts)).parent
+        common = {"argv": rendered.submit_argv, "script": str(folder / SCRIPT_FILE), "tasks": str(folder / TASKS_FILE),
+                  "array_job_id": array_id, "time_min": shape_of(rendered.specs[0])[2], "submitted_at": time.time()}  # fmt: skip
         return [
             Submitted(
                 spec.cell_id,
@@ -161,25 +140,11 @@ class SubmititLauncher(Launcher):
                 f"{array_id}_{index}",
                 {
                     "run_dir": str(spec.run_dir),
-                    "argv": rendered.submit_argv,
-                    "script": str(script),
-                    "tasks": str(folder / TASKS_FILE),
                     "index": index,
-                    "array_job_id": array_id,
-                    "time_min": minutes,
+                    **common,
                     "slurm_output": str(folder / f"{array_id}_{index}_0_log.out"),
                     "slurm_error": str(folder / f"{array_id}_{index}_0_log.err"),
-                    "submitted_at": now,
                 },
             )  # fmt: skip
             for index, spec in enumerate(rendered.specs)
         ]
-
-    def poll(self, jobs: list[Submitted]) -> dict[str, JobState]:
-        return self.resolver.resolve(jobs)
-
-    def cancel(self, jobs: list[Submitted]) -> None:
-        cancel_jobs([job.job_id for job in jobs])
-
-    def exit_info(self, job: Submitted) -> dict[str, Any]:
-        return self.resolver.exit_info(job)

@@ -1,0 +1,1 @@
+"""The launcher backends: every module in this package is one backend and registers its class by name."""

@@ -1,0 +1,283 @@
+"""NeMo-Run backend: one Experiment per submission batch, one run.Script task per attempt, on Slurm or locally."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from launchers.base import LaunchSpec, Rendered, Submitted
+from launchers.command import here_python, node_entry_argv, node_python
+from launchers.registry import register
+from launchers.slurm.launcher import SlurmLauncher
+from launchers.slurm.query import Scheduler, SchedulerState
+from launchers.slurm.render import batch_key, job_request, safe_name, shape_of, task_table
+from launchers.slurm.settings import SlurmSettings
+
+INSTALL_HINT = (
+    "the nemo-run launcher needs NeMo-Run: pip install 'mbx[nemo]' (nemo-run==0.11.1, leptonai==0.27.3)"
+)
+NEMO_TERMINAL_STATES = {
+    "SUCCEEDED": "COMPLETED",
+    "FAILED": "FAILED",
+    "CANCELLED": "CANCELLED",
+}  # torchx AppState
+
+
+def import_nemo_run() -> Any:
+    """`nemo_run`, imported only when this backend is used (it is slow to import and optional)."""
+    try:
+        import nemo_run
+    except ImportError as err:
+        raise RuntimeError(f"{INSTALL_HINT} ({type(err).__name__}: {err})") from None
+    return nemo_run
+
+
+class NemoRunSettings(SlurmSettings):
+    """Settings of the NeMo-Run backend (`launchers.nemo-run` in a campaign)."""
+
+    executor: Literal["slurm", "local"] = Field(
+        "slurm", description="run.SlurmExecutor or run.LocalExecutor."
+    )
+    tunnel: Literal["local", "ssh"] = Field(
+        "local",
+        description="run.LocalTunnel (mbx runs on the login node) or run.SSHTunnel (host/user/job_dir).",
+    )
+    host: str | None = Field(None, description="SSH tunnel: login node host name.")
+    user: str | None = Field(None, description="SSH tunnel: user name on the login node.")
+    identity: str | None = Field(None, description="SSH tunnel: private key file.")
+    job_dir: str | None = Field(
+        None,
+        description="Where NeMo-Run keeps experiments on the cluster (SSH: required; local: "
+        "<workspace>/<campaign>/nemo-run/experiments). With SSH the workspace must have the same path on both sides.",
+    )
+
+
+@contextlib.contextmanager
+def inside_experiment(experiment: Any) -> Iterator[Any]:
+    """NeMo-Run only adds and runs tasks inside an experiment's context; set it without __exit__'s side effects."""
+    from nemo_run.run.experiment import _current_experiment
+
+    token = _current_experiment.set(experiment)
+    stdin = sys.stdin
+    sys.stdin = open(os.devnull)  # NeMo-Run's tunnels (invoke) would otherwise read and forward our stdin
+    try:
+        yield experiment
+    finally:
+        sys.stdin.close()
+        sys.stdin = stdin
+        _current_experiment.reset(token)
+
+
+def _hhmmss(minutes: int | None) -> str | None:
+    return None if minutes is None else f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+def _job_id(handle: str) -> str:
+    """`slurm_tunnel://nemo_run/123` → `123`; other handles are kept whole."""
+    return handle.rsplit("/", 1)[-1] if handle.startswith("slurm") else handle
+
+
+class LocalExecutorJobs:
+    """The scheduler of NeMo-Run's local executor: the states NeMo-Run reports for the jobs it started here."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, tuple[Any, Any]] = {}  # job id → (experiment, job)
+        self.states: dict[str, SchedulerState] = {}
+        self.queries = 0
+
+    def refresh(self, job_ids: list[str], force: bool = False) -> bool:
+        for job_id in job_ids:
+            known = self.jobs.get(job_id)
+            word = "RUNNING"  # adopted after a restart: only the run dir can tell
+            if known is not None:
+                experiment, job = known
+                # NeMo-Run answers with torchx's AppState; read its name instead of importing torchx here
+                name = getattr(job.status(experiment._runner), "name", None)
+                word = NEMO_TERMINAL_STATES.get(str(name), "RUNNING")
+            self.states[job_id] = SchedulerState(word, "", "nemo-run", time.time())
+        self.queries += 1
+        return True
+
+    def cancel(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            known = self.jobs.get(job_id)
+            if known is not None:
+                experiment, job = known
+                job.cancel(experiment._runner)
+
+
+@register
+class NemoRunLauncher(SlurmLauncher):
+    """Builds a NeMo-Run Experiment (deterministic id) per batch; render() is NeMo-Run's own dry run."""
+
+    name = "nemo-run"
+    Settings = NemoRunSettings
+    settings: NemoRunSettings
+
+    def __init__(self, settings: Any, workspace: Path, profile: Any = None):
+        if importlib.util.find_spec("nemo_run") is None:  # fail before anything is written, without importing
+            raise RuntimeError(INSTALL_HINT)
+        self._tunnel: Any = None
+        super().__init__(settings, workspace, profile)
+
+    def make_scheduler(self) -> Scheduler:
+        return LocalExecutorJobs() if self.settings.executor == "local" else super().make_scheduler()
+
+    def scheduler_command(self, argv: list[str]) -> Any:
+        if self.settings.tunnel != "ssh" or self.settings.executor != "slurm":
+            return super().scheduler_command(argv)
+        if self._tunnel is None:
+            return subprocess.CompletedProcess(argv, 1, "", "no SSH tunnel yet")
+        self._tunnel.connect()
+        result = self._tunnel.run(shlex.join(argv), hide=True, warn=True)
+        return subprocess.CompletedProcess(argv, result.return_code, result.stdout, result.stderr)
+
+    # NeMo-Run objects ------------------------------------------------------------------------------------
+    def _base_dir(self, spec: LaunchSpec) -> Path:
+        return self.workspace / spec.campaign / "nemo-run"
+
+    def _table(self, specs: list[LaunchSpec]) -> Path:
+        return self.workspace / specs[0].campaign / "slurm" / f"nemo-{batch_key(specs)}" / "tasks.json"
+
+    def tunnel(self, spec: LaunchSpec) -> Any:
+        run = import_nemo_run()
+        s = self.settings
+        if s.tunnel == "ssh":
+            if not (s.host and s.user and s.job_dir):
+                raise ValueError("launchers.nemo-run: tunnel 'ssh' needs host, user and job_dir")
+            if self._tunnel is None:  # one connection, shared
+                self._tunnel = run.SSHTunnel(host=s.host, user=s.user, job_dir=s.job_dir, identity=s.identity)
+            return self._tunnel
+        # one LocalTunnel per executor, as NeMo-Run's own examples do: a shared one collects every task's
+        # packaging jobs, and NeMo-Run serializes it with each task (quadratic in the number of tasks)
+        return run.LocalTunnel(job_dir=s.job_dir or str(self._base_dir(spec) / "experiments"))
+
+    def executor(self, spec: LaunchSpec) -> Any:
+        """run.SlurmExecutor (or run.LocalExecutor) for one attempt, from the profile's job request."""
+        run = import_nemo_run()
+        if self.settings.executor == "local":
+            ranks = spec.resources.gpus_per_node
+            return run.LocalExecutor(ntasks_per_node=ranks, launcher="torchrun" if ranks > 1 else None)
+        req = job_request([spec], self.profile, self.settings, self.workspace)
+        srun_args = list(req.srun_args)
+        if req.container_workdir:  # NeMo-Run sets its own workdir first; the last one wins
+            srun_args.append(f"--container-workdir={req.container_workdir}")
+        return run.SlurmExecutor(
+            account=req.cluster.get("account"), partition=req.cluster.get("partition"), qos=req.cluster.get("qos"),
+            constraint=req.cluster.get("constraint"), exclusive=req.cluster.get("exclusive"),
+            job_name_prefix=safe_name(f"mbx-{spec.campaign}-", 40), time=_hhmmss(req.time_min), nodes=req.nodes,
+            ntasks_per_node=req.ntasks_per_node, gpus_per_node=req.gpus_per_node,
+            cpus_per_task=req.cluster.get("cpus_per_task"), mem=req.cluster.get("mem"),
+            container_image=req.container_image, container_mounts=req.container_mounts,
+            container_env=req.container_env or None,
+            additional_parameters={k: v for k, v in req.extra.items() if k != "requeue"},  # NeMo-Run adds --requeue
+            srun_args=srun_args or None, tunnel=self.tunnel(spec), packager=run.Packager(),
+            poll_estimated_start_time=False,
+        )  # fmt: skip
+
+    def script(self, table: Path, index: int) -> Any:
+        """run.Script running the per-rank entry; NeMo-Run joins args with spaces, so each is quoted here."""
+        run = import_nemo_run()
+        if self.settings.executor == "local":  # torchrun (or `python` on PATH) starts it, unquoted argv
+            argv = node_entry_argv("python", table, self.settings.master_port_base, index)
+            return run.Script(path=argv[2], args=argv[3:], entrypoint="python")
+        argv = node_entry_argv(node_python(self.profile), table, self.settings.master_port_base, index)
+        return run.Script(path=shlex.quote(argv[2]), args=[shlex.quote(a) for a in argv[3:]],
+                          entrypoint=shlex.join(argv[:2]))  # fmt: skip
+
+    def experiment(self, specs: list[LaunchSpec]) -> Any:
+        """The batch's Experiment: deterministic id (campaign + batch key), one task per attempt."""
+        run = import_nemo_run()
+        title = safe_name(f"mbx-{specs[0].campaign}")
+        table = self._table(specs)
+        experiment = run.Experiment(
+            title, id=f"{title}_{batch_key(specs)}", base_dir=str(self._base_dir(specs[0])), clean_mode=True,
+            enable_goodbye_message=False, skip_status_at_exit=True, log_level="WARN",
+        )  # fmt: skip
+        with inside_experiment(experiment):
+            for index, spec in enumerate(specs):
+                name = safe_name(f"{spec.cell_id}-a{spec.attempt}")
+                experiment.add(self.script(table, index), executor=self.executor(spec), name=name)
+        return experiment
+
+    # the Launcher hooks ----------------------------------------------------------------------------------
+    def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
+        """The batch's sbatch scripts from NeMo-Run's own dry run of its Experiment (nothing submitted; the
+        Experiment dir it writes is removed again). launch() builds the same Experiment afresh and runs it."""
+        if not specs:
+            return []
+        local = self.settings.executor == "local"
+        python = here_python() if local else node_python(self.profile)
+        files = {self._table(specs): task_table(specs, self.profile, self.settings, python)}
+        if local:
+            note = f"NeMo-Run local executor: {len(specs)} task(s), started with {here_python()}"
+            return [Rendered(list(specs), files, notes=[note])]
+        scripts: dict[Path, str] = {}
+        commands: list[list[str]] = []
+        experiment = self.experiment(specs)
+        with inside_experiment(experiment):
+            experiment.dryrun(log=False, exist_ok=True, delete_exp_dir=True)
+        for job in experiment.jobs:
+            executor = job.executor
+            path = Path(executor.experiment_dir) / f"{executor.job_name}_sbatch.sh"
+            scripts[path] = job._dryrun_info.request.materialize()
+            remote = os.path.join(executor.tunnel.job_dir, f"{executor.job_name}_sbatch.sh")
+            commands.append(["sbatch", "--requeue", "--parsable", remote])
+        return [Rendered(list(specs), files, scripts, commands)]
+
+    def launch(self, rendered: Rendered) -> list[Submitted]:
+        # A fresh Experiment: reusing the dry-run one would make NeMo-Run serialize its shared tunnel (with every
+        # task's packaging job) into every task, three times over (quadratic in the number of tasks).
+        experiment = self.experiment(rendered.specs)
+        with inside_experiment(experiment), self._local_path():
+            experiment.run(detach=True)
+        now = time.time()
+        table = next(iter(rendered.files))
+        scripts = list(rendered.scripts.items())
+        submitted = []
+        for index, (spec, job) in enumerate(zip(rendered.specs, experiment.jobs, strict=True)):
+            if not job.launched or not job.handle:
+                raise RuntimeError(f"NeMo-Run did not launch {job.id} (state {job.state})")
+            job_id = _job_id(job.handle)
+            info: dict[str, Any] = {"run_dir": str(spec.run_dir), "tasks": str(table), "index": index,
+                                    "handle": job.handle, "time_min": shape_of(spec)[2], "submitted_at": now,
+                                    "experiment": experiment._id}  # fmt: skip
+            if scripts:
+                path, text = scripts[index]
+                info.update(argv=rendered.commands[index], script=str(path))
+                info["slurm_output"] = str(job.executor.job_details.stdout).replace("%j", job_id)
+                if path.exists() and path.read_text() != text:
+                    print(
+                        f"warning: NeMo-Run submitted {path}, which differs from the rendered script",
+                        file=sys.stderr,
+                    )
+            else:
+                self.query.jobs[job_id] = (experiment, job)  # type: ignore[attr-defined]
+            submitted.append(Submitted(spec.cell_id, spec.attempt, job_id, info))
+        return submitted
+
+    @contextlib.contextmanager
+    def _local_path(self) -> Iterator[None]:
+        """Local executor: torchrun starts `python` from PATH; make it this machine's interpreter (here_python)."""
+        if self.settings.executor != "local":
+            yield
+            return
+        found = shutil.which(here_python())
+        before = os.environ.get("PATH", "")
+        if found:
+            os.environ["PATH"] = os.pathsep.join([str(Path(found).parent), before])
+        try:
+            yield
+        finally:
+            os.environ["PATH"] = before

@@ -1,0 +1,134 @@
+"""The attempt wrapper: runs one attempt's command and leaves the run dir self-describing (exit.json, status.json).
+
+Command line (the contract; the local backend builds it with `launchers.command.attempt_argv`, and
+launchers/node/rank.py calls `run()` in-process on rank 0)::
+
+    PYTHON -m launchers.node.attempt --run-dir DIR --log FILE [--time-limit-s S] -- ARGV...
+
+- the child runs with this process's environment and cwd, its stdout and stderr appended to FILE;
+- SIGTERM/SIGINT are forwarded to it; after S seconds it is terminated (SIGKILL 30 s later);
+- when it ends, exit.json records its exit code (or signal), the time limit that stopped it
+  (`timed_out_after_s`) or the signal that stopped it (`stopped_by_signal`), through `rundir.write_exit`;
+- then status.json is settled from what the run left (`rundir.resolve_state(status, exit)`): the trainer's own
+  status stands unless this wrapper stopped it; with no status at all, one is written from the exit code
+  (writer `rundir.WRAPPER`, with the tail of FILE), so whoever collects the run later knows what happened;
+- a command that cannot start is recorded as exit code 127, failed with reason "cannot start ...".
+
+Exit status: 0 when the child exited 0, its code when positive, 128 + N when killed by signal N.
+Standard library only (plus trainer/rundir.py from the checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainer import rundir
+
+KILL_AFTER_S = 30.0  # after SIGTERM at the time limit
+
+
+def tail(path: Path | None, lines: int = 20) -> str:
+    """The last lines of a log file ('' when there is none)."""
+    if path is None or not path.exists():
+        return ""
+    with path.open("rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, handle.tell() - 8192))
+        text = handle.read().decode("utf-8", "replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def settle(run_dir: Path, log: Path | None, reason: str | None = None) -> rundir.Resolution:
+    """status.json from the run's status and exit facts; a record this wrapper writes carries the log's tail."""
+    resolution = rundir.resolve_state(rundir.read_status(run_dir), rundir.read_exit(run_dir))
+    if resolution.write is not None:
+        record = {**resolution.write, "log_tail": tail(log)}
+        if reason is not None:
+            record["reason"] = reason
+        resolution = dataclasses.replace(resolution, write=record, reason=record["reason"])
+    return rundir.settle(run_dir, resolution)
+
+
+def cannot_start(run_dir: Path, log: Path | None, command: list[str], err: OSError, started: float) -> int:
+    """The program does not exist or cannot run: say so where collection looks (exit code 127)."""
+    message = f"cannot start {command[0]!r}: {err.strerror or err}"
+    if log is not None:
+        with log.open("ab") as handle:
+            handle.write((message + "\n").encode())
+    print(message, file=sys.stderr)
+    rundir.write_exit(run_dir, exit_code=127, started_at=started, ended_at=time.time())
+    settle(run_dir, log, reason=message if rundir.read_status(run_dir) is None else None)
+    return 127
+
+
+def wait(child: subprocess.Popen[bytes], time_limit_s: float | None, started: float) -> tuple[int, bool]:
+    """Wait for the child; terminate it at the time limit. (exit code, whether the limit stopped it)"""
+    timed_out = False
+    while True:
+        try:
+            return child.wait(timeout=1.0), timed_out
+        except subprocess.TimeoutExpired:
+            if time_limit_s is not None and not timed_out and time.time() - started > time_limit_s:
+                timed_out = True
+                child.terminate()
+                try:
+                    child.wait(timeout=KILL_AFTER_S)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+
+
+def run(run_dir: Path, command: list[str], log: Path | None = None, time_limit_s: float | None = None) -> int:
+    """Run `command` as one attempt in `run_dir`; returns this wrapper's exit status."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    output = log.open("ab") if log is not None else None
+    try:
+        try:
+            child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT if output else None)
+        except OSError as err:
+            if output is not None:
+                output.close()
+                output = None
+            return cannot_start(run_dir, log, command, err, started)
+        stopping: dict[str, int] = {}
+
+        def forward(signum: int, _frame: object) -> None:
+            stopping.setdefault("signal", signum)
+            if child.poll() is None:
+                child.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        code, timed_out = wait(child, time_limit_s, started)
+    finally:
+        if output is not None:
+            output.close()
+    rundir.write_exit(run_dir, exit_code=code, started_at=started, ended_at=time.time(),
+                      timed_out_after_s=time_limit_s if timed_out else None,
+                      stopped_by_signal=None if timed_out else stopping.get("signal"))  # fmt: skip
+    settle(run_dir, log)
+    return 0 if code == 0 else (code if code > 0 else 128 - code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launchers.node.attempt")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--time-limit-s", type=float, default=None)
+    parser.add_argument("--log", type=Path, default=None, help="file receiving the child's stdout and stderr")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given after --")
+    return run(args.run_dir, command, args.log, args.time_limit_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

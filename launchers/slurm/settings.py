@@ -1,0 +1,63 @@
+"""Settings both Slurm backends share (the cluster itself is the profile), and the one-token check of job-script values."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from launchers.base import LauncherSettings
+
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_value(where: str, value: Any) -> str:
+    """A value going into a job script as one quoted token: refuse control characters (a newline ends a line)."""
+    text = str(value)
+    if CONTROL_CHARS.search(text):
+        raise ValueError(
+            f"{where}: {text!r} contains a control character (newline, tab, ...); not allowed in job scripts"
+        )
+    return text
+
+
+class SlurmSettings(LauncherSettings):
+    """Settings both Slurm backends share (the cluster itself is the campaign's `cluster` section)."""
+
+    poll_interval_s: float = Field(
+        5.0,
+        gt=0,
+        description="Shortest time between two scheduler queries; it doubles while nothing changes.",
+    )
+    poll_max_interval_s: float = Field(60.0, gt=0, description="Longest time between two scheduler queries.")
+    stop_margin_s: float = Field(
+        30.0,
+        ge=0,
+        description="Stop the trainer this long before Slurm's time limit so the timeout is recorded.",
+    )
+    master_port_base: int = Field(
+        20000, ge=1024, le=45535, description="MASTER_PORT = this + job id mod 20000 (one port per job)."
+    )
+    requeue: bool | None = Field(
+        None, description="sbatch --requeue / --no-requeue (None: the cluster default)."
+    )
+    cpus_per_task: int | None = Field(None, ge=1, description="sbatch --cpus-per-task.")
+    mem: str | None = Field(None, description="sbatch --mem (e.g. 0 for the whole node, 200G).")
+    srun_args: list[str] = Field(default_factory=list, description="Extra srun arguments (each one token).")
+    container_auto_mounts: bool = Field(
+        True, description="Mount the mbx checkout and the workspace at their own paths inside the container."
+    )
+    gone_after_s: float = Field(
+        120.0,
+        gt=0,
+        description="A job Slurm no longer knows, with no status file for this long, counts as failed.",
+    )
+
+    @field_validator("mem", "srun_args")
+    @classmethod
+    def _no_control(cls, value: Any) -> Any:
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None and CONTROL_CHARS.search(str(item)):
+                raise ValueError(f"{item!r} contains a control character (newline, tab, ...)")
+        return value

@@ -1,0 +1,35 @@
+"""`mbx store ...`: look after the workspace's run store (rebuild it from the run directories)."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from orchestrator.options import DEFAULT_WORKSPACE, WorkspaceOpt
+
+app = typer.Typer(no_args_is_help=True, help="Look after the run store (mbx.sqlite) of a workspace.")
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+@app.command()
+def rebuild(workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -> None:
+    """Rebuild a lost or damaged run store from <campaign>/campaign.json and the run directories.
+
+    Attempts keep their numbers; results are collected again from the run dirs.
+
+    The old store is kept aside as mbx.sqlite.damaged-<time>, never deleted. No campaign may be running.
+    """
+    from orchestrator.rebuild import rebuild as rebuild_store
+
+    done = rebuild_store(workspace)
+    for problem in done.problems:
+        err_console.print(f"warning: {problem}")
+    for path in done.kept_aside:
+        console.print(f"kept aside: {path}")
+    for name, cells, attempts in done.campaigns:
+        console.print(f"  {name}: {cells} cell(s), {attempts} attempt(s)")
+    console.print(
+        Text.assemble(("rebuilt ", "bold green"), f"{done.store} ({len(done.campaigns)} campaign(s))")
+    )

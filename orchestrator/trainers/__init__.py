@@ -1,0 +1,37 @@
+"""Trainer kinds by name (`trainer.kind` of a campaign, `trainer_kind` of a cell): bundled and command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.campaign import Campaign
+from orchestrator.sweep import Point
+from orchestrator.trainers.base import Follower, TrainerKind
+from orchestrator.trainers.bundled import BundledKind
+from orchestrator.trainers.command import CommandKind
+
+__all__ = ["Follower", "TrainerKind", "expand", "for_campaign", "get", "kinds"]
+
+_KINDS: dict[str, TrainerKind] = {kind.name: kind for kind in (BundledKind(), CommandKind())}
+
+
+def kinds() -> dict[str, TrainerKind]:
+    """Every trainer kind, by name."""
+    return dict(_KINDS)
+
+
+def get(name: str) -> TrainerKind:
+    """The trainer kind called `name`; KeyError lists the known names."""
+    if name not in _KINDS:
+        raise KeyError(f"no such trainer kind {name!r}; known: {', '.join(_KINDS)}")
+    return _KINDS[name]
+
+
+def for_campaign(campaign: Campaign) -> TrainerKind:
+    """The kind of a campaign's `trainer:` section."""
+    return get(campaign.trainer.kind)
+
+
+def expand(campaign: Campaign, campaign_file: Path | None = None) -> list[Point]:
+    """All cells of a campaign (its kind resolves each point). Raises ConfigError listing every invalid point."""
+    return for_campaign(campaign).expand(campaign, campaign_file)

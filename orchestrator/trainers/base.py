@@ -1,0 +1,114 @@
+"""The trainer-kind protocol: how a kind expands points, launches an attempt, follows it and finalizes it.
+
+The engine holds no kind-specific branch; for one attempt it calls, in order::
+
+    kind = trainers.get(cell.trainer_kind)
+    spec = kind.launch_spec(campaign, cell, attempt)     # what runs: module or argv, env, resources
+    kind.write_inputs(cell, spec)                        # recipe.yaml into the run dir
+    follower = kind.follower(cell, run_dir)              # None, or update() + progress while it runs
+    kind.finalize(campaign, cell, run_dir, follower)     # before collection: the kind's own files
+    kind.planned_steps(cell)                             # steps the attempt should make (hang checks)
+
+A new kind is one module here implementing `TrainerKind`, registered in orchestrator/trainers/__init__.py.
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from launchers.base import LaunchSpec, Resources
+from orchestrator.campaign import Campaign
+from orchestrator.sweep import Point, ResolvedPoint, expand_points
+from orchestrator.yamlio import dump_yaml
+from trainer import rundir
+
+if TYPE_CHECKING:
+    from orchestrator.store import AttemptRow, CellRow
+
+
+class Progress(Protocol):
+    """How far a running attempt is: the last step it logged and the steps it plans (None: not known yet)."""
+
+    last_step: int | None
+    planned: int | None
+
+
+class Follower(Protocol):
+    """Something that reads a running attempt's output: `update()` is True when a new step was seen."""
+
+    progress: Progress
+
+    def update(self) -> bool: ...
+
+
+def world_size(cell: CellRow) -> int:
+    return int(cell.resources.get("nodes", 1)) * int(cell.resources.get("gpus_per_node", 1))
+
+
+class TrainerKind(abc.ABC):
+    """One kind of trainer (`trainer.kind` of a campaign; `trainer_kind` of a cell)."""
+
+    name: ClassVar[str]
+    module: ClassVar[str | None] = None  # the Python module every rank runs; None: the argv runs as given
+
+    # ---- expansion (sweep.expand_points calls key_problems and resolve) ----------------------------------
+    def expand(self, campaign: Campaign, campaign_file: Path | None = None) -> list[Point]:
+        """All cells of a campaign of this kind. Raises ConfigError listing every invalid point."""
+        return expand_points(campaign, campaign_file, self)
+
+    @abc.abstractmethod
+    def key_problems(self, campaign: Campaign, locations: list[tuple[str, str]]) -> list[str]:
+        """`where: problem` for sweep keys this kind cannot address."""
+
+    @abc.abstractmethod
+    def resolve(
+        self, campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str
+    ) -> ResolvedPoint:
+        """One point (an assignment of swept keys) resolved; raises sweep.PointProblems."""
+
+    # ---- one attempt -------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def args(self, cell: CellRow, run_dir: Path, attempt: int) -> list[str]:
+        """The module's arguments, or the whole argv when `module` is None."""
+
+    def launch_spec(self, campaign: Campaign, cell: CellRow, attempt: AttemptRow) -> LaunchSpec:
+        """What the launcher runs for this attempt of this cell."""
+        run_dir = Path(attempt.run_dir)
+        return LaunchSpec(
+            campaign=campaign.name,
+            cell_id=cell.cell_id,
+            attempt=attempt.attempt,
+            run_dir=run_dir,
+            resources=Resources(
+                nodes=int(cell.resources["nodes"]),
+                gpus_per_node=int(cell.resources["gpus_per_node"]),
+                time_limit_min=cell.resources.get("time_limit_min"),
+            ),
+            module=self.module,
+            args=self.args(cell, run_dir, attempt.attempt),
+            env=dict(cell.env),
+            env_pass=list(campaign.env.pass_names),
+        )
+
+    def recipe_record(self, cell: CellRow, spec: LaunchSpec) -> dict[str, Any]:
+        """What recipe.yaml records for this attempt."""
+        return cell.recipe
+
+    def write_inputs(self, cell: CellRow, spec: LaunchSpec) -> None:
+        """The attempt's inputs in its run dir (recipe.yaml), before it is submitted."""
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        (spec.run_dir / rundir.RECIPE).write_text(dump_yaml(self.recipe_record(cell, spec)))
+
+    def follower(self, cell: CellRow, run_dir: Path) -> Follower | None:
+        """A reader of the attempt's output while it runs; None when the kind reports its own end."""
+        return None
+
+    def finalize(self, campaign: Campaign, cell: CellRow, run_dir: Path, follower: Follower | None) -> None:
+        """Before collection: write what the kind's process did not (metrics.jsonl, status.json)."""
+        return None
+
+    @abc.abstractmethod
+    def planned_steps(self, cell: CellRow) -> int | None:
+        """The training steps an attempt of this cell should make (None: not known before it runs)."""

@@ -1,0 +1,197 @@
+"""The command trainer kind: an external trainer (Megatron-LM, Megatron-Bridge, ...) run from an argv template.
+
+Its process writes only logs: while it runs its rank logs are followed (reports/parsers/follow.py), and when
+it ends `finalize_command_attempt` turns them into metrics.jsonl and status.json (writer COLLECTOR).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launchers.base import LaunchSpec
+from orchestrator.campaign import Campaign
+from orchestrator.command import attempt_argv, key_problems, resolve_point
+from orchestrator.sweep import ResolvedPoint
+from orchestrator.trainers.base import Follower, TrainerKind, world_size
+from reports.parsers.follow import LogFollower, logged_last_step
+from trainer import rundir
+
+if TYPE_CHECKING:
+    from orchestrator.store import CellRow
+
+STOPPED = ("timeout", "cancelled", "preempted")
+_CLASS_OF_STOP = {"timeout": "timeout", "preempted": "preempted"}
+
+
+class CommandKind(TrainerKind):
+    """An argv run as given on every rank (no shell); its logs are parsed for metrics and the final state."""
+
+    name = "command"
+    module = None
+
+    def key_problems(self, campaign: Campaign, locations: list[tuple[str, str]]) -> list[str]:
+        return key_problems(campaign, locations)
+
+    def resolve(
+        self, campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str
+    ) -> ResolvedPoint:
+        return resolve_point(campaign, assignment, campaign_file, where)
+
+    def args(self, cell: CellRow, run_dir: Path, attempt: int) -> list[str]:
+        return attempt_argv(cell.recipe["argv"], run_dir, cell.cell_id, attempt)
+
+    def recipe_record(self, cell: CellRow, spec: LaunchSpec) -> dict[str, Any]:
+        return {**cell.recipe, "argv": spec.args, "env": dict(cell.env)}
+
+    def follower(self, cell: CellRow, run_dir: Path) -> LogFollower:
+        return log_follower(Path(run_dir), cell.recipe)
+
+    def finalize(self, campaign: Campaign, cell: CellRow, run_dir: Path, follower: Follower | None) -> None:
+        """Logs → metrics.jsonl and status.json; a collection problem is recorded, never raised."""
+        run_dir = Path(run_dir)
+        followed = follower if isinstance(follower, LogFollower) else None  # else the logs are read afresh
+        try:
+            finalize_command_attempt(run_dir, cell.recipe, world_size(cell), campaign.retry.on, followed)
+        except Exception as err:  # noqa: BLE001 - recorded in the run dir instead
+            run_dir.mkdir(parents=True, exist_ok=True)
+            record = {
+                "state": "failed",
+                "reason": f"mbx could not collect the logs: {err!r}",
+                "failure_class": "unknown",
+            }
+            rundir.write_status(run_dir, record, rundir.COLLECTOR)
+
+    def planned_steps(self, cell: CellRow) -> int | None:
+        return cell.recipe.get("steps")
+
+
+def log_follower(run_dir: Path, recipe: dict[str, Any]) -> LogFollower:
+    """The follower of a command attempt's rank logs (<run dir>/logs/)."""
+    return LogFollower(
+        run_dir / rundir.LOGS,
+        recipe.get("log_format") or "auto",
+        seq_length=recipe.get("seq_length"),
+        num_gpus=recipe.get("num_gpus"),
+    )
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What is known about an ended command attempt besides its logs."""
+
+    launcher_status: dict[str, Any] | None  # status.json as the launcher side left it (not our own)
+    exit_info: dict[str, Any] | None  # exit.json of the attempt wrapper
+    hung: dict[str, Any] | None  # hung.json: the engine cancelled it after every planned step was logged
+    planned: int | None
+    last: int | None  # the last training iteration the logs show
+
+    @property
+    def exit_code(self) -> int | None:
+        if self.exit_info is not None:
+            return self.exit_info.get("exit_code")
+        return (self.launcher_status or {}).get("exit_code")
+
+    @property
+    def launcher_failure(self) -> bool:
+        """Someone other than the attempt wrapper recorded a failure that rank 0's exit code may not show
+        (e.g. Slurm FAILED: another rank crashed); the wrapper's own fallback status is not news."""
+        status = self.launcher_status
+        return (
+            status is not None
+            and status.get("state") == "failed"
+            and status.get("written_by") != rundir.WRAPPER
+        )
+
+
+def finalize_command_attempt(
+    run_dir: Path,
+    recipe: dict[str, Any],
+    world_size: int | None,
+    retry_on: list[str] | tuple[str, ...] = ("infra", "preempted"),
+    follower: LogFollower | None = None,
+) -> dict[str, Any]:
+    """Parse an ended command attempt's logs into metrics.jsonl and derive its status.json (writer COLLECTOR).
+
+    completed: the process exited 0 and iterations were logged; completed with class hung_after_finish:
+    every planned step was logged but the engine had to cancel the process; timeout/cancelled/preempted:
+    as `rundir.resolve_state` reads the launcher's status and exit.json; else failed with the class of
+    reports.failures.classify_failure over every log in logs/. Collecting again gives the same status.
+    """
+    run_dir = Path(run_dir)
+    existing = rundir.read_status(run_dir)
+    collected_before = existing is not None and existing.get("written_by") == rundir.COLLECTOR
+    follower = follower or log_follower(run_dir, recipe)
+    rows = follower.finish(world_size)
+    rundir.write_metrics(run_dir, rows)
+    facts = _Facts(
+        launcher_status=existing.get("launcher_status") if collected_before else existing,  # type: ignore[union-attr]
+        exit_info=rundir.read_exit(run_dir),
+        hung=rundir.read_hung(run_dir),
+        planned=recipe.get("steps") or follower.progress.planned,
+        last=logged_last_step(rows),
+    )
+    state, reason, failure_class, retryable = _decide(run_dir, recipe, facts, retry_on)
+    status = {
+        "state": state,
+        "reason": reason,
+        "failure_class": failure_class,
+        "retryable": retryable,
+        "exit_code": facts.exit_code,
+        "steps_completed": facts.last,
+        "steps_planned": facts.planned,
+        "steps_logged": len(rows),
+        "log_files": [str(p) for p in follower.files],
+        "launcher_status": facts.launcher_status,
+    }
+    return rundir.write_status(run_dir, status, rundir.COLLECTOR)
+
+
+def _decide(
+    run_dir: Path, recipe: dict[str, Any], facts: _Facts, retry_on: list[str] | tuple[str, ...]
+) -> tuple[str, str | None, str | None, bool]:
+    """(state, reason, failure class, retryable) of an ended command attempt."""
+    if facts.hung is not None:
+        reason = (
+            f"hung_after_finish: all {facts.last}/{facts.planned} steps logged but the process did not exit "
+            f"within {facts.hung.get('grace_s', 0):.0f} s; it was cancelled (its results are kept)"
+        )
+        return "completed", reason, "hung_after_finish", False
+    seen = rundir.resolve_state(facts.launcher_status, facts.exit_info)
+    if seen.state in STOPPED:
+        failure_class = seen.failure_class or _CLASS_OF_STOP.get(seen.state)
+        return seen.state, seen.reason, failure_class, failure_class in retry_on
+    if facts.exit_code == 0 and facts.last is not None and not facts.launcher_failure:
+        return "completed", None, None, False
+    return _failed(run_dir, recipe, facts, retry_on)
+
+
+def _failed(
+    run_dir: Path, recipe: dict[str, Any], facts: _Facts, retry_on: list[str] | tuple[str, ...]
+) -> tuple[str, str | None, str | None, bool]:
+    """A failed attempt, classified from its logs; the reason says what the logs and exit code do not."""
+    from reports.failures import classify_failure
+
+    logs = run_dir / rundir.LOGS
+    planned, last = facts.planned, facts.last
+    result = classify_failure(
+        [logs] if logs.is_dir() else [],
+        exit_codes=[facts.exit_code] if facts.exit_code is not None else None,
+        all_steps_logged=(last >= planned) if planned and last is not None else None,
+        planned_steps=planned,
+        retryable_classes=retry_on,
+    )
+    reason = result.reason
+    if facts.launcher_failure:  # the launcher saw a failure rank 0's exit code does not show
+        said = (facts.launcher_status or {}).get("reason") or "the launcher reported a failure"
+        reason = said if result.failure_class == "unknown" else f"{said}; {reason}"
+    elif facts.exit_code == 0:
+        reason = f"the command exited 0 but logged no training iteration; {reason}"
+    elif facts.exit_code is None and facts.launcher_status is None and last is None:
+        program = (recipe.get("argv") or ["?"])[0]
+        reason = (
+            f"the command left no exit code and no output: did it start at all (is {program!r} installed "
+            f"and on PATH where it runs)? {reason}"
+        )
+    return "failed", reason, result.failure_class, result.retryable

@@ -1,0 +1,420 @@
+"""The run directory contract: file names, records, atomic writes, tolerant reads and `resolve_state`.
+
+One attempt of one cell runs in one directory (`<workspace>/<campaign>/<cell>/<attempt>/`). Every program
+that touches it — the bundled trainer on a compute node, the per-rank entry and attempt wrapper of the
+launchers, the engine, command-trainer collection, `mbx ingest`, the report — reads and writes its files
+through this module, so the format has one owner. Standard library only: it is imported by the trainer
+before torch, by node-side launcher code inside containers where only the mbx checkout is mounted, and by
+login-node code.
+
+Files (who writes each: see ARCHITECTURE.md)::
+
+    recipe.yaml     the resolved recipe (login side; the trainer only when absent)
+    launch.json     launcher, job id, command, fingerprint of the submitting side (login side only)
+    node.json       the node's fingerprint and job context (rank 0 on the node only)
+    env.json        the trainer's view of its environment (bundled trainer, rank 0)
+    metrics.jsonl   one JSON object per training step, append-only (trainer) or replaced whole (collection)
+    status.json     the final state, written last (see WRITERS)
+    exit.json       the attempt wrapper's facts about the process: exit code, signal, time limit
+    hung.json       the engine's note that it cancelled a command that logged every step but did not exit
+    logs/           stdout/stderr per rank
+    requeued/<n>/   what a run interrupted by a Slurm requeue left (node side moves it there)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+RECIPE = "recipe.yaml"
+LAUNCH = "launch.json"
+NODE = "node.json"
+ENV = "env.json"
+METRICS = "metrics.jsonl"
+STATUS = "status.json"
+EXIT = "exit.json"
+HUNG = "hung.json"
+LOGS = "logs"
+REQUEUED = "requeued"
+# What a rerun of the same job (Slurm requeue) must not mix with the interrupted run's outputs.
+RUN_OUTPUTS = (STATUS, EXIT, METRICS, ENV, NODE, LOGS)
+
+# Final states of an attempt (status.json `state`).
+STATES = ("completed", "failed", "timeout", "cancelled", "preempted")
+
+# status.json `written_by`: who decided the state. Readers compare with these names, never with literals.
+TRAINER = "trainer"  # the bundled trainer, about itself
+WRAPPER = "launcher"  # the attempt wrapper on the node, from the process's exit (the trainer wrote nothing)
+SCHEDULER = "mbx slurm poll"  # the login side, from what Slurm said about a job that ended
+COLLECTOR = "mbx collect (command trainer)"  # the login side, from a command trainer's logs and exit
+INGEST = "mbx ingest"  # `mbx ingest`, from the logs of a past run
+WRITERS = (TRAINER, WRAPPER, SCHEDULER, COLLECTOR, INGEST)
+
+# Every key a status.json may hold (one schema for every writer; `status_problems` checks a record).
+STATUS_KEYS = frozenset({
+    "state", "reason", "written_by", "failure_class", "retryable", "exit_code",
+    "steps_completed", "steps_planned", "steps_logged", "skipped_iterations", "nan_iterations",
+    "flops_per_step", "world_size", "device", "gpu_name", "torch_version", "params", "started_at", "ended_at",
+    "log_tail", "log_files", "launcher_status", "slurm_state", "job_id", "attempt_wrapper",
+})  # fmt: skip
+
+# The environment fingerprint: the keys a report compares across cells, merged from launch.json (login side),
+# node.json (node) and env.json (trainer), later files winning.
+FINGERPRINT_KEYS = (
+    "gpu_name", "gpu_count", "driver", "cuda", "torch", "transformer_engine", "nccl", "python",
+    "container_image", "git_sha", "hostname",
+)  # fmt: skip
+_LEGACY_FINGERPRINT = {"te": "transformer_engine"}  # node.json written before the key list was one
+
+
+# ---- JSON files ------------------------------------------------------------------------------------------
+def _finite_or_none(value: Any) -> Any:
+    """NaN/inf are not JSON: spell them null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write a temporary file next to `path`, then os.replace it: readers see the old or the new file, whole."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file, or None when it is missing, unreadable, not UTF-8, not JSON or not an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ---- status.json -----------------------------------------------------------------------------------------
+def status_problems(record: dict[str, Any]) -> list[str]:
+    """What makes a status record break the one schema (empty when it is fine)."""
+    problems = [f"unknown key {key!r}" for key in sorted(set(record) - STATUS_KEYS)]
+    if record.get("state") not in STATES:
+        problems.append(f"state {record.get('state')!r} is not one of {', '.join(STATES)}")
+    if record.get("written_by") not in WRITERS:
+        problems.append(f"written_by {record.get('written_by')!r} is not one of {', '.join(WRITERS)}")
+    return problems
+
+
+def write_status(run_dir: Path, record: dict[str, Any], writer: str) -> dict[str, Any]:
+    """Write status.json (atomically) as `writer`; refuses a record that breaks the schema."""
+    record = {**record, "written_by": writer}
+    problems = status_problems(record)
+    if problems:
+        raise ValueError(f"{Path(run_dir) / STATUS}: " + "; ".join(problems))
+    write_json(Path(run_dir) / STATUS, record)
+    return record
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    """The run's status.json, or None when the run has not finished (or the file is unreadable)."""
+    return read_json(Path(run_dir) / STATUS)
+
+
+def trainer_status(*, state: str, reason: str | None, steps_completed: int, steps_planned: int,
+                   skipped_iterations: int, nan_iterations: int, flops_per_step: float, world_size: int,
+                   device: str, gpu_name: str | None, torch_version: str, params: int, started_at: float,
+                   ended_at: float) -> dict[str, Any]:
+    """The bundled trainer's status record (written with `write_status(..., TRAINER)`)."""
+    return {
+        "state": state, "reason": reason, "steps_completed": steps_completed, "steps_planned": steps_planned,
+        "skipped_iterations": skipped_iterations, "nan_iterations": nan_iterations,
+        "flops_per_step": float(flops_per_step), "world_size": world_size, "device": device,
+        "gpu_name": gpu_name, "torch_version": torch_version, "params": params, "started_at": started_at,
+        "ended_at": ended_at,
+    }  # fmt: skip
+
+
+def one_line(err: BaseException) -> str:
+    """`Type: message` on one line, for status.json's reason."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+# ---- exit.json, hung.json, launch.json, node.json, env.json ----------------------------------------------
+def write_exit(run_dir: Path, *, exit_code: int | None, started_at: float, ended_at: float,
+               timed_out_after_s: float | None = None, stopped_by_signal: int | None = None) -> None:
+    """exit.json: how the process ended, as the attempt wrapper saw it (facts, not a verdict)."""
+    record: dict[str, Any] = {
+        "exit_code": exit_code,
+        "signal": -exit_code if exit_code is not None and exit_code < 0 else None,
+        "started_at": started_at,
+        "ended_at": ended_at,
+    }
+    if timed_out_after_s is not None:
+        record["timed_out_after_s"] = timed_out_after_s
+    if stopped_by_signal is not None:
+        record["stopped_by_signal"] = stopped_by_signal
+    write_json(Path(run_dir) / EXIT, record)
+
+
+def read_exit(run_dir: Path) -> dict[str, Any] | None:
+    return read_json(Path(run_dir) / EXIT)
+
+
+def write_hung(run_dir: Path, record: dict[str, Any]) -> None:
+    write_json(Path(run_dir) / HUNG, record)
+
+
+def read_hung(run_dir: Path) -> dict[str, Any] | None:
+    return read_json(Path(run_dir) / HUNG)
+
+
+def launch_record(*, launcher: str, campaign: str, cell_id: str, attempt: int, job_id: str | None,
+                  command: list[str] | None, nodes: int | None = None, ranks_per_node: int | None = None,
+                  env_set: list[str] | None = None, env_passed_by_name: list[str] | None = None,
+                  fingerprint: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """The launch.json record: who launched which attempt how (environment values never, names only)."""
+    return {
+        "launcher": launcher, "campaign": campaign, "cell_id": cell_id, "attempt": attempt, "job_id": job_id,
+        "command": command, "nodes": nodes, "ranks_per_node": ranks_per_node, "env_set": env_set or [],
+        "env_passed_by_name": env_passed_by_name or [], "fingerprint": fingerprint or {},
+        "written_at": time.time(), **extra,
+    }  # fmt: skip
+
+
+def write_launch(run_dir: Path, record: dict[str, Any]) -> None:
+    """launch.json: written by the login side only (the node writes node.json)."""
+    write_json(Path(run_dir) / LAUNCH, record)
+
+
+def read_launch(run_dir: Path) -> dict[str, Any] | None:
+    return read_json(Path(run_dir) / LAUNCH)
+
+
+def write_node(run_dir: Path, record: dict[str, Any]) -> None:
+    """node.json: written by rank 0 on the node only (the login side writes launch.json)."""
+    write_json(Path(run_dir) / NODE, record)
+
+
+def write_env(run_dir: Path, record: dict[str, Any]) -> None:
+    write_json(Path(run_dir) / ENV, record)
+
+
+def host_env() -> dict[str, Any]:
+    """Host facts that need no torch (the start of env.json)."""
+    return {
+        "hostname": socket.gethostname(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def read_fingerprint(run_dir: Path) -> dict[str, Any] | None:
+    """The environment fingerprint of an attempt (FINGERPRINT_KEYS), merged from launch, node and env files."""
+    merged: dict[str, Any] = {}
+    launch = read_launch(run_dir) or {}
+    merged.update(launch.get("fingerprint") or {})
+    for name in (NODE, ENV):
+        merged.update(read_json(Path(run_dir) / name) or {})
+    for old, new in _LEGACY_FINGERPRINT.items():
+        if merged.get(new) is None and merged.get(old) is not None:
+            merged[new] = merged[old]
+    picked = {key: merged[key] for key in FINGERPRINT_KEYS if merged.get(key) is not None}
+    return picked or None
+
+
+# ---- metrics.jsonl ---------------------------------------------------------------------------------------
+class MetricsWriter:
+    """<run dir>/metrics.jsonl: one JSON object per training step, appended and flushed line by line."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / METRICS
+        self._file: TextIO = open(self.path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+
+    def write(self, row: dict[str, Any]) -> None:
+        clean = {k: _finite_or_none(v) for k, v in row.items()}
+        self._file.write(json.dumps(clean, allow_nan=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def write_metrics(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """metrics.jsonl with one row per step, replaced atomically (a reader sees the old or the new file)."""
+    path = Path(run_dir) / METRICS
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, allow_nan=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Step rows of a run dir's (or a file's) metrics.jsonl, in file order.
+
+    A writer killed mid-line leaves a partial last line: it is ignored. A malformed line anywhere
+    else is an error (ValueError), because it means the file was corrupted rather than cut short.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    rows: list[dict[str, Any]] = []
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            is_last = index == len(lines) - 1 or all(not rest.strip() for rest in lines[index + 1 :])
+            if is_last and not raw.endswith(b"\n"):
+                break  # truncated tail: the writer died mid-line
+            raise ValueError(f"{path}:{index + 1}: not a JSON object: {line[:80]!r}") from None
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def last_logged_step(run_dir: Path) -> int | None:
+    """The last training step an attempt logged: status.json's steps_completed, else metrics.jsonl's."""
+    completed = (read_status(run_dir) or {}).get("steps_completed")
+    if isinstance(completed, int) and not isinstance(completed, bool):
+        return completed
+    try:
+        rows = read_metrics(run_dir)
+    except (OSError, ValueError):
+        return None
+    steps = [r["step"] for r in rows if isinstance(r.get("step"), int)]
+    return max(steps) if steps else None
+
+
+# ---- the final state -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SchedulerWord:
+    """A scheduler's final word on a job that ended: the mbx state it means and why, in its own words.
+
+    `failed_as` prefixes the reason when the scheduler says a job failed while a rank wrote its own status
+    (e.g. "Slurm job 7 FAILED").
+    """
+
+    state: str  # one of STATES
+    reason: str
+    word: str = ""  # the scheduler's own name for the state (Slurm: TIMEOUT, CANCELLED, ...)
+    failed_as: str = ""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A run's final state, and the status record to write when the facts changed it (None: leave the file)."""
+
+    state: str
+    reason: str | None
+    failure_class: str | None = None
+    write: dict[str, Any] | None = None
+    writer: str | None = None
+
+
+_CLASS_OF_STATE = {"timeout": "timeout", "preempted": "preempted"}
+
+
+def interrupted(status: dict[str, Any]) -> bool:
+    """A status written after a signal (the wrapper's, or the trainer's own "terminated by signal"): a scheduler
+    knows better why the signal came (scancel, time limit, preemption, another rank failing)."""
+    if status.get("state") == "completed":
+        return False
+    reason = str(status.get("reason") or "")
+    by_wrapper = status.get("written_by") == WRAPPER and status.get("state") == "cancelled"
+    return by_wrapper or "signal" in reason or "SIGTERM" in reason or "SIGKILL" in reason
+
+
+def resolve_state(
+    status: dict[str, Any] | None,
+    exit_info: dict[str, Any] | None = None,
+    *,
+    scheduler: SchedulerWord | None = None,
+    job_state: str | None = None,
+) -> Resolution:
+    """Decide a run's final state from its facts, in this order of trust:
+
+    1. a status that says `completed` (the program's own word, or a collector's);
+    2. a scheduler's final word, when no process recorded its end (no status, or no exit.json) or the
+       status only says a signal came (the scheduler knows why);
+    3. the attempt wrapper's own stop (its time limit, a forwarded signal), over no status or the trainer's
+       own non-completed one (a scheduler's or collector's status already took the exit into account);
+    4. any other status as written;
+    5. the process's exit code (the trainer wrote nothing);
+    6. nothing at all: the launcher's job state (`job_state`), else failed.
+
+    `write` is set when the facts call for a new status.json (the caller writes it with `writer`).
+    """
+    status_state = str(status.get("state")) if status else None
+    if status_state == "completed":
+        return Resolution("completed", status.get("reason"), status.get("failure_class"))  # type: ignore[union-attr]
+    if scheduler is not None and (status is None or exit_info is None or interrupted(status)):
+        return _by_scheduler(status, scheduler)
+    stop = _wrapper_stop(exit_info)
+    if stop is not None and (status is None or status.get("written_by") in (None, TRAINER)):
+        state, reason = stop
+        return _written(state, reason, exit_info, WRAPPER)
+    if status is not None:
+        state = status_state if status_state in STATES else "failed"
+        failure_class = status.get("failure_class", _CLASS_OF_STATE.get(state))
+        return Resolution(state, status.get("reason"), failure_class)
+    if exit_info is not None and "exit_code" in exit_info:
+        code = exit_info.get("exit_code")
+        if code is None:
+            return Resolution("failed", "the process left no exit code")
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        reason = f"trainer {how}" if code != 0 else f"trainer exited 0 without writing {STATUS}"
+        return _written("failed", reason, exit_info, WRAPPER)
+    state = job_state if job_state in ("timeout", "cancelled", "preempted") else "failed"
+    return Resolution(state, f"no {STATUS} was written (scheduler state: {job_state or 'unknown'})",
+                      _CLASS_OF_STATE.get(state))  # fmt: skip
+
+
+def _wrapper_stop(exit_info: dict[str, Any] | None) -> tuple[str, str] | None:
+    if not exit_info:
+        return None
+    if exit_info.get("timed_out_after_s") is not None:
+        return "timeout", f"time limit of {float(exit_info['timed_out_after_s']):.0f} s reached"
+    if exit_info.get("stopped_by_signal") is not None:
+        return "cancelled", f"cancelled (signal {exit_info['stopped_by_signal']})"
+    return None
+
+
+def _written(state: str, reason: str, exit_info: dict[str, Any] | None, writer: str) -> Resolution:
+    record = {"state": state, "reason": reason, "exit_code": (exit_info or {}).get("exit_code")}
+    return Resolution(state, reason, _CLASS_OF_STATE.get(state), record, writer)
+
+
+def _by_scheduler(status: dict[str, Any] | None, word: SchedulerWord) -> Resolution:
+    """The scheduler's word over a missing or signal-only status (the old status is kept inside the new one)."""
+    state, reason = word.state, word.reason
+    if word.state == "failed" and status is not None and word.failed_as:
+        if status.get("state") == "cancelled":  # rank 0 was stopped, not killed by its own failure
+            reason = f"{word.failed_as}: another rank failed and srun stopped the others (see logs/rank-*.log)"
+        else:
+            reason = f"{word.failed_as}: {status.get('reason')} (see logs/rank-*.log)"
+    record: dict[str, Any] = {**(status or {}), "state": state, "reason": reason, "slurm_state": word.word}
+    if status is not None:
+        record["attempt_wrapper"] = {"state": status.get("state"), "reason": status.get("reason")}
+    record.pop("written_by", None)
+    return Resolution(state, reason, _CLASS_OF_STATE.get(state), record, SCHEDULER)
+
+
+def settle(run_dir: Path, resolution: Resolution) -> Resolution:
+    """Write the status record a resolution calls for (if any); return the resolution."""
+    if resolution.write is not None and resolution.writer is not None:
+        write_status(run_dir, resolution.write, resolution.writer)
+    return resolution
