@@ -36,7 +36,7 @@ import yaml  # noqa: E402
 
 from launchers.base import LaunchSpec, Resources  # noqa: E402
 from orchestrator.campaign import Campaign  # noqa: E402
-from orchestrator.sweep import expand  # noqa: E402
+from orchestrator.trainers import expand  # noqa: E402
 from orchestrator.yamlio import dump_yaml  # noqa: E402
 
 
@@ -75,9 +75,10 @@ def cancel_all(cluster) -> None:
 
 def time_mbx(backend: str, c: Campaign, workspace: Path, points: int, cluster) -> dict:
     from launchers import registry
+    from launchers.profile import SlurmProfile
 
     cls = registry.get(backend)
-    launcher = cls(cls.Settings(), workspace, c)
+    launcher = cls(cls.Settings(), workspace, SlurmProfile(cluster=c.cluster, container=c.container))
     specs = specs_for(c, workspace, backend, points)
     start = time.perf_counter()
     submitted = launcher.submit(specs)
@@ -93,7 +94,7 @@ def time_mbx(backend: str, c: Campaign, workspace: Path, points: int, cluster) -
 
 def time_raw_nemo(c: Campaign, workspace: Path, points: int, cluster) -> dict:
     """One Experiment, one task per point, built with nemo_run directly (same per-rank entry, no mbx render)."""
-    from launchers.nemo_run import _inside
+    from launchers.backends.nemo_run import inside_experiment
 
     start = time.perf_counter()
     import nemo_run as run
@@ -101,13 +102,13 @@ def time_raw_nemo(c: Campaign, workspace: Path, points: int, cluster) -> dict:
     tunnel_dir = workspace / "raw-nemo" / "experiments"
     experiment = run.Experiment("raw", id="raw_bench", base_dir=str(workspace / "raw-nemo"), clean_mode=True,
                                 enable_goodbye_message=False, skip_status_at_exit=True, log_level="WARN")  # fmt: skip
-    with _inside(experiment):
+    with inside_experiment(experiment):
         for index in range(points):
             executor = run.SlurmExecutor(
                 account=None, nodes=1, ntasks_per_node=2, time="00:10:00", tunnel=run.LocalTunnel(job_dir=str(tunnel_dir)),
                 packager=run.Packager(), poll_estimated_start_time=False, job_name_prefix="raw-",
             )  # fmt: skip
-            script = run.Script(path=str(ROOT / "launchers" / "_rank.py"), args=["--tasks", "none", "--index", str(index)],
+            script = run.Script(path=str(ROOT / "launchers" / "node" / "rank.py"), args=["--tasks", "none", "--index", str(index)],
                                 entrypoint=sys.executable)  # fmt: skip
             experiment.add(script, executor=executor, name=f"p{index}")
         experiment.run(detach=True)

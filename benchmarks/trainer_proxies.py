@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reports.metrics import read_metrics, read_status  # noqa: E402
 from reports.window import summarize  # noqa: E402
+from trainer.rundir import read_metrics, read_status  # noqa: E402
 
 RECIPES = {"moe": ROOT / "benchmarks/recipes/moe_proxy.yaml", "dense": ROOT / "benchmarks/recipes/dense_proxy.yaml"}
 

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from trainer.recipe import QUANTIZED_PRECISIONS, TE_INSTALL, Recipe, te_knobs
@@ -42,10 +45,110 @@ QUANT_RECIPES = {
 }
 
 
+def te_version() -> str | None:
+    """TE's version from its package metadata, without importing it (None when not installed).
+
+    Importing `transformer_engine` is not free: its top-level package imports `transformer_engine.pytorch`
+    (which loads cuDNN, NVRTC and cuRAND by its own search, with RTLD_GLOBAL) and `jax` when JAX is
+    installed. A run that only records TE's version must not pay that: see `import_te`.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("transformer_engine", "transformer-engine-cu13", "transformer-engine-cu12"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def te_library_env(purelib: str | os.PathLike, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Variables that make TE's library loader pick the CUDA libraries torch itself loads.
+
+    `transformer_engine.common` looks for cuDNN, NVRTC and cuRAND first under $<LIB>_HOME, $<LIB>_PATH,
+    $CUDA_HOME, $CUDA_PATH and /usr/local/cuda (recursively, the highest-sorting file name wins), and only
+    then among the pip `nvidia` packages torch uses; it loads what it finds with RTLD_GLOBAL before torch
+    has loaded its own copy of NVRTC or cuDNN's sub-libraries. On an image with a CUDA toolkit that can put
+    a second, different copy in the process. Naming torch's pip folders in <LIB>_HOME makes TE find the
+    same files torch uses. Variables already set are kept (the user's choice); folders that do not exist
+    are not named.
+    """
+    env = os.environ if environ is None else environ
+    nvidia = Path(purelib) / "nvidia"
+    candidates = {
+        "CUDNN_HOME": [nvidia / "cudnn"],
+        "NVRTC_HOME": [nvidia / "cu13", nvidia / "cuda_nvrtc", nvidia / "cu12"],
+        "CURAND_HOME": [nvidia / "cu13", nvidia / "curand", nvidia / "cu12"],
+    }
+    names = {"CUDNN_HOME": "libcudnn.so*", "NVRTC_HOME": "libnvrtc.so*", "CURAND_HOME": "libcurand.so*"}
+    chosen: dict[str, str] = {}
+    for var, folders in candidates.items():
+        if env.get(var):
+            continue
+        for folder in folders:
+            if folder.is_dir() and any(folder.glob(f"**/{names[var]}")):
+                chosen[var] = str(folder)
+                break
+    return chosen
+
+
+def torch_cudnn_libraries(purelib: str | os.PathLike) -> list[Path]:
+    """torch's own cuDNN libraries (the shim and every sub-library), shim first; [] when torch has none."""
+    lib = Path(purelib) / "nvidia" / "cudnn" / "lib"
+    found = sorted(lib.glob("libcudnn*.so.[0-9]*")) if lib.is_dir() else []
+    return sorted(found, key=lambda path: (not path.name.startswith("libcudnn.so"), path.name))
+
+
+def preload_torch_cudnn(purelib: str | os.PathLike, load: Callable[[str], Any] | None = None) -> list[str]:
+    """Load torch's cuDNN libraries with RTLD_GLOBAL before TE loads its core library.
+
+    libtransformer_engine.so needs libcudnn_graph.so.9, libcudnn_ops.so.9, ... by soname and has no RUNPATH:
+    unless those sonames are already loaded, the dynamic loader takes them from the system's library
+    path, and on the H200 image that is an older cuDNN (9.14) than torch's (9.19). Torch then refuses
+    cuDNN ("cuDNN version incompatibility"), and SDPA silently leaves the cuDNN attention kernels: the
+    MoE proxy ran 8% slower (issue 15). Loading torch's copies first makes every soname resolve to them.
+    """
+    import ctypes
+
+    if load is None:
+        def load(path: str) -> Any:
+            return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+    loaded = []
+    for path in torch_cudnn_libraries(purelib):
+        try:
+            load(str(path))
+            loaded.append(path.name)
+        except OSError:
+            continue
+    return loaded
+
+
+def import_te(keep_jax_out: bool = True) -> Any:
+    """`transformer_engine.pytorch`, imported so that it leaves torch's kernels alone.
+
+    Names torch's own CUDA libraries to TE's loader (`te_library_env`) and, unless JAX is already
+    imported, keeps `transformer_engine.jax` out (TE's top-level package imports it when JAX is installed;
+    a `None` entry in sys.modules makes that import fail the way TE's top-level package expects). Raises
+    what the import raises.
+    """
+    import sysconfig
+
+    purelib = sysconfig.get_path("purelib")
+    for var, value in te_library_env(purelib).items():
+        os.environ.setdefault(var, value)
+    preload_torch_cudnn(purelib)
+    if keep_jax_out and "jax" not in sys.modules:
+        sys.modules.setdefault("transformer_engine.jax", None)  # type: ignore[arg-type]
+    import transformer_engine.pytorch as te
+
+    return te
+
+
 def te_import_error() -> str | None:
     """None when `transformer_engine.pytorch` imports here, else why not (one line)."""
     try:
-        import transformer_engine.pytorch  # noqa: F401
+        import_te()
     except Exception as err:  # noqa: BLE001 (absent, or present but broken: either way unusable)
         return f"{type(err).__name__}: {err}".splitlines()[0]
     return None
@@ -83,7 +186,7 @@ def select_paths(recipe: Recipe) -> TEPaths:
 def require_te(knob: str) -> Any:
     """transformer_engine.pytorch, or NotSupportedError naming the knob and the install command."""
     try:
-        import transformer_engine.pytorch as te
+        te = import_te()
     except Exception as err:  # noqa: BLE001
         raise NotSupportedError(f"{knob} needs Transformer Engine, which cannot be imported here "
                                 f"({type(err).__name__}: {err}): {INSTALL}") from err

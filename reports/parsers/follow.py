@@ -18,6 +18,7 @@ from typing import Any
 
 from reports.parsers import StreamParser, make_parser, merge_rows
 from reports.parsers.rows import Row, derive_tokens
+from reports.parsers.text import to_int
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err", "")
 _READ = 8 << 20  # bytes read from a file at a time
@@ -149,19 +150,14 @@ class LogFollower:
             if followed.carry:
                 self._scan_progress(followed, b"\n")
         rows = merge_rows(row_lists)
-        seq = self.seq_length or _int(args.get("seq_length"))
-        gpus = self.num_gpus or _int(args.get("world_size")) or world_size
+        seq = self.seq_length or to_int(args.get("seq_length"))
+        gpus = self.num_gpus or to_int(args.get("world_size")) or world_size
         for row in rows:
             derive_tokens(row, seq, gpus)
         self._finished = rows
         return rows
 
 
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
 
 
 def logged_last_step(rows: list[Row]) -> int | None:

@@ -13,7 +13,7 @@ import re
 
 from reports.parsers.megatron_lm import MegatronLMParser
 from reports.parsers.rows import Row, gb_to_gib
-from reports.parsers.text import to_float, to_number
+from reports.parsers.text import key_values, to_float, to_number
 
 _NUM = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 STEP_TIME_RE = re.compile(
@@ -45,13 +45,7 @@ def parse_step_time(line: str) -> tuple[float, float | None] | None:
 def parse_memory_gb(body: str, complete: bool = True) -> Row:
     """Memory fields (GiB) of the text after `memory (GB)`; other `mem-*` keys go to `extra` as printed."""
     fields: Row = {"extra": {}}
-    segs = body.split("|")
-    if not complete:
-        segs = segs[:-1]
-    for seg in segs:
-        key, sep, value = seg.partition(":")
-        if not sep:
-            continue
+    for key, value in key_values(body, complete):
         key = key.strip().replace(" ", "")
         number = to_number(value)
         if number is None or not key:

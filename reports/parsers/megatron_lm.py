@@ -22,7 +22,7 @@ from reports.parsers.fastpath import (
 )
 from reports.parsers.rows import Row, mib_to_gib, new_row
 from reports.parsers.stream import StreamParser
-from reports.parsers.text import squash, to_float, to_number
+from reports.parsers.text import key_values, squash, to_float, to_number
 
 ITERATION_RE = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
 MEMORY_RE = re.compile(r"(?:\[Rank (\d+)\]\s*)?\(after (\d+) iterations\) memory \((MB|GB)\)")
@@ -85,12 +85,8 @@ def parse_memory_mb(body: str, complete: bool = True) -> Row:
     """Memory fields (GiB) of the text after `memory (MB)`; `complete=False` drops the last field,
     which may have been cut short. Other fields go to `extra` as "<name> (MB)"."""
     fields: Row = {"extra": {}}
-    segs = body.split("|")
-    if not complete:
-        segs = segs[:-1]
-    for seg in segs:
-        key, sep, value = seg.partition(":")
-        number = to_float(value) if sep else None
+    for key, value in key_values(body, complete):
+        number = to_float(value)
         if number is None:
             continue
         key = key.strip()

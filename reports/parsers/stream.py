@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from reports.parsers.rows import Row, derive_tokens, merge_row, new_row
-from reports.parsers.text import LABEL_RE, starts_record, strip_ansi
+from reports.parsers.text import LABEL_RE, starts_record, strip_ansi, to_int
 
 MIN_WRAP_WIDTH = 40  # a terminal narrower than this is not worth guessing about
 MAX_WRAP_PARTS = 64
@@ -389,8 +389,8 @@ class StreamParser:
         if self._has_tokens_inputs():
             derive_tokens(
                 row,
-                self.seq_length or _int(self.args.get("seq_length")),
-                self.num_gpus or _int(self.args.get("world_size")),
+                self.seq_length or to_int(self.args.get("seq_length")),
+                self.num_gpus or to_int(self.args.get("world_size")),
             )
         self._out.append(row)
         step = row["step"]
@@ -405,8 +405,3 @@ class StreamParser:
         return out
 
 
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
@@ -71,3 +72,23 @@ def to_float(text: str) -> float | None:
 def squash(key: str) -> str:
     """A field name without spaces and case, to recognise keys whose spaces a terminal wrap ate."""
     return key.replace(" ", "").lower()
+
+
+def to_int(text: str | None) -> int | None:
+    """An integer written as text (an argument dump's value), or None."""
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def key_values(body: str, complete: bool = True) -> Iterator[tuple[str, str]]:
+    """The `key: value` fields of a `|`-separated record; `complete=False` drops the last field, which may
+    have been cut short."""
+    fields = body.split("|")
+    if not complete:
+        fields = fields[:-1]
+    for field in fields:
+        key, sep, value = field.partition(":")
+        if sep:
+            yield key, value
