@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PRECISIONS = ("fp32", "bf16", "fp8", "mxfp8", "nvfp4")
 BLACKWELL_ONLY_PRECISIONS = ("mxfp8", "nvfp4")
 QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")  # Transformer Engine modules under te.autocast
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "moe_dispatch")
@@ -423,8 +422,3 @@ def _alignment_problems(recipe: Recipe) -> list[str]:
                 f"{align}: set capacity_factor with pad_to_capacity so the capacity is ({got})"
             )
     return problems
-
-
-def load_recipe(data: dict) -> Recipe:
-    """Validate a recipe mapping (as read from recipe.yaml)."""
-    return Recipe.model_validate(data)

@@ -47,11 +47,6 @@ def gb_to_gib(value: float) -> float:
     return value * 1e9 / GIB
 
 
-def bytes_to_gib(value: float) -> float:
-    """Bytes (golden values' `mem-*-bytes`) to GiB."""
-    return value / GIB
-
-
 def new_row(step: int) -> Row:
     """A row for `step` with every contract field unset."""
     row: Row = dict.fromkeys(ROW_FIELDS)
