@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from launchers.profile import SlurmProfile
+from launchers.safety import check_env_name, check_name, check_no_nul, check_value
 from trainer import rundir
 
 
@@ -137,7 +138,9 @@ class Launcher(abc.ABC):
         if settings is None or isinstance(settings, dict):
             settings = self.Settings.model_validate(settings or {})
         self.settings = settings
+        check_value("--workspace", workspace)  # before any file system call (NUL) or script (newline) sees it
         self.workspace = Path(workspace).expanduser().resolve()  # run dirs are used from other cwds
+        check_value("--workspace", self.workspace)
         self.profile = profile if profile is not None else SlurmProfile()
 
     @property
@@ -147,7 +150,14 @@ class Launcher(abc.ABC):
 
     @abc.abstractmethod
     def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
-        """Pure: the files and commands that would launch these specs (writes nothing, submits nothing)."""
+        """Pure: the files and commands that would launch these specs (writes nothing, submits nothing).
+
+        Every backend starts with `self.check_specs(specs)`."""
+
+    def check_specs(self, specs: list[LaunchSpec]) -> None:
+        """Refuse (UnsafeValue) a spec whose names, paths or values cannot reach a job script or a process."""
+        for spec in specs:
+            check_spec(spec)
 
     @abc.abstractmethod
     def launch(self, rendered: Rendered) -> list[Submitted]:
@@ -172,3 +182,21 @@ class Launcher(abc.ABC):
                 path.write_text(text)
             submitted.extend(self.launch(rendered))
         return submitted
+
+
+def check_spec(spec: LaunchSpec) -> None:
+    """Names and paths without control characters, environment names as names, no NUL in values or argv."""
+    check_name("campaign name", spec.campaign)
+    where = f"campaign {spec.campaign}"
+    check_name(f"{where}: cell id", spec.cell_id)
+    where = f"{where}, cell {spec.cell_id}"
+    check_value(f"{where}: run dir", spec.run_dir)
+    for name, value in spec.env.items():
+        check_env_name(f"{where}: env", name)
+        check_no_nul(f"{where}: env.{name}", value)
+    for name in spec.env_pass:
+        check_env_name(f"{where}: env.pass", name)
+    if spec.module is not None:
+        check_value(f"{where}: module", spec.module)
+    for arg in spec.args:
+        check_no_nul(f"{where}: argument", arg)

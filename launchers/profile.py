@@ -8,7 +8,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from launchers.safety import refuse_control, shown
+
+SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
 class _Strict(BaseModel):
@@ -29,6 +36,19 @@ class Cluster(_Strict):
     python: str = Field("python3", description="Python interpreter on the compute nodes.")
     gpus: bool = Field(True, description="Request GPUs (--gpus-per-node); false for CPU-only partitions.")
 
+    @field_validator("partition", "account", "qos", "constraint", "python", "sbatch_extra")
+    @classmethod
+    def _no_control(cls, value: Any) -> Any:
+        return refuse_control(value)
+
+    @field_validator("sbatch_extra")
+    @classmethod
+    def _option_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not SBATCH_KEY.fullmatch(key):
+                raise ValueError(f"{shown(key)} is not an sbatch option name (letters, digits, _ and -)")
+        return value
+
 
 class Container(_Strict):
     """Container the trainer runs in (pyxis/enroot srun flags)."""
@@ -38,6 +58,19 @@ class Container(_Strict):
         default_factory=list, description="SRC:DST[:FLAGS] mounts (pyxis --container-mounts)."
     )
     workdir: str | None = Field(None, description="Working directory inside the container.")
+
+    @field_validator("image", "mounts", "workdir")
+    @classmethod
+    def _no_control(cls, value: Any) -> Any:
+        return refuse_control(value)
+
+    @field_validator("mounts")
+    @classmethod
+    def _no_comma(cls, value: list[str]) -> list[str]:
+        for mount in value:
+            if "," in mount:
+                raise ValueError(f"{shown(mount)} contains a comma (pyxis separates mounts with commas)")
+        return value
 
 
 class SlurmProfile(BaseModel):

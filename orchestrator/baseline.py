@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.collect import summary_from_dict
 from orchestrator.store import CellRow, Store
 from reports.window import Summary
 
 SOLE_BASELINE = "*"  # key of the baseline summary that serves every cell (a baseline with a single point)
+
+
+def summary_from_dict(data: dict[str, Any] | None) -> Summary | None:
+    """A stored window summary (the results table's summary_json) as a Summary."""
+    return Summary(**data) if data else None
 
 
 def params_key(params: dict[str, Any]) -> str:

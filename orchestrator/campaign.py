@@ -16,6 +16,7 @@ from trainer.recipe import Recipe
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 SweepValue = Any
+MAX_REPEATS = 1000  # repeats of one point; the sweep's cell limit (--max-cells) bounds the total
 
 
 class _Strict(BaseModel):
@@ -130,7 +131,9 @@ class Sweep(_Strict):
         default_factory=list,
         description="Rules: a point matching every key of a rule is dropped; a list value matches any of its items.",
     )
-    repeats: int = Field(1, ge=1, description="Run every point this many times (noise-aware verdicts).")
+    repeats: int = Field(
+        1, ge=1, le=MAX_REPEATS, description=f"Run every point this many times (noise-aware verdicts; at most {MAX_REPEATS})."
+    )
 
     @field_validator("axes")
     @classmethod

@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator import cli_campaign, cli_ingest, cli_report, cli_store
-from orchestrator.errors import MbxError
+from orchestrator import cli_campaign, cli_compare, cli_ingest, cli_report, cli_store
+from orchestrator.errors import MbxError, printable
 
 app = typer.Typer(
     name="mbx",
@@ -27,23 +27,41 @@ app = typer.Typer(
 app.add_typer(cli_campaign.app, name="campaign")
 app.command("report")(cli_report.report)
 app.command("ingest")(cli_ingest.ingest)
+app.command("compare")(cli_compare.compare)
 app.add_typer(cli_report.schema_app, name="schema")
 app.add_typer(cli_store.app, name="store")
 
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
+MAX_ERRORS = 50  # problems printed per error; MBX_MAX_ERRORS=N prints more (0: all)
+MAX_LINE = 2000  # characters of one problem line printed (the rest is cut with "…")
+
+
+def shown_problems(lines: list[str], limit: int = MAX_ERRORS) -> list[str]:
+    """The first `limit` problem lines (each on one line, cut at MAX_LINE characters), then a count of the rest."""
+    shown = [printable(line) for line in lines[: limit or None]]
+    shown = [line if len(line) <= MAX_LINE else line[: MAX_LINE - 1] + "…" for line in shown]
+    if limit and len(lines) > limit:
+        shown.append(f"… and {len(lines) - limit:,} more problem(s) (MBX_MAX_ERRORS=0 shows every one)")
+    return shown
+
+
+def _error_limit() -> int:
+    value = os.environ.get("MBX_MAX_ERRORS", "")
+    return int(value) if value.isdigit() else MAX_ERRORS
 
 
 def main() -> None:
-    """Entry point: run the app; MbxError → one message per problem on stderr and its exit code."""
+    """Entry point: run the app; MbxError → one message per problem on stderr (the first MAX_ERRORS) and
+    its exit code."""
     try:
         app()
     except MbxError as err:
         if os.environ.get("MBX_DEBUG") == "1":
             raise
-        for line in err.lines():
+        for line in shown_problems(err.lines(), _error_limit()):
             err_console.print(Text.assemble(("error: ", "bold red"), line))
         if err.exit_code == 2:
-            err_console.print("(set MBX_DEBUG=1 for a traceback)", style="dim")
+            err_console.print(Text("(set MBX_DEBUG=1 for a traceback)", style="dim"))
         sys.exit(err.exit_code)
 
 

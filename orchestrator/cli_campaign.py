@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from orchestrator.options import DEFAULT_WORKSPACE, CampaignFileArg, CampaignNameArg, JsonOpt, WorkspaceOpt
+from orchestrator.options import (
+    DEFAULT_WORKSPACE,
+    CampaignFileArg,
+    CampaignNameArg,
+    JsonOpt,
+    MaxCellsOpt,
+    WorkspaceOpt,
+)
 
 # Commands import the schema, store and engine lazily so `mbx --help` stays fast.
 
@@ -18,17 +25,34 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Define, check and run benchmark campaigns.",
 )
-console = Console(highlight=False)
+console = Console(highlight=False, markup=False, emoji=False)
+
+
+InconclusiveOkOpt = Annotated[
+    bool,
+    typer.Option("--inconclusive-ok", help="Exit 0 instead of 3 when no point failed but some are inconclusive."),
+]
 
 
 @app.command()
-def validate(file: CampaignFileArg) -> None:
+def validate(
+    file: CampaignFileArg,
+    workspace: Annotated[
+        Path | None,
+        typer.Option("--workspace", "-w", help="Also check that the baseline campaign is in this workspace's store."),
+    ] = None,
+    max_cells: MaxCellsOpt = None,
+) -> None:
     """Check a campaign file and every point of its sweep (exit 2 with `file: key: problem` lines if bad)."""
     from orchestrator.loader import load_campaign
     from orchestrator.trainers import expand
 
     campaign = load_campaign(file)
-    points = expand(campaign, file)
+    points = expand(campaign, file, max_cells)
+    if workspace is not None:
+        from orchestrator.runner import check_baseline
+
+        check_baseline(workspace, campaign, file)
     distinct = len({p.point_id for p in points})
     console.print(
         Text.assemble(
@@ -40,14 +64,15 @@ def validate(file: CampaignFileArg) -> None:
 
 
 @app.command()
-def plan(file: CampaignFileArg, as_json: JsonOpt = False) -> None:
+def plan(file: CampaignFileArg, as_json: JsonOpt = False, max_cells: MaxCellsOpt = None) -> None:
     """Show the expanded points with their cell ids and world sizes; nothing is run."""
     from orchestrator.loader import load_campaign
+    from orchestrator.plan_view import plan_text
     from orchestrator.sweep import swept_keys
     from orchestrator.trainers import expand
 
     campaign = load_campaign(file)
-    points = expand(campaign, file)
+    points = expand(campaign, file, max_cells)
     if as_json:
         payload = [
             {
@@ -63,17 +88,7 @@ def plan(file: CampaignFileArg, as_json: JsonOpt = False) -> None:
         ]
         typer.echo(json.dumps(payload, indent=2))
         return
-    keys = swept_keys(campaign)
-    table = Table(title=f"{campaign.name}: {len(points)} cell(s)", title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("cell id")
-    for key in keys:
-        table.add_column(key)
-    table.add_column("world", justify="right")
-    for index, point in enumerate(points, 1):
-        values = [Text(str(point.params.get(key, "·"))) for key in keys]
-        table.add_row(str(index), point.cell_id, *values, str(point.world_size))
-    console.print(table)
+    typer.echo(plan_text(campaign.name, points, swept_keys(campaign)))
 
 
 @app.command()
@@ -98,12 +113,19 @@ def run(
             help="Print the job scripts and commands the launcher would submit now; submit and record nothing.",
         ),
     ] = False,
+    inconclusive_ok: InconclusiveOkOpt = False,
+    max_cells: MaxCellsOpt = None,
 ) -> None:
     """Run every cell of a campaign; cells already completed in the workspace are skipped.
 
-    Exits 0 when every cell completed and passed its gates, 1 when a cell failed or a gate failed
-    (each is named), 2 when the campaign file is invalid. A second run of a campaign that is still
-    running is refused before it writes anything.
+    Every stored result, skipped cells' too, is judged again with the campaign's current gates; a point's
+    verdict comes from all its repeats (mean and confidence interval). A second run of a campaign that is
+    still running is refused before it writes anything.
+
+    Exit codes: 0 every point passed; 1 a cell did not complete or a point failed a gate (each is named);
+    2 bad input (an invalid file, a baseline campaign not in the workspace); 3 inconclusive: nothing failed
+    but a point could not be decided (named, with why, on the closing INCONCLUSIVE line).
+    `--inconclusive-ok` turns 3 into 0.
 
     `--dry-run` renders exactly what the campaign's launcher (or `--launcher`) would submit for the
     cells not yet completed (sbatch scripts and task tables for Slurm, the command line locally),
@@ -114,8 +136,8 @@ def run(
     from orchestrator.trainers import expand
 
     campaign = load_campaign(file)
-    points = expand(campaign, file)
-    outcome = runner.run_campaign(
+    points = expand(campaign, file, max_cells)
+    finished = runner.run_campaign(
         workspace,
         campaign,
         points,
@@ -126,7 +148,7 @@ def run(
         log_wandb=wandb,
         dry_run=dry_run,
     )
-    raise typer.Exit(runner.exit_code(outcome))
+    raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
 
 
 @app.command()
@@ -138,12 +160,47 @@ def resume(
     ] = None,
     report: Annotated[bool, typer.Option(help="Write the report page when done.")] = True,
     wandb: Annotated[bool, typer.Option(help="Log attempts to W&B.")] = True,
+    inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
-    """Finish a campaign from the run store: adopt running attempts, run what is left, skip what completed."""
+    """Finish a campaign from the run store: adopt running attempts, run what is left, skip what completed.
+
+    Exit codes: 0 every point passed; 1 a cell did not complete or a point failed a gate; 2 bad input;
+    3 inconclusive (nothing failed, a point undecided; named on the closing line). `--inconclusive-ok`
+    turns 3 into 0.
+    """
     from orchestrator import runner
 
-    outcome = runner.resume_campaign(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
-    raise typer.Exit(runner.exit_code(outcome))
+    finished = runner.resume_campaign(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
+    raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
+
+
+@app.command()
+def regate(
+    name: CampaignNameArg,
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", help="Take the gates from this campaign file (same name) and store them."),
+    ] = None,
+    inconclusive_ok: InconclusiveOkOpt = False,
+) -> None:
+    """Judge every stored result of a campaign again with its gates, and print the verdicts that changed.
+
+    With --file, the gates come from that (changed) campaign file and become the campaign's gates. Exit
+    codes as for `run`, from the points' verdicts: 0 pass, 1 fail, 2 bad input, 3 inconclusive.
+    """
+    from orchestrator import runner
+    from orchestrator.progress import print_changes
+
+    done = runner.regate_campaign(workspace, name, file)
+    print_changes(done.changes, "re-judged with " + ("the gates of " + str(file) if file else "the stored gates"))
+    points = done.judged.points
+    counts = ", ".join(f"{sum(p.verdict == v for p in points)} {v}" for v in ("pass", "fail", "inconclusive", "none")
+                       if any(p.verdict == v for p in points))  # fmt: skip
+    gates = "gates updated" if done.gates_changed else "gates unchanged"
+    console.print(Text(f"{name}: {len(points)} point(s) judged ({counts or 'none finished'}); {gates}; "
+                       f"{done.rewritten} stored result(s) rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
+    raise typer.Exit(runner.verdicts_exit_code(points, inconclusive_ok))
 
 
 @app.command()
@@ -158,6 +215,8 @@ def status(
         typer.echo(json.dumps(status_view.status_payload(view), indent=2))
         return
     console.print(status_view.status_table(view))
+    for line in status_view.damaged_lines(view):
+        console.print(line)
 
 
 @app.command()
@@ -166,7 +225,7 @@ def cancel(name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -
     from orchestrator import runner
 
     count = runner.cancel_campaign(workspace, name)
-    console.print(f"cancelled {count} attempt(s) of {name!r}")
+    console.print(Text(f"cancelled {count} attempt(s) of {name!r}"))
 
 
 @app.command("list")
@@ -179,4 +238,4 @@ def list_campaigns(workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -> None:
     if not names:
         raise UsageError(f"no campaigns in workspace {workspace}")
     for name in names:
-        console.print(name)
+        console.print(Text(name))

@@ -14,7 +14,7 @@ from orchestrator.options import DEFAULT_WORKSPACE, WorkspaceOpt
 if TYPE_CHECKING:
     from orchestrator.ingest import Ingested
 
-console = Console(highlight=False)
+console = Console(highlight=False, markup=False, emoji=False)
 
 
 def _params(pairs: list[str]) -> dict[str, Any]:
@@ -101,9 +101,9 @@ def ingest(
 def _print_result(result: Ingested, workspace: Path) -> None:
     if result.already:
         console.print(
-            f"already ingested: cell {result.cell_id} (attempt {result.attempt}) of {result.campaign!r} holds these "
-            "logs; --replace ingests them again"
-        )
+            Text(f"already ingested: cell {result.cell_id} (attempt {result.attempt}) of {result.campaign!r} holds "
+                 "these logs; --replace ingests them again")
+        )  # fmt: skip
         return
     s = result.summary or {}
 
@@ -121,4 +121,4 @@ def _print_result(result: Ingested, workspace: Path) -> None:
     )
     if result.reason:
         console.print(Text(f"  {result.reason}", style="yellow" if result.state == "completed" else "red"))
-    console.print(f"  run dir {result.run_dir}\n  next: mbx report {result.campaign} --workspace {workspace}")
+    console.print(Text(f"  run dir {result.run_dir}\n  next: mbx report {result.campaign} --workspace {workspace}"))

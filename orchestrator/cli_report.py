@@ -8,10 +8,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from orchestrator.options import DEFAULT_WORKSPACE, CampaignNameArg, WorkspaceOpt
 
-console = Console(highlight=False)
+console = Console(highlight=False, markup=False, emoji=False)
 schema_app = typer.Typer(no_args_is_help=True, help="Print JSON Schemas of mbx files.")
 
 
@@ -35,7 +36,7 @@ def report(
         from reports.markdown import markdown_summary
 
         typer.echo(markdown_summary(view))
-    console.print(f"report: {page}")
+    console.print(Text(f"report: {page}"))
 
 
 @schema_app.command("campaign")

@@ -9,8 +9,8 @@ from rich.text import Text
 from orchestrator.options import DEFAULT_WORKSPACE, WorkspaceOpt
 
 app = typer.Typer(no_args_is_help=True, help="Look after the run store (mbx.sqlite) of a workspace.")
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+console = Console(highlight=False, markup=False, emoji=False)
+err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
 
 @app.command()
@@ -25,11 +25,11 @@ def rebuild(workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -> None:
 
     done = rebuild_store(workspace)
     for problem in done.problems:
-        err_console.print(f"warning: {problem}")
+        err_console.print(Text(f"warning: {problem}"))
     for path in done.kept_aside:
-        console.print(f"kept aside: {path}")
+        console.print(Text(f"kept aside: {path}"))
     for name, cells, attempts in done.campaigns:
-        console.print(f"  {name}: {cells} cell(s), {attempts} attempt(s)")
+        console.print(Text(f"  {name}: {cells} cell(s), {attempts} attempt(s)"))
     console.print(
         Text.assemble(("rebuilt ", "bold green"), f"{done.store} ({len(done.campaigns)} campaign(s))")
     )

@@ -6,11 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.baseline import summary_from_dict
 from orchestrator.campaign import Campaign
+from orchestrator.regate import gates_of, judge_campaign
 from orchestrator.store import AttemptRow, CellRow, Store
 from orchestrator.sweep import swept_keys
 from reports.gates import GateResult, GateSpec, evaluate
-from reports.views import CampaignView, CellView
+from reports.views import CampaignView, CellView, group_points
 from reports.window import Summary, summarize
 from trainer import rundir
 
@@ -66,7 +68,7 @@ def collect_attempt(
     exit_info = rundir.read_exit(run_dir)
     resolution = rundir.resolve_state(status, exit_info, job_state=job_state)
     state, reason, failure_class = resolution.state, resolution.reason, resolution.failure_class
-    rows = rundir.read_metrics(run_dir)
+    rows, metrics_problem = rundir.read_metrics_checked(run_dir)
     summary = summarize(rows, window) if rows else None
     if state != "completed" and "failure_class" not in (status or {}):
         facts = {**(status or {}), **(resolution.write or {}), "state": state}
@@ -74,11 +76,29 @@ def collect_attempt(
         if evidence and failure_class != "unknown" and (not reason or f"no {rundir.STATUS}" in reason):
             reason = evidence
     gate = evaluate(gates, summary, state=state, reason=reason, baseline=baseline)
+    damaged = damaged_files(run_dir, metrics_problem)
+    if damaged:
+        reason = "; ".join([reason or state, *(f"damaged {d}" for d in damaged)])
+        for check in gate.checks:
+            if check.gate == "metrics" and metrics_problem:
+                check.message += f" ({metrics_problem})"
     return Collected(state, reason, failure_class, summary, gate)
 
 
-def summary_from_dict(data: dict[str, Any] | None) -> Summary | None:
-    return Summary(**data) if data else None
+def damaged_files(run_dir: Path, metrics_problem: str | None = None) -> list[str]:
+    """`path: what is wrong` for each damaged file of a run dir (metrics.jsonl's problem as read by the caller)."""
+    damaged = rundir.file_problems(run_dir)
+    if metrics_problem:
+        damaged.append(metrics_problem)
+    recipe = Path(run_dir) / rundir.RECIPE
+    if recipe.is_file() and not any(d.startswith(f"{recipe}:") for d in damaged):
+        import yaml
+
+        try:
+            yaml.load(recipe.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except (OSError, yaml.YAMLError, RecursionError, ValueError):
+            damaged.append(f"{recipe}: not valid YAML (truncated or overwritten?)")
+    return damaged
 
 
 def cell_view(
@@ -103,20 +123,30 @@ def cell_view(
     if result is not None:
         view.summary = summary_from_dict(result.summary)
         view.gate = GateResult.from_dict(result.gate) if result.gate else None
+    run_dir = Path(attempt.run_dir)
+    rows, metrics_problem = rundir.read_metrics_checked(run_dir)
     if with_rows:
-        view.rows = rundir.read_metrics(Path(attempt.run_dir))
-    view.fingerprint = rundir.read_fingerprint(Path(attempt.run_dir))
+        view.rows = rows
+    view.fingerprint = rundir.read_fingerprint(run_dir)
+    view.damaged = damaged_files(run_dir, metrics_problem)
     return view
 
 
 def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignView:
-    """Everything the report writers need about one campaign, from the store and run dirs."""
+    """Everything the report writers need about one campaign, from the store and run dirs; every verdict
+    (per cell and per point, from all its repeats) derived from the stored results and the campaign's gates."""
     record = store.campaign(name)
     if record is None:
         raise KeyError(name)
     campaign = Campaign.model_validate(record["spec"])
     latest = store.latest_attempts(name)
-    cells = [cell_view(store, name, cell, latest.get(cell.cell_id), with_rows) for cell in store.cells(name)]
+    judged = judge_campaign(store, name, gates_of(record), campaign.baseline)
+    cells = []
+    for cell in store.cells(name):
+        view = cell_view(store, name, cell, latest.get(cell.cell_id), with_rows)
+        view.gate = judged.gates.get(cell.cell_id, view.gate)
+        cells.append(view)
+    point_gates = {p.point_id: p.gate for p in judged.points}
     return CampaignView(
         name=name,
         description=campaign.description,
@@ -126,4 +156,5 @@ def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignVi
         window=campaign.collect.window,
         source_file=record["source_file"],
         baseline=campaign.baseline,
+        points=group_points(cells, lambda members: point_gates.get(members[0].point_id)),
     )

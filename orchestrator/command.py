@@ -6,7 +6,6 @@ Pure functions; the command trainer kind (orchestrator/trainers/command.py) reso
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.campaign import Campaign, CommandTrainer, Resources
-from orchestrator.keys import deep_merge, set_path, unknown_key_problem
+from orchestrator.keys import copy_tree, deep_merge, set_path, unknown_key_problem
 from orchestrator.loader import validation_problems
 from orchestrator.sweep import PointProblems, ResolvedPoint
 
@@ -249,7 +248,7 @@ def _assign(
     """(params, resources mapping, env) of one point: the campaign's base with the sweep assignment applied."""
     trainer = command_trainer(campaign)
     bridge = trainer.style == "megatron-bridge"
-    params = nest(copy.deepcopy(trainer.params)) if bridge else copy.deepcopy(trainer.params)
+    params = nest(copy_tree(trainer.params)) if bridge else copy_tree(trainer.params)
     resources_doc = campaign.resources.model_dump()
     env = dict(campaign.env.values)
     for key, value in assignment.items():
@@ -261,7 +260,7 @@ def _assign(
         elif bridge:
             set_path(params, rest, value)
         else:
-            params[rest] = copy.deepcopy(value)
+            params[rest] = copy_tree(value)
     return params, resources_doc, env
 
 
@@ -307,6 +306,9 @@ def command_argv(
     bridge = trainer.style == "megatron-bridge"
     if trainer.command.count(PARAMS_SLOT) > 1:
         raise TemplateError("trainer.command: `{params}` may appear once")
+    for item in trainer.command:
+        if item != PARAMS_SLOT and "params" in placeholders([item]):
+            raise TemplateError(f"trainer.command: {item!r}: `{{params}}` must be a whole argv element")
     flat = flatten(params) if bridge else params
     root = campaign_file.parent.resolve() if campaign_file else Path.cwd()
     fixed: dict[str, Any] = {"campaign": campaign.name, "campaign_dir": str(root)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from orchestrator.inflight import InFlight, Pending
 from orchestrator.requeue import record_requeues
 from orchestrator.retry import decide
 from orchestrator.store import ACTIVE_STATES, AttemptRow, CellRow, Store
+from reports.gates import evaluate
 from reports.window import Summary
 from trainer import rundir
 
@@ -125,6 +127,19 @@ class Engine:
 
     # the loop --------------------------------------------------------------------------------------------
     def run(self, cells: list[CellRow]) -> Outcome:
+        """Drive the cells to completion; a store that cannot be written (a full disk) stops the run with a
+        message, leaving every attempt as last recorded for `mbx campaign resume`."""
+        try:
+            return self._run(cells)
+        except sqlite3.OperationalError as err:
+            if "full" not in str(err):
+                raise
+            raise RunError(
+                f"the run store {self.store.path} could not be written: {err} (ENOSPC: no space left on device); "
+                f"attempts already started keep running: free space, then `mbx campaign resume {self.campaign.name}`"
+            ) from None
+
+    def _run(self, cells: list[CellRow]) -> Outcome:
         outcome = Outcome(self.campaign.name, total=len(cells))
         pending, in_flight = self._start(cells, outcome)
         while pending or in_flight:
@@ -132,7 +147,7 @@ class Engine:
             room = len(pending) if capacity is None else max(0, capacity - len(in_flight))
             if room:
                 batch, pending = pending[:room], pending[room:]
-                in_flight.update(self._submit(batch))
+                in_flight.update(self._submit(batch, outcome))
             if not in_flight:
                 continue
             for cell, old, new in record_requeues(self.store, self.campaign.name, in_flight):
@@ -176,20 +191,11 @@ class Engine:
         return InFlight(cell, attempt, job, kind, kind.follower(cell, Path(attempt.run_dir)))
 
     # submission -----------------------------------------------------------------------------------------
-    def _submit(self, batch: list[Pending]) -> dict[str, InFlight]:
+    def _submit(self, batch: list[Pending], outcome: Outcome) -> dict[str, InFlight]:
         """Reserve an attempt per cell, write its inputs, submit them together, record the jobs."""
-        prepared: list[tuple[Pending, AttemptRow, LaunchSpec]] = []
-        for item in batch:
-            cell = item.cell
-            attempt = self.store.reserve_attempt(
-                self.campaign.name, cell.cell_id, self.launcher.name, lambda n, c=cell: self.run_dir(c, n),
-                item.try_number, item.steps_before,
-            )  # fmt: skip
-            kind = trainers.get(cell.trainer_kind)
-            spec = kind.launch_spec(self.campaign, cell, attempt)
-            kind.write_inputs(cell, spec)
-            self._write_launch(spec, attempt, None)
-            prepared.append((item, attempt, spec))
+        prepared = [ready for item in batch if (ready := self._prepare(item, outcome)) is not None]
+        if not prepared:
+            return {}
         try:
             submitted = self.launcher.submit([spec for _, _, spec in prepared])
         except Exception as err:  # a refused sbatch: fail these attempts rather than leave them "submitted"
@@ -207,6 +213,40 @@ class Engine:
             started[job.job_id] = InFlight(item.cell, attempt, job, kind, kind.follower(item.cell, spec.run_dir))
             self.on_event(Event("submitted", item.cell, attempt.attempt))
         return started
+
+    def _prepare(self, item: Pending, outcome: Outcome) -> tuple[Pending, AttemptRow, LaunchSpec] | None:
+        """Reserve the cell's next attempt and write its inputs. A file-system error here (the cell's run-dir
+        path is a file, a full disk, no permission) fails this attempt with the reason; the run goes on."""
+        cell = item.cell
+        attempt: AttemptRow | None = None
+        try:
+            attempt = self.store.reserve_attempt(
+                self.campaign.name, cell.cell_id, self.launcher.name, lambda n, c=cell: self.run_dir(c, n),
+                item.try_number, item.steps_before,
+            )  # fmt: skip
+            kind = trainers.get(cell.trainer_kind)
+            spec = kind.launch_spec(self.campaign, cell, attempt)
+            kind.write_inputs(cell, spec)
+            self._write_launch(spec, attempt, None)
+        except OSError as err:
+            reason = (f"mbx could not prepare the run directory: {rundir.one_line(err)}; fix that, then "
+                      f"`mbx campaign resume {self.campaign.name}` runs this cell again")  # fmt: skip
+            attempt = attempt or self._unsubmitted(cell)
+            collected = self._failed(reason)
+            if attempt is None:  # the store could not even reserve it: nothing to record there
+                outcome.failed.append((cell, f"failed: {reason}"))
+            else:
+                self._record(cell, attempt, collected)
+                self._count_finished(outcome, cell, self.store.attempt(self.campaign.name, cell.cell_id,
+                                                                       attempt.attempt))  # fmt: skip
+            self.on_event(Event("finished", cell, attempt.attempt if attempt else 0, collected))
+            return None
+        return item, attempt, spec
+
+    def _unsubmitted(self, cell: CellRow) -> AttemptRow | None:
+        """The cell's newest attempt when it is reserved but has no job (what a failed reservation left)."""
+        latest = self.store.latest_attempts(self.campaign.name).get(cell.cell_id)
+        return latest if latest is not None and latest.state in ACTIVE_STATES and not latest.job_id else None
 
     def _write_launch(
         self, spec: LaunchSpec, attempt: AttemptRow, job_id: str | None, command: list[str] | None = None
@@ -263,16 +303,17 @@ class Engine:
     # collection, retries, outcome -----------------------------------------------------------------------
     def _finish(self, flight: InFlight, state: JobState, pending: list[Pending], outcome: Outcome) -> None:
         """Collect an ended attempt, decide on a retry, record the outcome in one store write."""
-        collected = self._collect(flight, state)
         attempt = flight.attempt
-        steps = rundir.last_logged_step(flight.run_dir)
+        try:
+            collected = self._collect(flight, state)
+            steps = rundir.last_logged_step(flight.run_dir)
+        except Exception as err:  # noqa: BLE001 - unreadable run dir files never stop the run nor leave it running
+            collected, steps = self._failed(f"mbx could not collect this attempt: {rundir.one_line(err)}"), None
         decision = decide(self.campaign.retry, collected.state, collected.failure_class, attempt.try_number,
                           steps, attempt.steps_before)  # fmt: skip
         if not decision.retry and decision.why:
             collected.reason = f"{collected.reason or collected.state}; {decision.why}"
-        summary = collected.summary.to_dict() if collected.summary else None
-        self.store.record_outcome(self.campaign.name, flight.cell.cell_id, attempt.attempt, collected.state,
-                                  collected.reason, collected.failure_class, summary, collected.gate.to_dict())  # fmt: skip
+        self._record(flight.cell, attempt, collected)
         if decision.retry:
             pending.append(Pending(flight.cell, attempt.try_number + 1, steps or 0))
             self.on_event(Event("retrying", flight.cell, attempt.attempt, collected, note=decision.why))
@@ -280,6 +321,16 @@ class Engine:
         self._count_finished(outcome, flight.cell, self.store.attempt(self.campaign.name, flight.cell.cell_id,
                                                                       attempt.attempt))  # fmt: skip
         self.on_event(Event("finished", flight.cell, attempt.attempt, collected))
+
+    def _record(self, cell: CellRow, attempt: AttemptRow, collected: Collected) -> None:
+        summary = collected.summary.to_dict() if collected.summary else None
+        self.store.record_outcome(self.campaign.name, cell.cell_id, attempt.attempt, collected.state,
+                                  collected.reason, collected.failure_class, summary, collected.gate.to_dict())  # fmt: skip
+
+    def _failed(self, reason: str) -> Collected:
+        """An attempt mbx itself could not prepare or collect: failed, class unknown, with the reason."""
+        return Collected("failed", reason, "unknown", None,
+                         evaluate(self.campaign.gates, None, state="failed", reason=reason))  # fmt: skip
 
     def _collect(self, flight: InFlight, state: JobState) -> Collected:
         try:

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def printable(text: str) -> str:
+    """`text` on one line: control and other non-printable characters as escapes (\\n, \\x1b, \\u202e)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class MbxError(Exception):
     """Root of every error mbx reports as a clean message (no traceback unless MBX_DEBUG=1)."""
 

@@ -39,10 +39,19 @@ def _untag(loc: tuple[Any, ...], root: type[BaseModel]) -> tuple[tuple[Any, ...]
     return loc, None
 
 
+MAX_SHOWN = 100  # characters of an offending value quoted in a message
+
+
+def shown_value(value: Any) -> str:
+    """repr of a value from the file, cut at MAX_SHOWN characters (a long string or list is not repeated whole)."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
+
+
 def _got(item: Any) -> str:
     """` (got X)` for a scalar input; nothing for a whole section (it would repeat the file)."""
     value = item.get("input")
-    return "" if isinstance(value, dict) else f" (got {value!r})"
+    return "" if isinstance(value, dict) else f" (got {shown_value(value)})"
 
 
 def validation_problems(
@@ -66,10 +75,11 @@ def validation_problems(
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             lines.append(f"{path}: unknown key{hint}; allowed: {', '.join(allowed)}")
         elif kind in ("literal_error", "enum"):
-            lines.append(f"{path}: must be one of {item['ctx']['expected']} (got {item.get('input')!r})")
+            lines.append(f"{path}: must be one of {item['ctx']['expected']} (got {shown_value(item.get('input'))})")
         elif kind == "invalid_trainer_kind":
             got = item["input"].get("kind") if isinstance(item.get("input"), dict) else item.get("input")
-            lines.append(f"trainer.kind: must be one of {', '.join(map(repr, TRAINER_KINDS))} (got {got!r})")
+            kinds = ", ".join(map(repr, TRAINER_KINDS))
+            lines.append(f"trainer.kind: must be one of {kinds} (got {shown_value(got)})")
         elif kind == "missing":
             lines.append(f"{path}: required key is missing")
         else:

@@ -26,3 +26,16 @@ CampaignNameArg = Annotated[
     str, typer.Argument(help="Campaign name, as in the file's `name:`.", show_default=False)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
+MaxCellsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-cells",
+        envvar="MBX_MAX_CELLS",
+        min=1,
+        help=(
+            "Refuse a sweep of more cells than this, counted from axis lengths before anything is expanded "
+            "[default: 10000]."
+        ),
+        show_default=False,
+    ),
+]

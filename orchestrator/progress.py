@@ -14,9 +14,10 @@ from rich.progress import (
 from rich.text import Text
 
 from orchestrator.engine import Event, Outcome
+from orchestrator.regate import PointVerdict
 from orchestrator.store import CellRow
 
-console = Console(highlight=False)
+console = Console(highlight=False, markup=False, emoji=False)
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -29,16 +30,16 @@ class ProgressReporter:
     def __init__(self, total: int, name: str, skipped_note: bool = True):
         self.progress = Progress(
             SpinnerColumn(),
-            TextColumn("[bold]{task.description}"),
+            TextColumn("{task.description}", style="bold", markup=False),  # the campaign name is user text
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
+            TextColumn("{task.fields[detail]}", markup=False),
             TimeElapsedColumn(),
             console=console,
             transient=False,
         )
         self.task = self.progress.add_task(name, total=total, detail="")
-        self.running = 0
+        self.running: set[str] = set()  # cells with an attempt out (one that fails before submission never is)
         self.failed = 0
         self.steps: dict[str, str] = {}  # cell id → "step 12/50" of running command attempts
 
@@ -50,7 +51,7 @@ class ProgressReporter:
         self.progress.stop()
 
     def _detail(self) -> None:
-        detail = f"running {self.running}" + (f", failed {self.failed}" if self.failed else "")
+        detail = f"running {len(self.running)}" + (f", failed {self.failed}" if self.failed else "")
         if self.steps:
             detail += (
                 " (" + ", ".join(list(self.steps.values())[:4]) + (", …" if len(self.steps) > 4 else "") + ")"
@@ -60,12 +61,11 @@ class ProgressReporter:
     def __call__(self, event: Event) -> None:
         cell = event.cell
         if event.kind == "submitted":
-            self.running += 1
+            self.running.add(cell.cell_id)
         elif event.kind == "adopted":
-            self.running += 1
-            self.progress.console.print(
-                f"  adopted running attempt {event.attempt} of {cell.cell_id} [{cell.label}]"
-            )
+            self.running.add(cell.cell_id)
+            line = f"  adopted running attempt {event.attempt} of {cell.cell_id} [{cell.label}]"
+            self.progress.console.print(Text(line))
         elif event.kind == "skipped":
             self.progress.advance(self.task)
             self.progress.console.print(
@@ -85,7 +85,7 @@ class ProgressReporter:
                               (f"{event.note}; the rerun is attempt {event.attempt}", "yellow"))
             )  # fmt: skip
         elif event.kind == "retrying":
-            self.running -= 1
+            self.running.discard(cell.cell_id)
             self.steps.pop(cell.cell_id, None)
             collected = event.collected
             assert collected is not None
@@ -95,7 +95,7 @@ class ProgressReporter:
                               (collected.reason or "no reason", "yellow"), f" — retrying ({event.note})")
             )  # fmt: skip
         elif event.kind == "finished":
-            self.running -= 1
+            self.running.discard(cell.cell_id)
             self.steps.pop(cell.cell_id, None)
             self.progress.advance(self.task)
             self.progress.console.print(_finished_line(cell, event))
@@ -128,17 +128,46 @@ def _finished_line(cell: CellRow, event: Event) -> Text:
 
 
 
-def print_outcome(outcome: Outcome) -> None:
+def print_changes(changes: list[str], title: str) -> None:
+    """One line per verdict that changed, under a title line (nothing when nothing changed)."""
+    if changes:
+        console.print(Text(f"{len(changes)} verdict(s) changed, {title}:", style="yellow"), soft_wrap=True)
+    for line in changes:
+        console.print(Text(f"  {line}"), soft_wrap=True)
+
+
+def print_outcome(outcome: Outcome, points: list[PointVerdict]) -> None:
+    """The closing verdict, from the points' verdicts (all repeats of each): PASS only when every point
+    passed; INCONCLUSIVE (never PASS) names the undecided points and why; FAIL names what failed."""
     done = f"{outcome.completed}/{outcome.total} completed"
     if outcome.skipped:
         done += f" ({outcome.skipped} skipped: already completed)"
     for cell, note in outcome.warnings:
         console.print(Text(f"  note: {cell.cell_id} [{cell.label}] {note}", style="yellow"))
-    if outcome.ok:
-        console.print(Text.assemble(("PASS ", "bold green"), done + ", every gate passed"))
+    failed = [p for p in points if p.verdict == "fail"]
+    undecided = [p for p in points if p.verdict not in ("pass", "fail")]
+    count = f"{len(points)} point(s)"
+    if not outcome.failed and not failed and not undecided:
+        console.print(Text.assemble(("PASS ", "bold green"), f"{done}, {count}, every gate passed"))
         return
-    console.print(Text.assemble(("FAIL ", "bold red"), done))
+    if outcome.failed or failed:
+        console.print(Text.assemble(("FAIL ", "bold red"), f"{done}, {count}: {len(failed)} failed"
+                                    + (f", {len(undecided)} inconclusive" if undecided else "")), soft_wrap=True)  # fmt: skip
+    else:
+        console.print(Text.assemble(("INCONCLUSIVE ", "bold yellow"), f"{done}, {count}: no gate failed, "
+                                    f"{len(undecided)} undecided (exit 3; --inconclusive-ok accepts it)"), soft_wrap=True)  # fmt: skip
     for cell, why in outcome.failed:
-        console.print(Text(f"  {cell.cell_id} [{cell.label}] did not complete: {why}"))
-    for cell, messages in outcome.gate_failures:
-        console.print(Text(f"  {cell.cell_id} [{cell.label}] failed gates: " + "; ".join(messages)))
+        console.print(Text(f"  {cell.cell_id} [{cell.label}] did not complete: {why}"), soft_wrap=True)
+    for point in failed:
+        if point.gate is not None and all(c.gate == "completed" for c in point.gate.failed):
+            continue  # its cells that did not complete are named above
+        console.print(Text(f"  {_point_name(point)} failed: {point.why()}"), soft_wrap=True)
+    for point in undecided:
+        console.print(Text(f"  {_point_name(point)} {point.verdict}: {point.why()}"), soft_wrap=True)
+
+
+def _point_name(point: PointVerdict) -> str:
+    """A one-repeat point by its cell id (as the lines above name it), else the point id and its repeats."""
+    if len(point.cells) == 1:
+        return f"{point.cells[0].cell_id} [{point.label}]"
+    return f"point {point.point_id} [{point.label}; {point.finished}/{len(point.cells)} repeats judged]"

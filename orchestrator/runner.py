@@ -2,25 +2,40 @@
 
 from __future__ import annotations
 
+import errno
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 from launchers.base import Launcher
 from orchestrator.baseline import baseline_summaries
 from orchestrator.campaign import Campaign
 from orchestrator.collect import campaign_view, cell_view
 from orchestrator.engine import Engine, Event, Outcome
-from orchestrator.errors import ConfigError, UsageError
+from orchestrator.errors import ConfigError, MbxError, RunError, UsageError
 from orchestrator.lock import CampaignLock
-from orchestrator.progress import ProgressReporter, print_outcome
-from orchestrator.store import ACTIVE_STATES, STORE_FILE, CellRow, Store, manifest_path
+from orchestrator.progress import ProgressReporter, print_changes, print_outcome
+from orchestrator.regate import PointVerdict, Regated, regate
+from orchestrator.store import ACTIVE_STATES, STORE_FILE, CellRow, Store, check_workspace, manifest_path
 from orchestrator.sweep import Point
 from reports.views import CampaignView
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# markup and emoji off: campaign names, labels, paths and reasons are user text, printed as they are
+console = Console(highlight=False, markup=False, emoji=False)
+err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+EXIT_PASS, EXIT_FAIL, EXIT_INCONCLUSIVE = 0, 1, 3
+
+
+@dataclass
+class Finished:
+    """How a run ended: the engine's outcome and every point's verdict from all its repeats (None: a dry run)."""
+
+    outcome: Outcome
+    points: list[PointVerdict] | None = None
 
 
 def cell_rows(campaign: Campaign, points: list[Point]) -> list[CellRow]:
@@ -74,18 +89,48 @@ def run_campaign(
     make_report: bool = True,
     log_wandb: bool = True,
     dry_run: bool = False,
-) -> Outcome:
+) -> Finished:
     """Register a campaign's cells in the store and drive them to completion (a dry run records nothing)."""
     workspace = Path(workspace).expanduser().resolve()
     launcher_name = launcher or campaign.launcher
     backend = make_launcher(campaign, launcher_name, workspace, parallel)  # before any state is written
     cells = cell_rows(campaign, points)
+    check_plan(campaign, backend, workspace, cells)
     if dry_run:
-        return _dry_run(workspace, campaign, backend, cells)
+        return Finished(_dry_run(workspace, campaign, backend, cells))
+    workspace = check_workspace(workspace)  # a workspace of the wrong kind: one line, before the lock
+    check_baseline(workspace, campaign, source_file)
     with CampaignLock(workspace / campaign.name), Store(workspace) as store:  # refused before any write
         source = str(source_file) if source_file else None
         store.register_campaign(campaign.name, source, campaign.model_dump(mode="json"), launcher_name, cells)
         return _drive(store, campaign, backend, cells, make_report, log_wandb, parallel)
+
+
+def check_baseline(workspace: Path, campaign: Campaign, source_file: Path | None) -> None:
+    """Refuse (exit 2), before anything is written, a baseline campaign that is not in the workspace's store:
+    its relative gates could never be checked."""
+    if not campaign.baseline:
+        return
+    workspace = Path(workspace).expanduser().resolve()
+    known: list[str] = []
+    if (workspace / STORE_FILE).exists():
+        with Store(workspace, create=False) as store:
+            known = store.campaign_names()
+    if campaign.baseline not in known:
+        listed = ", ".join(repr(n) for n in known) or "none yet"
+        raise ConfigError([f"baseline: no campaign named {campaign.baseline!r} in workspace {workspace} "
+                           f"(known: {listed})"], file=str(source_file) if source_file else campaign.name)  # fmt: skip
+
+
+def check_plan(campaign: Campaign, backend: Launcher, workspace: Path, cells: list[CellRow]) -> None:
+    """Refuse (exit 2), before anything is recorded, a value the launcher cannot put in a script or pass to a
+    process (a NUL in an environment value or argument, a control character in a name)."""
+    from launchers.safety import UnsafeValue
+
+    try:
+        backend.check_specs(Engine(campaign, backend, workspace).plan(cells, {}))
+    except UnsafeValue as err:
+        raise ConfigError([f"launchers.{backend.name}: {err}"]) from None
 
 
 def _dry_run(workspace: Path, campaign: Campaign, backend: Launcher, cells: list[CellRow]) -> Outcome:
@@ -97,20 +142,20 @@ def _dry_run(workspace: Path, campaign: Campaign, backend: Launcher, cells: list
     rendered = Engine(campaign, backend, workspace).render(cells, latest)
     outcome = Outcome(campaign.name, total=len(cells))
     outcome.skipped = len(cells) - sum(len(item.specs) for item in rendered)
-    console.print(f"[bold]{campaign.name}[/]: dry run with launcher [bold]{backend.name}[/]")
+    console.print(Text.assemble((campaign.name, "bold"), ": dry run with launcher ", (backend.name, "bold")))
     for item in rendered:
         print(item.describe(), flush=True)
     skipped = f"; {outcome.skipped} cell(s) already completed" if outcome.skipped else ""
-    console.print(f"dry run: nothing submitted ({outcome.total - outcome.skipped} attempt(s) rendered){skipped}")
+    console.print(Text(f"dry run: nothing submitted ({outcome.total - outcome.skipped} attempt(s) rendered){skipped}"))
     return outcome
 
 
 def resume_campaign(
     workspace: Path, name: str, parallel: int | None = None, make_report: bool = True, log_wandb: bool = True
-) -> Outcome:
+) -> Finished:
     """Continue a campaign recorded in the store, with the launcher it was started with."""
-    workspace = Path(workspace).expanduser().resolve()
-    with CampaignLock(workspace / name), Store(workspace) as store:
+    workspace = check_workspace(workspace, create=False)  # nothing is made for a workspace that is not there
+    with CampaignLock(workspace / name), Store(workspace, create=False) as store:
         record = _record(store, name)
         if record["launcher"] == "ingest":
             raise UsageError(
@@ -118,7 +163,9 @@ def resume_campaign(
             )
         campaign = Campaign.model_validate(record["spec"])
         backend = make_launcher(campaign, record["launcher"], store.workspace, parallel)
-        return _drive(store, campaign, backend, store.cells(name), make_report, log_wandb, parallel)
+        cells = store.cells(name)
+        check_plan(campaign, backend, store.workspace, cells)
+        return _drive(store, campaign, backend, cells, make_report, log_wandb, parallel)
 
 
 def _record(store: Store, name: str) -> dict[str, Any]:
@@ -140,15 +187,14 @@ def _drive(
     make_report: bool,
     log_wandb: bool,
     parallel: int | None = None,
-) -> Outcome:
-    console.print(
-        f"[bold]{campaign.name}[/]: {len(cells)} cell(s) with launcher [bold]{backend.name}[/], workspace {store.workspace}"
-    )
+) -> Finished:
+    console.print(Text.assemble((campaign.name, "bold"), f": {len(cells)} cell(s) with launcher ",
+                                (backend.name, "bold"), f", workspace {store.workspace}"))  # fmt: skip
     logger = _WandbLogger(store, campaign) if log_wandb else None
     with ProgressReporter(len(cells), campaign.name) as progress:
 
         def on_event(event: Event) -> None:
-            progress(event)
+            show(progress, event)
             if logger is not None and event.kind == "finished":
                 logger.log(event.cell, event.attempt)
 
@@ -164,11 +210,24 @@ def _drive(
             raise SystemExit(130) from None
     if logger is not None:
         logger.report_warnings()
+    regated = regate(store, campaign.name)  # cells skipped as completed: judged again with the current gates
+    print_changes(regated.changes, "re-judged with the current gates")
     if make_report:
-        page = write_report(store.workspace, campaign_view(store, campaign.name), None)
-        console.print(f"report: {page}")
-    print_outcome(outcome)
-    return outcome
+        try:
+            page = write_report(store.workspace, campaign_view(store, campaign.name), None)
+            console.print(Text(f"report: {page}"))
+        except MbxError as err:  # every cell is stored: the verdicts below still stand
+            err_console.print(Text(f"warning: {err}"), soft_wrap=True)
+    print_outcome(outcome, regated.judged.points)
+    return Finished(outcome, regated.judged.points)
+
+
+def show(progress: ProgressReporter, event: Event) -> None:
+    """Show an event; a display problem is one line, never a stop (the engine records the attempt either way)."""
+    try:
+        progress(event)
+    except Exception as err:  # noqa: BLE001 - the terminal is not worth an attempt left `running`
+        err_console.print(Text(f"warning: could not show {event.kind} of {event.cell.cell_id}: {err!r}"))
 
 
 class _WandbLogger:
@@ -208,35 +267,89 @@ class _WandbLogger:
 
     def report_warnings(self) -> None:
         for warning in dict.fromkeys(self.warnings):
-            err_console.print(f"warning: {warning}")
+            err_console.print(Text(f"warning: {warning}"))
 
 
-def exit_code(outcome: Outcome) -> int:
-    return 0 if outcome.ok else 1
+def exit_code(finished: Finished, inconclusive_ok: bool = False) -> int:
+    """0 pass, 1 fail (a cell that did not complete, or a point that failed a gate), 3 inconclusive (nothing
+    failed, some point undecided); `inconclusive_ok` makes 3 into 0. A dry run judges nothing: 0."""
+    if finished.points is None:
+        return EXIT_PASS
+    return verdicts_exit_code(finished.points, inconclusive_ok, failed=bool(finished.outcome.failed))
+
+
+def verdicts_exit_code(points: list[PointVerdict], inconclusive_ok: bool = False, failed: bool = False) -> int:
+    verdicts = {p.verdict for p in points}
+    if failed or "fail" in verdicts:
+        return EXIT_FAIL
+    if verdicts - {"pass"} and not inconclusive_ok:
+        return EXIT_INCONCLUSIVE
+    return EXIT_PASS
 
 
 def view(workspace: Path, name: str, with_rows: bool = True) -> CampaignView:
-    with Store(workspace) as store:
+    """The campaign as the report and status show it, its stored verdicts first re-derived with its gates."""
+    with Store(workspace, create=False) as store:
         _record(store, name)
+        regate(store, name)
         return campaign_view(store, name, with_rows=with_rows)
 
 
+def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Regated:
+    """`mbx campaign regate`: re-judge every stored result of a campaign with its gates, or with the gates of
+    campaign file `file` (of the same name; they are stored as the campaign's gates). Holds the campaign lock."""
+    gates = None
+    if file is not None:
+        from orchestrator.loader import load_campaign
+
+        loaded = load_campaign(file)
+        if loaded.name != name:
+            raise UsageError(f"name: the file defines campaign {loaded.name!r}, not {name!r}", file=str(file))
+        gates = loaded.gates
+    workspace = check_workspace(workspace, create=False)
+    with Store(workspace, create=False) as store:
+        _record(store, name)  # before the lock: an unknown name makes no directory
+        with CampaignLock(workspace / name):
+            return regate(store, name, gates)
+
+
 def write_report(workspace: Path, campaign: CampaignView, out: Path | None) -> Path:
-    """Write the HTML report (and its Markdown twin, summary.md) and return the page's path."""
+    """Write the HTML report (and its Markdown twin, summary.md) and return the page's path.
+
+    A directory that cannot hold it → UsageError (the path and what to do); a full disk or another write
+    error → RunError saying what to free and how to write it again.
+    """
     from reports.markdown import markdown_summary
     from reports.page import write_report as write_page
 
     out_dir = Path(out) if out else Path(workspace) / campaign.name / "report"
-    page = write_page(campaign, out_dir)
-    (out_dir / "summary.md").write_text(markdown_summary(campaign))
-    return page
+    try:
+        return write_page(campaign, out_dir, {"summary.md": markdown_summary(campaign)})
+    except OSError as err:
+        raise report_error(err, out_dir, campaign.name, Path(workspace)) from None
+
+
+_WRONG_PLACE = (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)
+
+
+def report_error(err: OSError, out_dir: Path, name: str, workspace: Path) -> MbxError:
+    """The one line saying why the report could not be written where, and how to write it again."""
+    where = err.filename or out_dir
+    again = f"`mbx report {name} --workspace {Path(workspace).expanduser().resolve()}`"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return RunError(f"the report was not written: {where}: {err.strerror}; free space on the disk holding "
+                        f"{out_dir}, then write it again with {again}")  # fmt: skip
+    if err.errno in _WRONG_PLACE:
+        return UsageError(f"the report cannot be written in {out_dir}: {where}: {err.strerror}; move that path "
+                          f"away or choose another directory with --out, then run {again}")  # fmt: skip
+    return RunError(f"the report was not written: {where}: {err.strerror or err}; write it again with {again}")
 
 
 def cancel_campaign(workspace: Path, name: str) -> int:
     """Cancel the active attempts of a campaign through the launcher that started them."""
     from launchers.base import Submitted
 
-    with Store(workspace) as store:
+    with Store(workspace, create=False) as store:
         record = _record(store, name)
         campaign = Campaign.model_validate(record["spec"])
         if record["launcher"] == "ingest":
@@ -254,7 +367,5 @@ def cancel_campaign(workspace: Path, name: str) -> int:
 
 
 def campaign_names(workspace: Path) -> list[str]:
-    if not (Path(workspace) / STORE_FILE).exists():
-        return []
-    with Store(workspace) as store:
+    with Store(workspace, create=False) as store:
         return store.campaign_names()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import StoreDamaged, StoreTooNew
+from orchestrator.errors import RunError, StoreDamaged, StoreTooNew, UsageError
 from trainer import rundir
 
 SCHEMA_VERSION = 2
@@ -253,18 +254,53 @@ def read_manifest(path: Path) -> tuple[dict[str, Any], list[CellRow]] | None:
     return data, cells
 
 
-class Store:
-    """One SQLite file per workspace; every write is one short transaction (safe to SIGKILL anytime)."""
+def check_workspace(workspace: Path, create: bool = True, file: str = STORE_FILE) -> Path:
+    """The workspace's absolute path, made when `create` and checked: a path of the wrong kind, one that cannot be
+    written (when `create`), or (when not `create`) a workspace or store that does not exist → UsageError."""
+    path = Path(workspace).expanduser().resolve()  # run dirs are used from other cwds
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"workspace {path} is a file, not a directory: give --workspace a directory")
+    if not path.exists() and not create:
+        raise UsageError(f"no workspace at {path}: nothing was run there (check --workspace or MBX_WORKSPACE)")
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=path).close()  # can files be made there (/proc, /sys, read-only mounts)?
+        except OSError as err:
+            raise UsageError(
+                f"workspace {path} cannot be written ({err.strerror or err}): give --workspace a writable directory"
+            ) from None
+    store = path / file
+    if (store.exists() or store.is_symlink()) and not store.is_file():
+        raise UsageError(f"{store} is not a file (a directory or broken link is in the run store's place): "
+                         "move it away, or give --workspace another directory")  # fmt: skip
+    if not create and not store.exists():
+        hint = f"; `mbx store rebuild --workspace {path}` restores it" if any(path.glob(f"*/{MANIFEST}")) else ""
+        raise UsageError(f"no run store in workspace {path} (no {file}){hint}")
+    return path
 
-    def __init__(self, workspace: Path, file: str = STORE_FILE):
-        self.workspace = Path(workspace).expanduser().resolve()  # run dirs are used from other cwds
-        self.workspace.mkdir(parents=True, exist_ok=True)
+
+class Store:
+    """One SQLite file per workspace; every write is one short transaction (safe to SIGKILL anytime).
+
+    `create=False` (the commands that only read or continue): a workspace or store that does not exist is an
+    error instead of being made.
+    """
+
+    def __init__(self, workspace: Path, file: str = STORE_FILE, create: bool = True):
+        self.workspace = check_workspace(workspace, create, file)
         self.path = self.workspace / file
-        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        except sqlite3.Error as err:
+            raise RunError(f"{self.path}: cannot open the run store ({err})") from None
         self._db.row_factory = sqlite3.Row
         try:
             with self._guard():
                 self._open()
+        except sqlite3.OperationalError as err:
+            self._db.close()
+            raise RunError(f"{self.path}: cannot open the run store ({err})") from None
         except BaseException:
             self._db.close()
             raise
@@ -405,7 +441,7 @@ class Store:
                              run_dir=str(run_dir), state="submitted", try_number=try_number,
                              steps_before=steps_before, submitted_at=time.time())  # fmt: skip
             _insert(db, "attempts", _attempt_columns(row))
-            run_dir.mkdir(parents=True)
+        run_dir.mkdir(parents=True)  # after the commit: a dir that cannot be made leaves a row to mark failed
         return row
 
     def mark_submitted(
@@ -518,6 +554,22 @@ class Store:
         return ResultRow(campaign=row["campaign"], cell_id=row["cell_id"], attempt=row["attempt"],
                          summary=_loads(row["summary_json"]), gate=_loads(row["gate_json"]),
                          verdict=row["verdict"])  # fmt: skip
+
+    def update_verdicts(
+        self, campaign: str, gates: dict[tuple[str, int], dict[str, Any]], spec: dict[str, Any] | None = None
+    ) -> None:
+        """Re-judged results (`mbx campaign regate`): each (cell id, attempt)'s gate result and verdict, and
+        the campaign's spec when its gates changed (with campaign.json), in one transaction."""
+        with self._transaction() as db:
+            for (cell_id, attempt), gate in gates.items():
+                db.execute(
+                    "UPDATE results SET gate_json=?, verdict=? WHERE campaign=? AND cell_id=? AND attempt=?",
+                    (json.dumps(gate), gate.get("verdict"), campaign, cell_id, attempt),
+                )
+            if spec is not None:
+                db.execute("UPDATE campaigns SET spec_json=?, updated_at=? WHERE name=?",
+                           (json.dumps(spec), time.time(), campaign))  # fmt: skip
+                self._write_manifest(db, campaign)
 
     # ingested runs and rebuilds ------------------------------------------------------------------------
     def record_ingested(

@@ -3,16 +3,19 @@ supplies how one point resolves (`PointResolver`)."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import itertools
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.campaign import Campaign
 from orchestrator.errors import ConfigError
+
+DEFAULT_MAX_CELLS = 10_000  # cells a sweep may name (before exclusions); --max-cells raises it
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,8 @@ class Point:
     point_id: str
     repeat: int
     params: dict[str, Any]
-    recipe: dict[str, Any]  # resolved recipe, all fields (what is written to recipe.yaml)
+    recipe: dict[str, Any]  # resolved recipe, all fields (what is written to recipe.yaml); read-only, shared
+    # between the cells of one point (and of points that resolve to the same recipe)
     resources: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
     label: str = ""
@@ -140,49 +144,96 @@ class PointResolver(Protocol):
         """`where: problem` for sweep keys this kind cannot address."""
         ...
 
-    def resolve(
-        self, campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str
-    ) -> ResolvedPoint:
-        """The point of one assignment; raises PointProblems (each line starting with `where`)."""
+    def resolver(self, campaign: Campaign, campaign_file: Path | None) -> Callable[[dict[str, Any], str], ResolvedPoint]:
+        """A function resolving one assignment (`where`: the point's prefix for problems); work every point
+        shares (the base recipe, a recipe file) is done once. It raises PointProblems."""
         ...
 
 
-def expand_points(campaign: Campaign, campaign_file: Path | None, kind: PointResolver) -> list[Point]:
-    """All cells of a campaign, each point resolved by `kind`. Raises ConfigError listing every invalid point."""
+def cell_count(campaign: Campaign) -> int:
+    """Cells the sweep names before exclusions and deduplication, from lengths alone (nothing is expanded):
+    (product of axis and zip-group lengths + explicit cells, or 1 for no sweep) × repeats."""
+    sweep = campaign.sweep
+    lengths = [len(values) for values in sweep.axes.values()]
+    lengths += [len(next(iter(group.values()), [])) for group in sweep.zip]
+    product = math.prod(lengths) if lengths else 0
+    return ((product + len(sweep.cells)) or 1) * sweep.repeats
+
+
+def check_size(campaign: Campaign, max_cells: int | None, file: str | None) -> None:
+    """Refuse a sweep of more than `max_cells` (None: DEFAULT_MAX_CELLS) cells before expanding it."""
+    max_cells = DEFAULT_MAX_CELLS if max_cells is None else max_cells
+    count = cell_count(campaign)
+    if count > max_cells:
+        sweep = campaign.sweep
+        parts = [f"{len(v)} {k}" for k, v in sweep.axes.items()]
+        parts += [f"{len(next(iter(g.values()), []))} zip[{i}]" for i, g in enumerate(sweep.zip)]
+        shape = " × ".join(parts) or "no axes"
+        raise ConfigError(
+            f"sweep: {count:,} cells ({shape}, + {len(sweep.cells)} cells, × {sweep.repeats} repeats; before "
+            f"exclusions) is more than the limit of {max_cells:,}: shrink the sweep or raise the limit with "
+            f"--max-cells {count if count < 10**9 else 'N'}",
+            file=file,
+        )
+
+
+def expand_points(
+    campaign: Campaign,
+    campaign_file: Path | None,
+    kind: PointResolver,
+    max_cells: int | None = None,
+) -> list[Point]:
+    """All cells of a campaign, each point resolved by `kind`. Raises ConfigError listing every invalid point,
+    for a sweep of more than `max_cells` cells (checked before expanding) and for one that excludes every point."""
     file = str(campaign_file) if campaign_file else None
+    check_size(campaign, max_cells, file)
     problems = kind.key_problems(campaign, key_locations(campaign))
     if problems:
         raise ConfigError(problems, file=file)
+    resolve = kind.resolver(campaign, campaign_file)
     keys = swept_keys(campaign)
     short = _short_labels(keys)
     points: list[Point] = []
     seen: set[str] = set()
+    found: dict[str, None] = {}  # problems in order, each once
     for assignment in assignments(campaign):
         label = ", ".join(f"{short[k]}={assignment[k]}" for k in keys if k in assignment) or "base"
-        where = f"point [{label}]: " if assignment else ""
         try:
-            resolved = kind.resolve(campaign, assignment, campaign_file, where)
+            resolved = resolve(assignment, f"point [{label}]: " if assignment else "")
         except PointProblems as err:
-            problems.extend(p for p in err.problems if p not in problems)
+            found.update(dict.fromkeys(err.problems))
             continue
         point_id = point_digest(resolved.identity)
         if point_id in seen:
             continue  # the same point listed twice (e.g. an explicit cell equal to a product point)
         seen.add(point_id)
-        for repeat in range(campaign.sweep.repeats):
-            points.append(
-                Point(
-                    cell_id=f"{point_id}-r{repeat}",
-                    point_id=point_id,
-                    repeat=repeat,
-                    params=dict(assignment),
-                    recipe=copy.deepcopy(resolved.recipe),
-                    resources=dict(resolved.resources),
-                    env=dict(resolved.env),
-                    label=label,
-                    trainer_kind=kind.name,
-                )
-            )
-    if problems:
-        raise ConfigError(problems, file=file)
+        points.extend(_repeats(campaign, point_id, assignment, resolved, label, kind.name))
+    if found:
+        raise ConfigError(list(found), file=file)
+    if not points:
+        raise ConfigError(
+            "sweep.exclude: the rules exclude every point of the sweep, so nothing would run: loosen or remove "
+            "a rule",
+            file=file,
+        )
     return points
+
+
+def _repeats(
+    campaign: Campaign, point_id: str, assignment: dict[str, Any], resolved: ResolvedPoint, label: str, kind: str
+) -> list[Point]:
+    """The cells of one point: one per repeat (they share the resolved recipe: read-only)."""
+    return [
+        Point(
+            cell_id=f"{point_id}-r{repeat}",
+            point_id=point_id,
+            repeat=repeat,
+            params=dict(assignment),
+            recipe=resolved.recipe,
+            resources=dict(resolved.resources),
+            env=dict(resolved.env),
+            label=label,
+            trainer_kind=kind,
+        )
+        for repeat in range(campaign.sweep.repeats)
+    ]

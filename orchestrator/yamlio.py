@@ -1,7 +1,15 @@
-"""Load YAML strictly: duplicate keys and syntax errors become ConfigErrors naming file, line and column."""
+"""Load YAML strictly: bad bytes, syntax, duplicate keys, deep nesting and alias bombs become ConfigErrors.
+
+Limits (a campaign or recipe file is a few KB; these only stop hostile or broken files):
+`MAX_FILE_BYTES` (4 MiB), `MAX_DEPTH` (64 levels of nesting, counted through aliases) and
+`MAX_ALIAS_NODES` (aliases may add at most 100,000 values to what the file itself spells out).
+Values are JSON's kinds only: strings, numbers, booleans, null, lists and mappings with scalar keys
+(a date such as 2026-12-03 stays a string; !!binary, !!set, !!omap, !!timestamp are refused).
+"""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -9,43 +17,207 @@ import yaml
 
 from orchestrator.errors import ConfigError
 
+MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 64
+MAX_ALIAS_NODES = 100_000
+_SCALAR_KEYS = (str, int, float, bool, type(None))
+_REFUSED_TAGS = ("binary", "set", "omap", "pairs", "timestamp")
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
+
+def _where(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+
+
+class _StrictResolver(yaml.resolver.Resolver):
+    """YAML 1.1 implicit types without timestamps: `2026-12-03` stays the string it looks like."""
+
+
+_StrictResolver.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
+}
+
+
+class _StrictLoader(
+    yaml.reader.Reader,
+    yaml.scanner.Scanner,
+    yaml.parser.Parser,
+    yaml.composer.Composer,
+    yaml.constructor.SafeConstructor,
+    _StrictResolver,
+):
+    """SafeLoader that refuses duplicate keys, nesting deeper than MAX_DEPTH and non-JSON values."""
+
+    def __init__(self, stream: str):
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        _StrictResolver.__init__(self)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        """Compose one node, refusing to nest deeper than MAX_DEPTH (PyYAML recurses once per level)."""
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise ConfigError(f"{_where(mark)}nested more than {MAX_DEPTH} levels deep: flatten the file")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        """Construct one value; a value Python cannot hold (a 5,000-digit int, ...) names its line."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError, RecursionError) as err:
+            problem = _value_problem(err)
+            raise ConfigError(f"{_where(node.start_mark)}cannot read this value ({problem}): write it differently") from None
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    """A mapping whose own keys are scalars and distinct (keys merged in with `<<:` may be overridden)."""
     seen: dict[Any, Any] = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, _SCALAR_KEYS):
+            raise ConfigError(f"{_where(key_node.start_mark)}a mapping key must be a string or a number")
         if key in seen:
-            mark = key_node.start_mark
-            raise ConfigError(f"line {mark.line + 1}, column {mark.column + 1}: duplicate key {key!r}")
+            raise ConfigError(f"{_where(key_node.start_mark)}duplicate key {key!r}")
         seen[key] = True
     return loader.construct_mapping(node, deep=deep)
 
 
+def _refuse_tag(loader: _StrictLoader, node: yaml.Node) -> Any:
+    tag = node.tag.rsplit(":", 1)[-1]
+    raise ConfigError(
+        f"{_where(node.start_mark)}the YAML tag !!{tag} is not supported: use strings, numbers, booleans, "
+        "null, lists and mappings"
+    )
+
+
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+for _tag in _REFUSED_TAGS:
+    _StrictLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse recursive aliases, nesting deeper than MAX_DEPTH through aliases, and alias bombs.
+
+    Aliases share one node, so each node is measured once: (values it expands to, its depth)."""
+    measured: dict[int, tuple[int, int]] = {}
+    open_nodes: set[int] = set()
+    distinct = 0
+
+    def measure(node: yaml.Node) -> tuple[int, int]:
+        nonlocal distinct
+        if id(node) in measured:
+            return measured[id(node)]
+        if id(node) in open_nodes:
+            raise ConfigError(f"{_where(node.start_mark)}an alias refers to a section that contains it")
+        open_nodes.add(id(node))
+        distinct += 1
+        children = node.value if isinstance(node, yaml.CollectionNode) else []
+        size, depth = 1, 1
+        for child in children:
+            for part in child if isinstance(child, tuple) else (child,):
+                part_size, part_depth = measure(part)
+                size, depth = size + part_size, max(depth, part_depth + 1)
+        if depth > MAX_DEPTH:
+            raise ConfigError(
+                f"{_where(node.start_mark)}nested more than {MAX_DEPTH} levels deep (through aliases): "
+                "flatten the file"
+            )
+        open_nodes.discard(id(node))
+        measured[id(node)] = (size, depth)
+        return size, depth
+
+    size, _ = measure(root)
+    if size - distinct > MAX_ALIAS_NODES:
+        raise ConfigError(
+            f"aliases (*name) expand the file to {size:,} values, {size - distinct:,} more than it spells out "
+            f"(at most {MAX_ALIAS_NODES:,}): write the repeated sections out or use fewer aliases"
+        )
+
+
+def _read_text(path: Path) -> str:
+    """The file's text: a regular file (never a directory, FIFO or device) of at most MAX_FILE_BYTES, UTF-8."""
+    file = str(path)
+    try:
+        if path.is_dir():
+            raise ConfigError("is a directory, not a YAML file: give the path of a file", file=file)
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ConfigError("is not a regular file (a device, FIFO or socket): give a YAML file", file=file)
+        with path.open("rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError("file not found: check the path", file=file) from None
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise ConfigError(f"cannot read ({reason}): check the path and its permissions", file=file) from None
+    except ValueError as err:  # e.g. a NUL byte in the path
+        raise ConfigError(f"cannot open: {err}", file=file) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"larger than {MAX_FILE_BYTES >> 20} MiB: is this a YAML file?", file=file)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ConfigError(
+            f"line {line}, column {column}: not UTF-8 text (byte 0x{data[err.start]:02x}): save the file as UTF-8",
+            file=file,
+        ) from None
+
+
+def _yaml_problem(err: yaml.YAMLError, text: str) -> str:
+    """One line for a PyYAML error: where, and what."""
+    if isinstance(err, yaml.reader.ReaderError):
+        line = text.count("\n", 0, err.position) + 1
+        column = err.position - (text.rfind("\n", 0, err.position) + 1) + 1
+        return f"line {line}, column {column}: control character #x{err.character:04x} is not allowed in YAML: remove it"
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{_where(mark)}invalid YAML: {problem}"
+
+
+def _value_problem(err: Exception) -> str:
+    return str(err).split(";")[0].splitlines()[0]
+
+
+def load_yaml_text(text: str) -> Any:
+    """Parse YAML text strictly (see the module docstring); ConfigError without a file name on any problem."""
+    loader = None
+    try:
+        loader = _StrictLoader(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return loader.construct_document(node)
+    except yaml.YAMLError as err:
+        raise ConfigError(_yaml_problem(err, text)) from None
+    except RecursionError:
+        raise ConfigError(f"nested too deeply (more than {MAX_DEPTH} levels): flatten the file") from None
+    except (ValueError, TypeError, OverflowError) as err:
+        raise ConfigError(f"cannot read a value ({_value_problem(err)}): write it differently") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def load_yaml_file(path: Path) -> Any:
     """Parse a YAML file, raising ConfigError (with the file name) on any problem."""
     path = Path(path)
+    text = _read_text(path)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError("file not found", file=str(path)) from None
-    except OSError as err:
-        raise ConfigError(f"cannot read: {err.strerror}", file=str(path)) from None
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+        return load_yaml_text(text)
     except ConfigError as err:
         raise ConfigError(err.problems, file=str(path)) from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError(f"{where}invalid YAML: {problem}", file=str(path)) from None
 
 
 def dump_yaml(data: Any) -> str:

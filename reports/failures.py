@@ -160,6 +160,8 @@ SIGNATURES: tuple[Signature, ...] = (
         rb"Segmentation fault|SIGSEGV|Bus error|SIGBUS|core dumped",
     ),
     _sig("illegal memory access", "infra", b"illegal memory access"),
+    _sig("no space left on device (ENOSPC)", "infra", (b"No space left", b"Errno 28"),
+         rb"No space left on device|\[Errno 28\]"),  # fmt: skip
     _sig(
         "network error",
         "infra",

@@ -1,7 +1,9 @@
-"""Structured pass/fail gates over a Summary, with a verdict per attempt and per repeated point."""
+"""Structured pass/fail gates over a Summary, with a verdict per attempt and per point (all its repeats, with a
+confidence interval from scipy)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -59,13 +61,17 @@ class GateSpec(BaseModel):
 
 @dataclass
 class Check:
-    """One gate applied to one figure."""
+    """One gate applied to one figure; over several repeats `value` is their mean and `low`–`high` its
+    confidence interval."""
 
     gate: str
     value: float | None
     limit: float | None
-    ok: bool | None  # None: could not be checked (figure missing)
+    ok: bool | None  # None: could not be checked (figure missing), or the interval straddles the limit
     message: str
+    low: float | None = None
+    high: float | None = None
+    repeats: int = 1
 
 
 @dataclass
@@ -79,6 +85,11 @@ class GateResult:
     def failed(self) -> list[Check]:
         return [c for c in self.checks if c.ok is False]
 
+    @property
+    def unchecked(self) -> list[Check]:
+        """Checks that could not decide: a missing figure, or an interval across the limit."""
+        return [c for c in self.checks if c.ok is None]
+
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "checks": [asdict(c) for c in self.checks]}
 
@@ -87,19 +98,72 @@ class GateResult:
         return cls(verdict=data["verdict"], checks=[Check(**c) for c in data.get("checks", [])])
 
 
+@dataclass
+class Repeat:
+    """One finished repeat of a point, as a point verdict takes it."""
+
+    name: str  # e.g. "repeat 1" (shown in messages)
+    state: str
+    reason: str | None
+    summary: Summary | None
+
+
+CONFIDENCE = 0.95  # of the interval over repeat means
+
+
 def _fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:.4g}"
 
 
-def _bound(gate: str, value: float | None, limit: float, upper: bool, unit: str = "") -> Check:
-    if value is None:
-        return Check(
-            gate, None, limit, None, f"{gate}: no measured value to compare with {_fmt(limit)}{unit}"
-        )
-    ok = value <= limit if upper else value >= limit
-    word = "above the maximum" if upper else "below the minimum"
-    message = f"{gate}: {_fmt(value)}{unit} " + ("ok" if ok else f"is {word} {_fmt(limit)}{unit}")
-    return Check(gate, value, limit, ok, message)
+def fmt_distinct(*values: float | None) -> list[str]:
+    """The values with 4 significant digits, or as many more as it takes for the differences between them to
+    read right (`5.35812` vs `5.358155`, not `5.358` twice): each shown within 1/20 of the smallest gap."""
+    finite = sorted({float(v) for v in values if v is not None and math.isfinite(v)})
+    gaps = [b - a for a, b in zip(finite, finite[1:], strict=False)]
+    tolerance = min(gaps) / 20 if gaps else math.inf
+    digits = 4
+    while digits < 17 and any(abs(float(f"{v:.{digits}g}") - v) > tolerance for v in finite):
+        digits += 1
+    shown = (lambda v: repr(float(v))) if digits == 17 else (lambda v: f"{v:.{digits}g}")  # repr: shortest exact
+    return [_fmt(v) if v is None or not math.isfinite(v) else shown(v) for v in values]
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of repeat values and its Student-t confidence interval (scipy); a single
+    value, or values that do not vary, give a zero-width interval."""
+    import numpy as np
+    from scipy import stats
+
+    data = np.asarray(values, dtype=float)
+    mean = float(data.mean())
+    sem = float(stats.sem(data)) if len(data) > 1 else 0.0
+    if not sem > 0:
+        return mean, mean, mean
+    low, high = stats.t.interval(CONFIDENCE, len(data) - 1, loc=mean, scale=sem)
+    return mean, float(low), float(high)
+
+
+def _bound(gate: str, values: list[float], limit: float, upper: bool, unit: str = "") -> Check:
+    """value ≤ limit (`upper`) or ≥ limit; over several repeats the whole confidence interval must be on the
+    right side to pass and on the wrong side to fail, else the check is inconclusive."""
+    if not values:
+        return Check(gate, None, limit, None, f"{gate}: no measured value to compare with {_fmt(limit)}{unit}")
+    word = "maximum" if upper else "minimum"
+    if len(values) == 1:
+        value = values[0]
+        ok: bool | None = value <= limit if upper else value >= limit
+        shown, bound = fmt_distinct(value, limit)
+        wrong = "above" if upper else "below"
+        message = f"{gate}: {shown}{unit} " + ("ok" if ok else f"is {wrong} the {word} {bound}{unit}")
+        return Check(gate, value, limit, ok, message)
+    mean, low, high = interval(values)
+    right, wrong = (high <= limit, low > limit) if upper else (low >= limit, high < limit)
+    ok = True if right else False if wrong else None
+    m, lo, hi, bound = fmt_distinct(mean, low, high, limit)
+    figure = f"mean {m}{unit} ({CONFIDENCE:.0%} CI {lo}–{hi}, {len(values)} repeats)"
+    verdict = {True: "ok", False: f"is {'above' if upper else 'below'} the {word} {bound}{unit}",
+               None: f"straddles the {word} {bound}{unit}: inconclusive, more repeats may decide"}[ok]  # fmt: skip
+    return Check(gate, mean, limit, ok, f"{gate}: {figure} {verdict}", low, high, len(values))
 
 
 def evaluate(
@@ -109,50 +173,28 @@ def evaluate(
     reason: str | None = None,
     baseline: Summary | None = None,
 ) -> GateResult:
-    """Apply every configured gate. A run that did not complete fails; a missing figure is inconclusive."""
-    checks: list[Check] = []
-    if state != "completed":
-        checks.append(
-            Check("completed", None, None, False, f"run {state}" + (f": {reason}" if reason else ""))
-        )
+    """Apply every configured gate to one attempt. A run that did not complete fails; a missing figure is
+    inconclusive."""
+    return judge_point(spec, [Repeat("", state, reason, summary)], baseline)
+
+
+def judge_point(spec: GateSpec, repeats: list[Repeat], baseline: Summary | None = None) -> GateResult:
+    """The verdict of a point from all its finished repeats: a repeat that did not complete fails the point;
+    each figure's gate is judged on the repeats' mean and confidence interval (one repeat: on its value)."""
+    if not repeats:
+        return GateResult("inconclusive", [Check("repeats", None, None, None, "no repeat has finished")])
+    several = len(repeats) > 1
+    unfinished = [r for r in repeats if r.state != "completed"]
+    if unfinished:
+        checks = [Check("completed", None, None, False, (f"{r.name}: " if several else "") + f"run {r.state}"
+                        + (f": {r.reason}" if r.reason else "")) for r in unfinished]  # fmt: skip
         return GateResult("fail", checks)
-    if summary is None:
-        return GateResult("inconclusive", [Check("metrics", None, None, None, "no metrics were collected")])
-
-    cv = summary.step_time_cv
-    bounds: list[tuple[str, float | None, float | None, bool, str]] = [
-        ("tflops_per_gpu_min", summary.tflops_per_gpu, spec.tflops_per_gpu_min, False, " TFLOP/s"),
-        ("step_time_ms_max", summary.step_time_ms, spec.step_time_ms_max, True, " ms"),
-        (
-            "tokens_per_s_per_gpu_min",
-            summary.tokens_per_s_per_gpu,
-            spec.tokens_per_s_per_gpu_min,
-            False,
-            " tok/s",
-        ),
-        ("peak_alloc_gib_max", summary.peak_alloc_gib, spec.peak_alloc_gib_max, True, " GiB"),
-        ("peak_reserved_gib_max", summary.peak_reserved_gib, spec.peak_reserved_gib_max, True, " GiB"),
-        ("nan_iterations_max", summary.nan_iterations, spec.nan_iterations_max, True, ""),
-        ("skipped_iterations_max", summary.skipped_iterations, spec.skipped_iterations_max, True, ""),
-        ("last_loss_max", summary.last_loss, spec.last_loss_max, True, ""),
-        ("step_time_cv_max", cv, spec.step_time_cv_max, True, ""),
-    ]
-    for gate, value, limit, upper, unit in bounds:
-        if limit is not None:
-            checks.append(_bound(gate, value, limit, upper, unit))
-    if spec.loss_finite:
-        ok = summary.loss_finite
-        checks.append(
-            Check(
-                "loss_finite",
-                None,
-                None,
-                ok,
-                "loss_finite: " + ("every loss finite" if ok else "a non-finite loss was logged"),
-            )
-        )
-    checks.extend(_baseline_checks(spec, summary, baseline))
-
+    summaries = [r.summary for r in repeats if r.summary is not None]
+    missing = [r for r in repeats if r.summary is None]
+    checks = [Check("metrics", None, None, None, (f"{r.name}: " if several else "") + "no metrics were collected")
+              for r in missing]  # fmt: skip
+    if summaries:
+        checks += _figure_checks(spec, summaries) + _baseline_checks(spec, summaries, baseline)
     if any(c.ok is False for c in checks):
         return GateResult("fail", checks)
     if any(c.ok is None for c in checks):
@@ -160,7 +202,40 @@ def evaluate(
     return GateResult("pass", checks)
 
 
-def _baseline_checks(spec: GateSpec, summary: Summary, baseline: Summary | None) -> list[Check]:
+def _values(summaries: list[Summary], name: str) -> list[float]:
+    values = [getattr(s, name) for s in summaries]
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+def _figure_checks(spec: GateSpec, summaries: list[Summary]) -> list[Check]:
+    """Absolute limits; counts (NaN, skipped iterations) are not noise: the worst repeat counts."""
+    checks: list[Check] = []
+    bounds: list[tuple[str, str, float | None, bool, str]] = [
+        ("tflops_per_gpu_min", "tflops_per_gpu", spec.tflops_per_gpu_min, False, " TFLOP/s"),
+        ("step_time_ms_max", "step_time_ms", spec.step_time_ms_max, True, " ms"),
+        ("tokens_per_s_per_gpu_min", "tokens_per_s_per_gpu", spec.tokens_per_s_per_gpu_min, False, " tok/s"),
+        ("peak_alloc_gib_max", "peak_alloc_gib", spec.peak_alloc_gib_max, True, " GiB"),
+        ("peak_reserved_gib_max", "peak_reserved_gib", spec.peak_reserved_gib_max, True, " GiB"),
+        ("nan_iterations_max", "nan_iterations", spec.nan_iterations_max, True, ""),
+        ("skipped_iterations_max", "skipped_iterations", spec.skipped_iterations_max, True, ""),
+        ("last_loss_max", "last_loss", spec.last_loss_max, True, ""),
+        ("step_time_cv_max", "step_time_cv", spec.step_time_cv_max, True, ""),
+    ]
+    for gate, figure, limit, upper, unit in bounds:
+        if limit is None:
+            continue
+        values = _values(summaries, figure)
+        if figure in ("nan_iterations", "skipped_iterations") and values:
+            values = [max(values)]
+        checks.append(_bound(gate, values, limit, upper, unit))
+    if spec.loss_finite:
+        ok = all(s.loss_finite for s in summaries)
+        message = "every loss finite" if ok else "a non-finite loss was logged"
+        checks.append(Check("loss_finite", None, None, ok, f"loss_finite: {message}"))
+    return checks
+
+
+def _baseline_checks(spec: GateSpec, summaries: list[Summary], baseline: Summary | None) -> list[Check]:
     wanted = [spec.tflops_rel_baseline_min, spec.step_time_rel_baseline_max, spec.loss_rel_baseline_tol]
     if all(w is None for w in wanted):
         return []
@@ -169,39 +244,32 @@ def _baseline_checks(spec: GateSpec, summary: Summary, baseline: Summary | None)
     checks: list[Check] = []
     if spec.tflops_rel_baseline_min is not None and baseline.tflops_per_gpu is not None:
         limit = baseline.tflops_per_gpu * (1 + spec.tflops_rel_baseline_min)
-        checks.append(_bound("tflops_rel_baseline_min", summary.tflops_per_gpu, limit, False, " TFLOP/s"))
+        values = _values(summaries, "tflops_per_gpu")
+        checks.append(_bound("tflops_rel_baseline_min", values, limit, False, " TFLOP/s"))
     if spec.step_time_rel_baseline_max is not None and baseline.step_time_ms is not None:
         limit = baseline.step_time_ms * (1 + spec.step_time_rel_baseline_max)
-        checks.append(_bound("step_time_rel_baseline_max", summary.step_time_ms, limit, True, " ms"))
+        checks.append(_bound("step_time_rel_baseline_max", _values(summaries, "step_time_ms"), limit, True, " ms"))
     if spec.loss_rel_baseline_tol is not None and baseline.last_loss is not None:
-        if summary.last_loss is None:
-            checks.append(
-                Check("loss_rel_baseline_tol", None, None, None, "loss_rel_baseline_tol: no final loss")
-            )
-        else:
-            diff = abs(summary.last_loss - baseline.last_loss)
-            limit = spec.loss_rel_baseline_tol * abs(baseline.last_loss)
-            ok = diff <= limit
-            checks.append(
-                Check(
-                    "loss_rel_baseline_tol",
-                    summary.last_loss,
-                    baseline.last_loss,
-                    ok,
-                    f"loss_rel_baseline_tol: |{_fmt(summary.last_loss)} − {_fmt(baseline.last_loss)}| = {_fmt(diff)} "
-                    + ("ok" if ok else f"exceeds {_fmt(limit)}"),
-                )
-            )
+        checks.append(_loss_check(_values(summaries, "last_loss"), baseline.last_loss, spec.loss_rel_baseline_tol))
     return checks
 
 
-def combine_repeats(results: list[GateResult]) -> Verdict:
-    """Verdict of a point measured several times: unanimous pass/fail, else inconclusive (noise)."""
-    verdicts = {r.verdict for r in results}
-    if not verdicts:
-        return "inconclusive"
-    if verdicts == {"pass"}:
-        return "pass"
-    if verdicts == {"fail"}:
-        return "fail"
-    return "inconclusive"
+def _loss_check(losses: list[float], base: float, tol: float) -> Check:
+    """|last loss − baseline last loss| ≤ tol × |baseline|; over repeats, on the interval of the mean loss."""
+    gate = "loss_rel_baseline_tol"
+    if not losses:
+        return Check(gate, None, None, None, f"{gate}: no final loss")
+    limit = tol * abs(base)
+    mean, low, high = interval(losses)
+    far = max(abs(low - base), abs(high - base))
+    near = 0.0 if low <= base <= high else min(abs(low - base), abs(high - base))
+    ok = True if far <= limit else False if near > limit else None
+    if len(losses) == 1:
+        shown, base_text = fmt_distinct(mean, base)
+        verdict = "ok" if ok else f"exceeds {_fmt(limit)}"
+        return Check(gate, mean, base, ok, f"{gate}: |{shown} − {base_text}| = {abs(mean - base):.2g} {verdict}")
+    m, lo, hi, base_text = fmt_distinct(mean, low, high, base)
+    figure = f"mean {m} ({CONFIDENCE:.0%} CI {lo}–{hi}, {len(losses)} repeats) vs baseline {base_text}"
+    verdict = {True: f"within ±{_fmt(limit)} ok", False: f"differs by more than {_fmt(limit)}",
+               None: f"straddles ±{_fmt(limit)}: inconclusive, more repeats may decide"}[ok]  # fmt: skip
+    return Check(gate, mean, base, ok, f"{gate}: {figure} {verdict}", low, high, len(losses))

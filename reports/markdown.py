@@ -8,13 +8,14 @@ from typing import Any
 from reports.page import (
     DASH,
     differing_keys,
+    failed_messages,
     fingerprint_groups,
     fmt_number,
     fmt_param,
+    point_name,
     unchecked_messages,
-    verdict_of,
 )
-from reports.views import CampaignView, CellView
+from reports.views import CampaignView, PointView
 
 VERDICT_TEXT = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive", "none": DASH}
 
@@ -55,11 +56,11 @@ def _short_axis_names(axes: list[str]) -> list[str]:
     return [short if last.count(short) == 1 else full for short, full in zip(last, axes, strict=True)]
 
 
-def _loss(cell: CellView) -> str:
-    s = cell.summary
-    if s is None or (s.first_loss is None and s.last_loss is None):
+def _loss(point: PointView) -> str:
+    first, last = point.mean("first_loss"), point.mean("last_loss")
+    if first is None and last is None:
         return DASH
-    return f"{fmt_number(s.first_loss, 4, False)} → {fmt_number(s.last_loss, 4, False)}"
+    return f"{fmt_number(first, 4, False)} → {fmt_number(last, 4, False)}"
 
 
 _ORDER = "pass fail inconclusive none completed failed timeout cancelled preempted running submitted pending".split()
@@ -75,51 +76,62 @@ def _counts(items: list[str]) -> str:
     return ", ".join(f"{counted[name]} {name}" for name in ordered)
 
 
-def _cells_table(view: CampaignView, best: CellView | None) -> list[str]:
-    with_repeat = any(c.repeat for c in view.cells)
-    head = ["cell"] + (["rep"] if with_repeat else []) + [md_text(a) for a in _short_axis_names(view.axes)]
+def _points_table(view: CampaignView, best: PointView | None) -> list[str]:
+    """One row per point: a point of several repeats shows their count and the means of the completed ones."""
+    with_repeats = any(len(p.repeats) > 1 for p in view.points)
+    head = ["point"] + (["repeats"] if with_repeats else []) + [md_text(a) for a in _short_axis_names(view.axes)]
     head += ["state", "TFLOP/s/GPU", "step ms", "peak alloc GiB", "loss first → last", "verdict"]
-    align = ["---"] * (1 + with_repeat + len(view.axes)) + ["---", "--:", "--:", "--:", "---", "---"]
+    align = ["---"] * (1 + with_repeats + len(view.axes)) + ["---", "--:", "--:", "--:", "---", "---"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
-    for cell in view.cells:
-        s = cell.summary
-        cell_id = md_code(cell.cell_id, table=True)
-        name = f"**{cell_id}** ★" if cell is best else cell_id
-        values = [name] + ([str(cell.repeat)] if with_repeat else [])
-        values += [md_text(fmt_param(cell.params[a])) if a in cell.params else DASH for a in view.axes]
+    for point in view.points:
+        ident = md_code(point_name(point), table=True)
+        values = [f"**{ident}** ★" if point is best else ident] + ([point.repeat_count] if with_repeats else [])
+        values += [md_text(fmt_param(point.params[a])) if a in point.params else DASH for a in view.axes]
         values += [
-            md_text(cell.state),
-            fmt_number(s.tflops_per_gpu if s else None, 1),
-            fmt_number(s.step_time_ms if s else None, 1),
-            fmt_number(s.peak_alloc_gib if s else None, 2),
-            _loss(cell),
-            VERDICT_TEXT.get(verdict_of(cell), md_text(verdict_of(cell))),
+            md_text(point.state),
+            fmt_number(point.mean("tflops_per_gpu"), 1),
+            fmt_number(point.mean("step_time_ms"), 1),
+            fmt_number(point.mean("peak_alloc_gib"), 2),
+            _loss(point),
+            VERDICT_TEXT.get(point.verdict, md_text(point.verdict)),
         ]
         lines.append("| " + " | ".join(values) + " |")
     return lines
 
 
-def _cell_ref(cell: CellView) -> str:
-    return f"{md_code(cell.cell_id)} ({md_text(cell.label)})" if cell.label else md_code(cell.cell_id)
+def _point_ref(point: PointView) -> str:
+    ident = md_code(point_name(point))
+    repeats = f"; {point.repeat_count} repeats" if len(point.repeats) > 1 else ""
+    return f"{ident} ({md_text(point.label)}{repeats})" if point.label or repeats else ident
 
 
 def _gate_sections(view: CampaignView) -> list[str]:
     out: list[str] = []
-    failed = [c for c in view.cells if c.gate is not None and c.gate.failed]
+    failed = [p for p in view.points if failed_messages(p)]
     if failed:
         out += ["", "### Failed gates", ""]
-        for cell in failed:
-            assert cell.gate is not None
-            extra = f" (class {md_code(cell.failure_class)})" if cell.failure_class else ""
-            for check in cell.gate.failed:
-                out.append(f"- {_cell_ref(cell)}: {md_text(check.message)}{extra}")
-    inconclusive = [c for c in view.cells if verdict_of(c) == "inconclusive"]
+        for point in failed:
+            classes = sorted({c.failure_class for c in point.repeats if c.failure_class})
+            extra = f" (class {', '.join(md_code(c) for c in classes)})" if classes else ""
+            for message in failed_messages(point):
+                out.append(f"- {_point_ref(point)}: {md_text(message)}{extra}")
+    inconclusive = [p for p in view.points if p.verdict == "inconclusive"]
     if inconclusive:
         out += ["", "### Inconclusive", ""]
-        for cell in inconclusive:
-            reasons = "; ".join(md_text(m) for m in unchecked_messages(cell)) or "repeats disagree"
-            out.append(f"- {_cell_ref(cell)}: {reasons}")
+        for point in inconclusive:
+            reasons = "; ".join(md_text(m) for m in unchecked_messages(point)) or "no reason recorded"
+            out.append(f"- {_point_ref(point)}: {reasons}")
     return out
+
+
+def _damaged_section(view: CampaignView) -> list[str]:
+    """Run-directory files that could not be read (the stored results above are still shown)."""
+    damaged = [(cell, note) for cell in view.cells for note in cell.damaged]
+    if not damaged:
+        return []
+    return ["", "### Damaged run-directory files", ""] + [
+        f"- {md_code(cell.cell_id)}: {md_text(note)}" for cell, note in damaged
+    ]
 
 
 def _environment(view: CampaignView) -> list[str]:
@@ -155,8 +167,8 @@ def _environment(view: CampaignView) -> list[str]:
 
 
 def markdown_summary(view: CampaignView) -> str:
-    """The campaign as GFM: header, cell table, best cell, failed gates and the environment fingerprint."""
-    best = view.best_cell()
+    """The campaign as GFM: header, point table, best point, failed gates and the environment fingerprint."""
+    best = view.best_point()
     out = [f"## mbx campaign {md_code(view.name)}", ""]
     if view.description.strip():
         out += [md_text(view.description), ""]
@@ -170,20 +182,22 @@ def markdown_summary(view: CampaignView) -> str:
     out.append(" · ".join(meta) + "\\")  # a backslash at the end of a line is a GFM hard break
     out.append(
         f"cells: {len(view.cells)} ({md_text(_counts([c.state for c in view.cells]))}) · "
-        f"verdicts: {md_text(_counts([verdict_of(c) for c in view.cells]))}\\"
+        f"points: {len(view.points)} · verdicts: {md_text(_counts([p.verdict for p in view.points]))}\\"
     )
     gates = ", ".join(md_code(f"{k}={fmt_param(v)}") for k, v in view.gates.items()) or "none configured"
     out += [f"gates: {gates}", ""]
-    if best is not None and best.summary is not None:
-        s = best.summary
+    if best is not None:
+        mean = " (means of its repeats)" if len(best.repeats) > 1 else ""
         out.append(
-            f"**Best:** {_cell_ref(best)}: **{fmt_number(s.tflops_per_gpu, 1)} TFLOP/s/GPU**, "
-            f"{fmt_number(s.step_time_ms, 1)} ms/step, peak {fmt_number(s.peak_alloc_gib, 2)} GiB allocated"
+            f"**Best:** {_point_ref(best)}: **{fmt_number(best.mean('tflops_per_gpu'), 1)} TFLOP/s/GPU**, "
+            f"{fmt_number(best.mean('step_time_ms'), 1)} ms/step, peak {fmt_number(best.mean('peak_alloc_gib'), 2)} "
+            f"GiB allocated{mean}"
         )
     else:
-        out.append("**Best:** none (no completed cell passed its gates with a TFLOP/s figure)")
+        out.append("**Best:** none (no completed point passed its gates with a TFLOP/s figure)")
     out.append("")
-    out += _cells_table(view, best)
+    out += _points_table(view, best)
     out += _gate_sections(view)
+    out += _damaged_section(view)
     out += _environment(view)
     return "\n".join(out) + "\n"

@@ -13,8 +13,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from reports.gates import CONFIDENCE
 from reports.metrics import finite
-from reports.views import CampaignView, CellView
+from reports.views import CampaignView, CellView, PointView
 from trainer import rundir
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -61,19 +62,19 @@ def fmt_param(value: Any) -> str:
         return str(value)
 
 
-def verdict_of(cell: CellView) -> str:
-    """The cell's gate verdict, or 'none' when it has not been judged (pending, running)."""
-    return cell.gate.verdict if cell.gate is not None else "none"
+def failed_messages(point: PointView) -> list[str]:
+    """Messages of the checks the point failed (over all its repeats)."""
+    return [c.message for c in point.gate.failed] if point.gate is not None else []
 
 
-def failed_messages(cell: CellView) -> list[str]:
-    """Messages of the checks the cell failed."""
-    return [c.message for c in cell.gate.failed] if cell.gate is not None else []
+def unchecked_messages(point: PointView) -> list[str]:
+    """Messages of the checks that could not decide (why a point's verdict is inconclusive)."""
+    return [c.message for c in point.gate.unchecked] if point.gate is not None else []
 
 
-def unchecked_messages(cell: CellView) -> list[str]:
-    """Messages of the checks that could not be made (why a verdict is inconclusive)."""
-    return [c.message for c in cell.gate.checks if c.ok is None] if cell.gate is not None else []
+def point_name(point: PointView) -> str:
+    """A point of one repeat by its cell id, else by its point id."""
+    return point.repeats[0].cell_id if len(point.repeats) == 1 else point.point_id
 
 
 @dataclass
@@ -145,9 +146,15 @@ def _layout(title: str, xtitle: str, ytitle: str, **extra: Any) -> dict[str, Any
     }
 
 
-def _axis_figures(view: CampaignView, best: CellView | None) -> list[dict[str, Any]]:
-    """TFLOP/s/GPU against each swept axis; one marker per cell (repeats separate), grouped by verdict."""
+def _axis_figures(view: CampaignView, best: PointView | None) -> list[dict[str, Any]]:
+    """TFLOP/s/GPU against each swept axis; one marker per cell (repeats separate), grouped by their point's
+    verdict."""
     import plotly.graph_objects as go
+
+    verdicts = {c.cell_id: p.verdict for p in view.points for c in p.repeats}
+
+    def verdict_of(cell: CellView) -> str:
+        return verdicts.get(cell.cell_id, "none")
 
     measured = [c for c in view.cells if c.summary is not None and finite(c.summary.tflops_per_gpu)]
     if not measured:
@@ -181,12 +188,12 @@ def _axis_figures(view: CampaignView, best: CellView | None) -> list[dict[str, A
                     hovertemplate="%{text}<br>%{y:.1f} TFLOP/s/GPU<extra>%{fullData.name}</extra>",
                 )
             )
-        if best is not None and best in measured:
-            i = measured.index(best)
+        stars = [i for i, c in enumerate(measured) if best is not None and c in best.repeats]
+        if stars:
             fig.add_trace(
                 go.Scatter(
-                    x=[xs[i]],
-                    y=[best.summary.tflops_per_gpu],  # type: ignore[union-attr]
+                    x=[xs[i] for i in stars],
+                    y=[measured[i].summary.tflops_per_gpu for i in stars],  # type: ignore[union-attr]
                     mode="markers",
                     name="best",
                     marker={"size": 20, "symbol": "star-open", "color": "#111", "line": {"width": 2}},
@@ -261,9 +268,22 @@ def _value_attr(value: Any) -> str | None:
     return repr(float(value)) if finite(value) else None
 
 
-def _row(cell: CellView, axes: list[str], best: CellView | None) -> dict[str, Any]:
+_COUNTS = ("nan_iterations", "skipped_iterations")
+
+
+def _row(point: PointView, axes: list[str], best: PointView | None) -> dict[str, Any]:
+    """A point's table row: its cell's figures (one repeat), or the means over its completed repeats (the
+    worst for counts) with the repeats listed under its id."""
+    several = len(point.repeats) > 1
+    cell = point.repeats[0]
     s = cell.summary
-    get = (lambda name: getattr(s, name)) if s is not None else (lambda name: None)
+
+    def get(name: str) -> Any:
+        if several:
+            values = [getattr(c.summary, name) for c in point.completed]
+            return max(values, default=None) if name in _COUNTS else point.mean(name)
+        return getattr(s, name) if s is not None else None
+
     metrics = [
         ("step_time_ms", fmt_number(get("step_time_ms"), 1)),
         ("tflops_per_gpu", fmt_number(get("tflops_per_gpu"), 1)),
@@ -272,24 +292,30 @@ def _row(cell: CellView, axes: list[str], best: CellView | None) -> dict[str, An
         ("peak_reserved_gib", fmt_number(get("peak_reserved_gib"), 2)),
         ("first_loss", fmt_number(get("first_loss"), 4, thousands=False)),
         ("last_loss", fmt_number(get("last_loss"), 4, thousands=False)),
-        ("nan_iterations", DASH if s is None else str(s.nan_iterations)),
-        ("skipped_iterations", DASH if s is None else str(s.skipped_iterations)),
+        ("nan_iterations", DASH if get("nan_iterations") is None else str(get("nan_iterations"))),
+        ("skipped_iterations", DASH if get("skipped_iterations") is None else str(get("skipped_iterations"))),
     ]
+    if several:
+        window = f"mean of {len(point.completed)} completed repeat(s)"
+    else:
+        window = (f"steps {s.window_first_step}–{s.window_last_step} ({s.window_steps})"
+                  if s is not None and s.window_steps else "no window")  # fmt: skip
     return {
-        "cell": cell,
-        "best": best is cell,
-        "params": [(axis, fmt_param(cell.params[axis]) if axis in cell.params else DASH) for axis in axes],
+        "point": point,
+        "id": point_name(point),
+        "cell": None if several else cell,
+        "state": point.state,
+        "repeats": point.repeats if several else [],
+        "repeat_count": point.repeat_count,
+        "best": best is point,
+        "params": [(axis, fmt_param(point.params[axis]) if axis in point.params else DASH) for axis in axes],
         "metrics": [(name, text, _value_attr(get(name))) for name, text in metrics],
         "text": dict(metrics),
-        "std": fmt_number(get("step_time_ms_std"), 1),
-        "window": (
-            f"steps {s.window_first_step}–{s.window_last_step} ({s.window_steps})"
-            if s is not None and s.window_steps
-            else "no window"
-        ),
-        "verdict": verdict_of(cell),
-        "failed": failed_messages(cell),
-        "unchecked": unchecked_messages(cell),
+        "std": DASH if several else fmt_number(get("step_time_ms_std"), 1),
+        "window": window,
+        "verdict": point.verdict,
+        "failed": failed_messages(point),
+        "unchecked": unchecked_messages(point),
     }
 
 
@@ -311,13 +337,14 @@ def _environment() -> Any:
 
 def render_report(view: CampaignView, plotly_src: str = PLOTLY_ASSET) -> str:
     """The report page as HTML text; `plotly_src` is where the page loads plotly.js from (relative path)."""
-    best = view.best_cell()
+    best = view.best_point()
     groups, fp_keys = fingerprint_groups(view.cells)
     states: dict[str, int] = {}
     verdicts: dict[str, int] = {}
     for cell in view.cells:
         states[cell.state] = states.get(cell.state, 0) + 1
-        verdicts[verdict_of(cell)] = verdicts.get(verdict_of(cell), 0) + 1
+    for point in view.points:
+        verdicts[point.verdict] = verdicts.get(point.verdict, 0) + 1
     figures_axes = _axis_figures(view, best)
     curves = [
         f
@@ -333,7 +360,7 @@ def render_report(view: CampaignView, plotly_src: str = PLOTLY_ASSET) -> str:
         "view": view,
         "generated_at": view.generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "gates": [(k, fmt_param(v)) for k, v in view.gates.items()],
-        "rows": [_row(c, view.axes, best) for c in view.cells],
+        "rows": [_row(p, view.axes, best) for p in view.points],
         "best": _row(best, view.axes, best) if best is not None else None,
         "completed": states.get("completed", 0),
         "states": sorted(states.items()),
@@ -345,6 +372,9 @@ def render_report(view: CampaignView, plotly_src: str = PLOTLY_ASSET) -> str:
         "fp_differs": differing_keys(groups, fp_keys),
         "fp_missing": [c.cell_id for c in view.cells if not c.fingerprint and c.state != "pending"],
         "plotly_src": plotly_src,
+        "fmt_number": fmt_number,
+        "confidence": f"{CONFIDENCE:.0%}",
+        "damaged": [c for c in view.cells if c.damaged],
     }
     return _environment().get_template("report.html.j2").render(**context)
 
@@ -362,14 +392,26 @@ def write_plotly_asset(out_dir: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     source = _plotly_js_source()
     if source is not None:
-        src, dst = source.stat(), target.stat() if target.exists() else None
+        src, dst = source.stat(), target.stat() if target.is_file() else None
         if dst is None or (dst.st_size, dst.st_mtime_ns) != (src.st_size, src.st_mtime_ns):
-            shutil.copy2(source, target)  # keeps the mtime: an unchanged asset is not copied again
+            _atomic_copy(source, target)  # keeps the mtime: an unchanged asset is not copied again
     else:
         from plotly.offline import get_plotlyjs
 
         _atomic_write(target, get_plotlyjs())
     return target
+
+
+def _atomic_copy(source: Path, target: Path) -> None:
+    """copy2 through a temporary file: a full disk leaves the old asset (or none), never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    try:
+        shutil.copy2(source, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -383,11 +425,14 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def write_report(view: CampaignView, out_dir: Path) -> Path:
-    """Write out_dir/index.html and out_dir/assets/plotly.min.js; returns the page's path."""
+def write_report(view: CampaignView, out_dir: Path, extra: dict[str, str] | None = None) -> Path:
+    """Write out_dir/index.html, out_dir/assets/plotly.min.js and the `extra` files (name → text), each whole
+    or not at all; returns the page's path. OSError (full disk, a path of the wrong kind) goes to the caller."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_plotly_asset(out_dir)
     page = out_dir / "index.html"
     _atomic_write(page, render_report(view))
+    for name, text in (extra or {}).items():
+        _atomic_write(out_dir / name, text)
     return page

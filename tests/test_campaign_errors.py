@@ -150,3 +150,11 @@ def test_launcher_sections_are_checked_against_the_backends_settings(mbx, write_
 def test_dry_run_is_a_flag_not_a_launcher(mbx, write_campaign):
     result = mbx("campaign", "validate", str(write_campaign(base_campaign(launcher="dry-run"))))
     assert_clean_error(result, "launcher: 'dry-run' is not a backend", "mbx campaign run FILE --dry-run")
+
+
+def test_params_slot_inside_an_argv_element_is_an_error_not_a_key_error(mbx, write_campaign):
+    data = {"name": "cmd", "trainer": {"kind": "command", "command": ["echo", "a{params}"], "params": {"x": 1}}}
+    assert_clean_error(
+        mbx("campaign", "validate", str(write_campaign(data))),
+        "trainer.command: 'a{params}': `{params}` must be a whole argv element",
+    )

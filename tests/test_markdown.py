@@ -18,20 +18,20 @@ GOLDEN_MISMATCHED = r"""## mbx campaign `moe-dispatch`
 Dispatcher SMs × expert capacity factor on 8×H200.
 
 source: `campaigns/moe-dispatch.yaml` · window: last 10 steps · generated: 2026-12-02T12:00:00Z\
-cells: 7 (5 completed, 1 failed, 1 pending) · verdicts: 3 pass, 3 fail, 1 none\
+cells: 7 (5 completed, 1 failed, 1 pending) · points: 7 · verdicts: 3 pass, 3 fail, 1 none\
 gates: `tflops_per_gpu_min=300.0`, `peak_alloc_gib_max=70.0`, `loss_finite=true`
 
 **Best:** `c2b0` (model.moe.capacity_factor=1.25, moe.dispatcher_sms=24): **455.5 TFLOP/s/GPU**, 760.0 ms/step, peak 62.00 GiB allocated
 
-| cell | rep | capacity_factor | dispatcher_sms | state | TFLOP/s/GPU | step ms | peak alloc GiB | loss first → last | verdict |
-|---|---|---|---|---|--:|--:|--:|---|---|
-| `c1a0` | 0 | 1.0 | 16 | completed | 410.0 | 820.0 | 50.00 | 10.5000 → 5.8864 | ✅ pass |
-| `c1a1` | 1 | 1.0 | 16 | completed | 405.0 | 830.0 | 50.00 | 10.5000 → 5.8864 | ✅ pass |
-| **`c2b0`** ★ | 0 | 1.25 | 24 | completed | 455.5 | 760.0 | 62.00 | 10.5000 → 5.8864 | ✅ pass |
-| `c3c0` | 0 | 1.5 | 24 | completed | 470.0 | 740.0 | 75.25 | 10.5000 → 5.8864 | ❌ fail |
-| `c4d0` | 0 | 1.5 | 32 | completed | 290.0 | 1,100.0 | 50.00 | 10.5000 → 5.8864 | ❌ fail |
-| `c5e0` | 0 | 2.0 | 32 | failed | 300.0 | 800.0 | 50.00 | 10.5000 → 9.8795 | ❌ fail |
-| `c6f0` | 0 | 2.0 | 16 | pending | — | — | — | — | — |
+| point | capacity_factor | dispatcher_sms | state | TFLOP/s/GPU | step ms | peak alloc GiB | loss first → last | verdict |
+|---|---|---|---|--:|--:|--:|---|---|
+| `c1a0` | 1.0 | 16 | completed | 410.0 | 820.0 | 50.00 | 10.5000 → 5.8864 | ✅ pass |
+| `c1a1` | 1.0 | 16 | completed | 405.0 | 830.0 | 50.00 | 10.5000 → 5.8864 | ✅ pass |
+| **`c2b0`** ★ | 1.25 | 24 | completed | 455.5 | 760.0 | 62.00 | 10.5000 → 5.8864 | ✅ pass |
+| `c3c0` | 1.5 | 24 | completed | 470.0 | 740.0 | 75.25 | 10.5000 → 5.8864 | ❌ fail |
+| `c4d0` | 1.5 | 32 | completed | 290.0 | 1,100.0 | 50.00 | 10.5000 → 5.8864 | ❌ fail |
+| `c5e0` | 2.0 | 32 | failed | 300.0 | 800.0 | 50.00 | 10.5000 → 9.8795 | ❌ fail |
+| `c6f0` | 2.0 | 16 | pending | — | — | — | — | — |
 
 ### Failed gates
 
@@ -53,12 +53,12 @@ Common: gpu_name `NVIDIA H200`, cuda `13.0`, transformer_engine `2.20.2`, nccl `
 GOLDEN_EMPTY = r"""## mbx campaign `empty`
 
 window: last 10 steps · generated: 2026-12-02T12:00:00Z\
-cells: 3 (1 failed, 1 running, 1 pending) · verdicts: 1 fail, 2 none\
+cells: 3 (1 failed, 1 running, 1 pending) · points: 3 · verdicts: 1 fail, 2 none\
 gates: none configured
 
-**Best:** none (no completed cell passed its gates with a TFLOP/s figure)
+**Best:** none (no completed point passed its gates with a TFLOP/s figure)
 
-| cell | x | state | TFLOP/s/GPU | step ms | peak alloc GiB | loss first → last | verdict |
+| point | x | state | TFLOP/s/GPU | step ms | peak alloc GiB | loss first → last | verdict |
 |---|---|---|--:|--:|--:|---|---|
 | `e1` | 1 | failed | — | — | — | — | ❌ fail |
 | `e2` | 2 | pending | — | — | — | — | — |

@@ -192,8 +192,8 @@ def test_table_rows_verdicts_and_best(tmp_path: Path) -> None:
     view = campaign_view()
     dom = parse(write_report(view, tmp_path).read_text(encoding="utf-8"))
     _check_table(dom, view)
-    best = view.best_cell()
-    assert best is not None and best.cell_id == "c2b0"  # c3c0 is faster but fails its memory gate
+    best = view.best_point()
+    assert best is not None and best.repeats[0].cell_id == "c2b0"  # c3c0 is faster but fails its memory gate
     marked = [r.attrs["data-cell"] for r in _summary_rows(dom).values() if r.attrs.get("data-best") == "true"]
     assert marked == ["c2b0"]
     best_line = dom.by_id("best-cell")
@@ -341,3 +341,19 @@ def test_fingerprint_warning_and_escaping_in_chromium(tmp_path: Path) -> None:
     ticks = [t.text() for t in axis0.find_all("text") if HOSTILE in t.text()]
     assert ticks, "the hostile category label is shown literally"
     assert not [n for n in axis0.find_all("b")] + [n for n in axis0.find_all("a")]
+
+
+@needs_chromium
+def test_damaged_files_are_named_in_chromium(tmp_path: Path) -> None:
+    """A cell whose run-dir files are damaged keeps its stored figures; the banner and its row name the files."""
+    view = campaign_view()
+    cell = next(c for c in view.cells if c.summary is not None)
+    cell.damaged = [f"/runs/{cell.cell_id}/1/metrics.jsonl:2: not a JSON object: b'<b>x</b>' (the file is corrupt)"]
+    dom, stderr = render_in_chromium(write_report(view, tmp_path / "report"), tmp_path / "profile")
+    assert console_messages(stderr) == []
+    banner = dom.by_id("damaged-warning")
+    assert banner is not None and cell.cell_id in banner.text()
+    row = _summary_rows(dom)[cell.cell_id]
+    notes = [li.text() for li in _td(row, "failure").find_all("li", cls="damaged")]
+    assert notes == [f"damaged: {cell.damaged[0]}"]
+    _check_table(dom, view)  # the stored figures are still shown

@@ -67,6 +67,30 @@ def test_accounting_disabled_falls_back_to_squeue_for_good() -> None:
     assert query.states["7_1"].reason == "Priority" and not query.errors
 
 
+def test_failing_sacct_still_forgets_vanished_jobs_and_is_given_up() -> None:
+    """sacct erroring on every call (not "accounting disabled"): squeue's answers still decide what is gone,
+    and after SACCT_GIVE_UP failures in a row sacct is no longer asked."""
+    from launchers.slurm.query import SACCT_GIVE_UP
+
+    calls: list[str] = []
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv[0])
+        if argv[0] == "sacct":
+            return subprocess.CompletedProcess(argv, 1, "", "sacct: error: slurmdbd not responding\n")
+        return subprocess.CompletedProcess(argv, 0, "8|RUNNING|None\n" if len(calls) < 3 else "", "")
+
+    query = SlurmQuery(run, min_interval_s=0.0)
+    query.refresh(["8"])
+    assert query.states["8"].state == "RUNNING"
+    query.refresh(["8"])  # squeue no longer lists it: gone, although sacct failed
+    assert "8" not in query.states
+    for _ in range(SACCT_GIVE_UP):
+        query.refresh(["8"])
+    assert calls.count("sacct") == SACCT_GIVE_UP and not query.sacct_enabled
+    assert any("asking squeue only" in e for e in query.errors)
+
+
 def test_interval_backs_off_while_nothing_changes() -> None:
     fake = FakeSlurm(sacct=None, squeue="7_0|RUNNING|None\n")
     query = SlurmQuery(fake, min_interval_s=1.0, max_interval_s=8.0)

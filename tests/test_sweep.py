@@ -124,3 +124,30 @@ def test_expansion_matches_golden_file():
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps(got, indent=1) + "\n")
     assert got == json.loads(GOLDEN.read_text())
+
+
+def test_each_distinct_recipe_is_validated_once(monkeypatch):
+    """Points differing only in env (or repeats) share one validation; the base recipe is built once."""
+    from trainer.recipe import Recipe
+
+    calls = []
+    original = Recipe.model_validate.__func__
+
+    def counting(cls, *args, **kwargs):
+        calls.append(1)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Recipe, "model_validate", classmethod(counting))
+    sweep = {"axes": {"model.moe.top_k": [1, 2], "env.FOO": ["a", "b", "c"]}, "repeats": 2}
+    points = expand(campaign(sweep))
+    assert len(points) == 12 and len({p.point_id for p in points}) == 6
+    assert len(calls) == 2
+    assert [p.env["FOO"] for p in points[:6:2]] == ["a", "b", "c"]
+    assert points[0].recipe["model"]["moe"]["top_k"] == 1 and points[-1].recipe["model"]["moe"]["top_k"] == 2
+
+
+def test_a_sweep_never_changes_the_campaigns_base_recipe():
+    c = campaign({"axes": {"model.moe.top_k": [1, 2], "model.moe": [{"top_k": 1}]}})
+    before = copy.deepcopy(c.trainer.recipe)
+    expand(c)
+    assert c.trainer.recipe == before

@@ -87,15 +87,19 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write a temporary file next to `path`, then os.replace it: readers see the old or the new file, whole."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary file behind
+        raise
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object file, or None when it is missing, unreadable, not UTF-8, not JSON or not an object."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -220,7 +224,8 @@ def read_fingerprint(run_dir: Path) -> dict[str, Any] | None:
     """The environment fingerprint of an attempt (FINGERPRINT_KEYS), merged from launch, node and env files."""
     merged: dict[str, Any] = {}
     launch = read_launch(run_dir) or {}
-    merged.update(launch.get("fingerprint") or {})
+    fingerprint = launch.get("fingerprint")
+    merged.update(fingerprint if isinstance(fingerprint, dict) else {})
     for name in (NODE, ENV):
         merged.update(read_json(Path(run_dir) / name) or {})
     for old, new in _LEGACY_FINGERPRINT.items():
@@ -276,7 +281,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             is_last = index == len(lines) - 1 or all(not rest.strip() for rest in lines[index + 1 :])
             if is_last and not raw.endswith(b"\n"):
                 break  # truncated tail: the writer died mid-line
@@ -284,6 +289,79 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+def json_problem(path: Path) -> str | None:
+    """Why a JSON object file that exists cannot be read (None when it is missing or fine)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        return "is a directory, not a file"
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    except (ValueError, RecursionError):
+        return "not valid JSON (truncated or overwritten?)"
+    return None if isinstance(data, dict) else "not a JSON object"
+
+
+def text_problem(path: Path) -> str | None:
+    """Why a text file that exists cannot be read as UTF-8 (None when it is missing or fine)."""
+    try:
+        Path(path).read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        return "is a directory, not a file"
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    return None
+
+
+def read_metrics_checked(run_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """(step rows, None), or ([], "path: what is wrong") when metrics.jsonl is corrupt or not a file."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return [], None  # run_dir_problem says so
+    path = run_dir / METRICS
+    if path.is_dir():
+        return [], f"{path}: is a directory, not a file"
+    try:
+        return read_metrics(path), None
+    except OSError as err:
+        return [], f"{path}: unreadable ({err.strerror or err})"
+    except ValueError as err:  # a corrupt line before the last
+        return [], f"{err} (the file is corrupt)"
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why an attempt's run directory cannot be read at all (None when it is a directory)."""
+    run_dir = Path(run_dir)
+    if run_dir.is_dir():
+        return None
+    if run_dir.exists() or run_dir.is_symlink():
+        return f"{run_dir}: is not a directory (the run directory was overwritten)"
+    return f"{run_dir}: the run directory is missing"
+
+
+def file_problems(run_dir: Path) -> list[str]:
+    """`path: what is wrong` for each file of a run dir that exists but cannot be read (metrics.jsonl aside:
+    `read_metrics_checked` reads it once for its rows and its problem)."""
+    run_dir = Path(run_dir)
+    problem = run_dir_problem(run_dir)
+    if problem is not None:
+        return [problem]
+    found = [(run_dir / name, json_problem(run_dir / name)) for name in (LAUNCH, NODE, ENV, STATUS, EXIT, HUNG)]
+    found.append((run_dir / RECIPE, text_problem(run_dir / RECIPE)))
+    return [f"{path}: {why}" for path, why in found if why is not None]
 
 
 def last_logged_step(run_dir: Path) -> int | None:

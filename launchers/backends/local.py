@@ -8,12 +8,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from launchers.base import JobState, Launcher, LauncherSettings, LaunchSpec, Rendered, Submitted
 from launchers.command import ROOT, attempt_argv, here_python, local_argv, runtime_env
 from launchers.profile import SlurmProfile
 from launchers.registry import register
+from launchers.safety import refuse_control
 
 
 class LocalSettings(LauncherSettings):
@@ -23,6 +24,11 @@ class LocalSettings(LauncherSettings):
     python: str | None = Field(
         None, description="Interpreter that runs the trainer and torchrun (default: the one running mbx)."
     )
+
+    @field_validator("python")
+    @classmethod
+    def _no_control(cls, value: str | None) -> str | None:
+        return refuse_control(value)
 
 
 def _proc_start_time(pid: int) -> str | None:
@@ -80,6 +86,7 @@ class LocalLauncher(Launcher):
         )
 
     def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
+        self.check_specs(specs)
         return [
             Rendered(
                 [spec], commands=[self._argv(spec)], notes=["env set: " + " ".join(sorted(runtime_env(spec)))]

@@ -10,15 +10,16 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from launchers.base import LaunchSpec, Rendered, Submitted
 from launchers.command import here_python, node_entry_argv, node_python
 from launchers.registry import register
+from launchers.safety import check_plain, plain_problem, shell_word
 from launchers.slurm.launcher import SlurmLauncher
 from launchers.slurm.query import Scheduler, SchedulerState
 from launchers.slurm.render import batch_key, job_request, safe_name, shape_of, task_table
@@ -27,6 +28,7 @@ from launchers.slurm.settings import SlurmSettings
 INSTALL_HINT = (
     "the nemo-run launcher needs NeMo-Run: pip install 'mbx[nemo]' (nemo-run==0.11.1, leptonai==0.27.3)"
 )
+UNQUOTED = "NeMo-Run writes it unquoted into its job scripts and shell commands"
 NEMO_TERMINAL_STATES = {
     "SUCCEEDED": "COMPLETED",
     "FAILED": "FAILED",
@@ -62,6 +64,15 @@ class NemoRunSettings(SlurmSettings):
         "<workspace>/<campaign>/nemo-run/experiments). With SSH the workspace must have the same path on both sides.",
     )
 
+    @field_validator("host", "user", "job_dir", "identity")
+    @classmethod
+    def _plain(cls, value: str | None) -> str | None:
+        # identity: inside single quotes in NeMo-Run's rsync command; ssh expands a leading ~ itself
+        problem = plain_problem(value.removeprefix("~"), show=False) if value else None
+        if problem:
+            raise ValueError(f"{problem} ({UNQUOTED})")
+        return value
+
 
 @contextlib.contextmanager
 def inside_experiment(experiment: Any) -> Iterator[Any]:
@@ -77,6 +88,15 @@ def inside_experiment(experiment: Any) -> Iterator[Any]:
         sys.stdin.close()
         sys.stdin = stdin
         _current_experiment.reset(token)
+
+
+def srun_word() -> Callable[[str], str]:
+    """How a value must be passed to NeMo-Run to reach its srun line as one word: NeMo-Run 0.11 means to quote
+    srun arguments but does not (`noquote = str`, so every argument counts as "do not quote"): quote them here."""
+    from nemo_run.core.execution import slurm
+
+    quotes = getattr(slurm, "noquote", str) is not str
+    return (lambda text: text) if quotes else shell_word
 
 
 def _hhmmss(minutes: int | None) -> str | None:
@@ -130,6 +150,7 @@ class NemoRunLauncher(SlurmLauncher):
             raise RuntimeError(INSTALL_HINT)
         self._tunnel: Any = None
         super().__init__(settings, workspace, profile)
+        check_plain("--workspace", self.workspace, UNQUOTED)  # experiment dirs: `mkdir -p DIR`, `srun --output DIR`
 
     def make_scheduler(self) -> Scheduler:
         return LocalExecutorJobs() if self.settings.executor == "local" else super().make_scheduler()
@@ -170,16 +191,18 @@ class NemoRunLauncher(SlurmLauncher):
             ranks = spec.resources.gpus_per_node
             return run.LocalExecutor(ntasks_per_node=ranks, launcher="torchrun" if ranks > 1 else None)
         req = job_request([spec], self.profile, self.settings, self.workspace)
-        srun_args = list(req.srun_args)
+        word = srun_word()
+        srun_args = [word(arg) for arg in req.srun_args]
         if req.container_workdir:  # NeMo-Run sets its own workdir first; the last one wins
-            srun_args.append(f"--container-workdir={req.container_workdir}")
+            srun_args.append(word(f"--container-workdir={req.container_workdir}"))
+        image = word(req.container_image) if req.container_image else None
         return run.SlurmExecutor(
             account=req.cluster.get("account"), partition=req.cluster.get("partition"), qos=req.cluster.get("qos"),
             constraint=req.cluster.get("constraint"), exclusive=req.cluster.get("exclusive"),
             job_name_prefix=safe_name(f"mbx-{spec.campaign}-", 40), time=_hhmmss(req.time_min), nodes=req.nodes,
             ntasks_per_node=req.ntasks_per_node, gpus_per_node=req.gpus_per_node,
             cpus_per_task=req.cluster.get("cpus_per_task"), mem=req.cluster.get("mem"),
-            container_image=req.container_image, container_mounts=req.container_mounts,
+            container_image=image, container_mounts=[word(mount) for mount in req.container_mounts],
             container_env=req.container_env or None,
             additional_parameters={k: v for k, v in req.extra.items() if k != "requeue"},  # NeMo-Run adds --requeue
             srun_args=srun_args or None, tunnel=self.tunnel(spec), packager=run.Packager(),
@@ -215,6 +238,7 @@ class NemoRunLauncher(SlurmLauncher):
     def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
         """The batch's sbatch scripts from NeMo-Run's own dry run of its Experiment (nothing submitted; the
         Experiment dir it writes is removed again). launch() builds the same Experiment afresh and runs it."""
+        self.check_specs(specs)
         if not specs:
             return []
         local = self.settings.executor == "local"

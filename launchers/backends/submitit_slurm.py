@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 from launchers.base import LaunchSpec, Rendered, Submitted
 from launchers.command import node_entry_argv, node_python
 from launchers.registry import register
+from launchers.safety import check_value, refuse_control
 from launchers.slurm.launcher import SlurmLauncher
 from launchers.slurm.query import parse_parsable
 from launchers.slurm.render import (
@@ -27,7 +28,7 @@ from launchers.slurm.render import (
     shape_of,
     task_table,
 )
-from launchers.slurm.settings import SlurmSettings, check_value
+from launchers.slurm.settings import SlurmSettings
 
 # sbatch parameters mbx sets itself from the profile and resources: not settable in sbatch_parameters.
 _OWN_PARAMETERS = {"job_name", "nodes", "ntasks_per_node", "time", "gpus_per_node", "setup", "teardown", "srun_args",
@@ -52,6 +53,11 @@ class SubmititSettings(SlurmSettings):
         default_factory=dict,
         description="More sbatch parameters by submitit's names (gres, exclude, mem_per_gpu, comment, ...).",
     )
+
+    @field_validator("wckey")
+    @classmethod
+    def _wckey_no_control(cls, value: str | None) -> str | None:
+        return refuse_control(value)
 
     @field_validator("sbatch_parameters")
     @classmethod
@@ -113,6 +119,7 @@ class SubmititLauncher(SlurmLauncher):
     settings: SubmititSettings
 
     def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
+        self.check_specs(specs)
         rendered = []
         for group in group_by_shape(specs):
             folder = batch_dir(self.workspace, group[0], batch_key(group))

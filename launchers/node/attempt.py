@@ -110,10 +110,13 @@ def run(run_dir: Path, command: list[str], log: Path | None = None, time_limit_s
     finally:
         if output is not None:
             output.close()
-    rundir.write_exit(run_dir, exit_code=code, started_at=started, ended_at=time.time(),
-                      timed_out_after_s=time_limit_s if timed_out else None,
-                      stopped_by_signal=None if timed_out else stopping.get("signal"))  # fmt: skip
-    settle(run_dir, log)
+    try:
+        rundir.write_exit(run_dir, exit_code=code, started_at=started, ended_at=time.time(),
+                          timed_out_after_s=time_limit_s if timed_out else None,
+                          stopped_by_signal=None if timed_out else stopping.get("signal"))  # fmt: skip
+        settle(run_dir, log)
+    except OSError as err:  # a full disk: the scheduler's view and collection decide without these files
+        print(f"attempt: could not record how the command ended in {run_dir}: {err}", file=sys.stderr)
     return 0 if code == 0 else (code if code > 0 else 128 - code)
 
 

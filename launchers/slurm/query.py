@@ -81,6 +81,9 @@ class Scheduler(Protocol):
     def cancel(self, job_ids: list[str]) -> None: ...
 
 
+SACCT_GIVE_UP = 3  # sacct failures in a row after which only squeue (and the run dirs) are asked
+
+
 class SlurmQuery:
     """Batched, rate-limited scheduler queries: one sacct for all job ids (skipped for good once accounting is
     found disabled), then squeue for the ids sacct did not answer. The interval doubles while nothing changes."""
@@ -93,6 +96,7 @@ class SlurmQuery:
         self.last_query = 0.0
         self.queries = 0
         self.sacct_enabled = True
+        self.sacct_failures = 0  # in a row; after SACCT_GIVE_UP the scheduler is asked through squeue only
         self.states: dict[str, SchedulerState] = {}
         self.errors: list[str] = []
 
@@ -105,24 +109,23 @@ class SlurmQuery:
             return False
         before = {k: v.state for k, v in self.states.items()}
         answered: dict[str, SchedulerState] = {}
-        ok = True
-        if self.sacct_enabled:
-            ok = self._sacct(job_ids, answered)
+        sacct_ok = self._sacct(job_ids, answered) if self.sacct_enabled else True
         missing = [j for j in job_ids if j not in answered]
-        if missing:
-            ok = self._squeue(missing, answered) and ok
+        squeue_ok = self._squeue(missing, answered) if missing else True
         now = time.time()
         for job_id in job_ids:
             if job_id in answered:
                 answered[job_id].seen_at = now
                 self.states[job_id] = answered[job_id]
-            elif ok:
+            elif squeue_ok:  # squeue was asked about every id sacct did not answer, and answered
                 self.states.pop(job_id, None)  # neither sacct nor squeue knows it (any more)
         self.last_query = now
         self.queries += 1
         changed = {k: v.state for k, v in self.states.items()} != before
         self.interval_s = (
-            self.min_interval_s if changed and ok else min(self.interval_s * 2, self.max_interval_s)
+            self.min_interval_s
+            if changed and sacct_ok and squeue_ok
+            else min(self.interval_s * 2, self.max_interval_s)
         )
         return True
 
@@ -140,7 +143,12 @@ class SlurmQuery:
                     self.sacct_enabled = False  # no accounting here: squeue and the run dirs it is
                     return True
                 self.errors.append(f"sacct: {message}")
+                self.sacct_failures += 1
+                if self.sacct_failures >= SACCT_GIVE_UP:
+                    self.sacct_enabled = False
+                    self.errors.append(f"sacct failed {SACCT_GIVE_UP} times in a row: asking squeue only")
                 return False
+            self.sacct_failures = 0
             for line in out.stdout.splitlines():
                 parts = line.split("|")
                 if len(parts) < 2 or not parts[0]:

@@ -17,12 +17,12 @@ from typing import Any
 
 from launchers.base import LaunchSpec
 from launchers.command import ROOT, program_argv, runtime_env
-from launchers.profile import SlurmProfile
-from launchers.slurm.settings import SlurmSettings, check_value
+from launchers.profile import SBATCH_KEY, SlurmProfile
+from launchers.safety import check_value, shown
+from launchers.slurm.settings import SlurmSettings
 
 TASKS_FILE = "tasks.json"
 SCRIPT_FILE = "job.sbatch"
-SBATCH_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 CLUSTER_KEYS = ("partition", "account", "qos", "constraint")
 
 
@@ -151,8 +151,8 @@ def sbatch_extra(profile: SlurmProfile, settings: SlurmSettings) -> dict[str, An
     if settings.requeue is not None:
         extra["requeue" if settings.requeue else "no-requeue"] = True
     for key, value in profile.cluster.sbatch_extra.items():
-        if not SBATCH_KEY.match(key):
-            raise ValueError(f"cluster.sbatch_extra: {key!r} is not an sbatch option name")
+        if not SBATCH_KEY.fullmatch(key):
+            raise ValueError(f"cluster.sbatch_extra: {shown(key)} is not an sbatch option name")
         if value is False:
             continue
         extra[key.replace("_", "-")] = (
@@ -167,12 +167,12 @@ def container_mounts(profile: SlurmProfile, settings: SlurmSettings, workspace: 
     for mount in mounts:
         if "," in mount:
             raise ValueError(
-                f"container.mounts: {mount!r} contains a comma (pyxis separates mounts with commas)"
+                f"container.mounts: {shown(mount)} contains a comma (pyxis separates mounts with commas)"
             )
     if settings.container_auto_mounts:
         for path in (str(ROOT), str(Path(workspace).resolve())):
             if "," in path or ":" in path:
-                raise ValueError(f"cannot mount {path!r} into the container (comma or colon in the path)")
+                raise ValueError(f"cannot mount {shown(path)} into the container (comma or colon in the path)")
             if not any(m.split(":")[0] == path for m in mounts):
                 mounts.append(f"{path}:{path}")
     return mounts

@@ -1,25 +1,13 @@
-"""Settings both Slurm backends share (the cluster itself is the profile), and the one-token check of job-script values."""
+"""Settings both Slurm backends share (the cluster itself is the profile); values checked by launchers.safety."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from pydantic import Field, field_validator
 
 from launchers.base import LauncherSettings
-
-CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def check_value(where: str, value: Any) -> str:
-    """A value going into a job script as one quoted token: refuse control characters (a newline ends a line)."""
-    text = str(value)
-    if CONTROL_CHARS.search(text):
-        raise ValueError(
-            f"{where}: {text!r} contains a control character (newline, tab, ...); not allowed in job scripts"
-        )
-    return text
+from launchers.safety import refuse_control
 
 
 class SlurmSettings(LauncherSettings):
@@ -57,7 +45,4 @@ class SlurmSettings(LauncherSettings):
     @field_validator("mem", "srun_args")
     @classmethod
     def _no_control(cls, value: Any) -> Any:
-        for item in value if isinstance(value, list) else [value]:
-            if item is not None and CONTROL_CHARS.search(str(item)):
-                raise ValueError(f"{item!r} contains a control character (newline, tab, ...)")
-        return value
+        return refuse_control(value)

@@ -32,6 +32,9 @@ def for_campaign(campaign: Campaign) -> TrainerKind:
     return get(campaign.trainer.kind)
 
 
-def expand(campaign: Campaign, campaign_file: Path | None = None) -> list[Point]:
-    """All cells of a campaign (its kind resolves each point). Raises ConfigError listing every invalid point."""
-    return for_campaign(campaign).expand(campaign, campaign_file)
+def expand(
+    campaign: Campaign, campaign_file: Path | None = None, max_cells: int | None = None
+) -> list[Point]:
+    """All cells of a campaign (its kind resolves each point). Raises ConfigError listing every invalid point,
+    and for a sweep of more than `max_cells` cells (counted before anything is expanded)."""
+    return for_campaign(campaign).expand(campaign, campaign_file, max_cells)

@@ -15,6 +15,7 @@ A new kind is one module here implementing `TrainerKind`, registered in orchestr
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -54,9 +55,18 @@ class TrainerKind(abc.ABC):
     module: ClassVar[str | None] = None  # the Python module every rank runs; None: the argv runs as given
 
     # ---- expansion (sweep.expand_points calls key_problems and resolve) ----------------------------------
-    def expand(self, campaign: Campaign, campaign_file: Path | None = None) -> list[Point]:
-        """All cells of a campaign of this kind. Raises ConfigError listing every invalid point."""
-        return expand_points(campaign, campaign_file, self)
+    def expand(
+        self, campaign: Campaign, campaign_file: Path | None = None, max_cells: int | None = None
+    ) -> list[Point]:
+        """All cells of a campaign of this kind. Raises ConfigError listing every invalid point (and for a
+        sweep of more than `max_cells` cells, before expanding it)."""
+        return expand_points(campaign, campaign_file, self, max_cells)
+
+    def resolver(
+        self, campaign: Campaign, campaign_file: Path | None
+    ) -> Callable[[dict[str, Any], str], ResolvedPoint]:
+        """`resolve` with the campaign bound (a kind overrides this to share work between points)."""
+        return lambda assignment, where: self.resolve(campaign, assignment, campaign_file, where)
 
     @abc.abstractmethod
     def key_problems(self, campaign: Campaign, locations: list[tuple[str, str]]) -> list[str]:

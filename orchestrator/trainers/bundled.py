@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from orchestrator.campaign import Campaign, Resources
 from orchestrator.keys import set_path, split_namespace, unknown_key_problem
 from orchestrator.loader import validation_problems
-from orchestrator.sweep import PointProblems, ResolvedPoint
+from orchestrator.sweep import PointProblems, ResolvedPoint, canonical_json
 from orchestrator.trainers.base import TrainerKind
 from trainer import rundir
 from trainer.recipe import Recipe, launch_problems
@@ -43,37 +43,32 @@ class BundledKind(TrainerKind):
     def resolve(
         self, campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str
     ) -> ResolvedPoint:
-        docs: dict[str, dict[str, Any]] = {
-            "recipe": copy.deepcopy(campaign.base_recipe(campaign_file)),
+        return self.resolver(campaign, campaign_file)(assignment, where)
+
+    def resolver(
+        self, campaign: Campaign, campaign_file: Path | None
+    ) -> Callable[[dict[str, Any], str], ResolvedPoint]:
+        """Resolve points over one base recipe (read once); each distinct recipe and resources is validated once."""
+        base = {
+            "recipe": campaign.base_recipe(campaign_file),
             "resources": campaign.resources.model_dump(),
             "env": dict(campaign.env.values),
         }
-        for key, value in assignment.items():
-            namespace, rest = split_namespace(key)
-            if namespace == "env":
-                docs["env"][rest] = str(value)
-            else:
-                set_path(docs[namespace], rest, value)
-        try:
-            recipe = Recipe.model_validate(docs["recipe"])
-        except ValidationError as err:
-            raise PointProblems(validation_problems(err, Recipe, f"{where}trainer.recipe.")) from None
-        try:
-            resources = Resources.model_validate(docs["resources"])
-        except ValidationError as err:
-            raise PointProblems(validation_problems(err, Resources, f"{where}resources.")) from None
-        problems = launch_problems(recipe, resources.nodes * resources.gpus_per_node)
-        if problems:
-            raise PointProblems([f"{where}{p}" for p in problems])
-        identity = {
-            "trainer": "bundled",
-            "recipe": recipe.model_dump(mode="json", exclude_defaults=True),
-            "resources": resources.model_dump(mode="json", exclude_defaults=True),
-            "env": docs["env"],
-        }
-        return ResolvedPoint(
-            recipe.model_dump(mode="json"), resources.model_dump(mode="json"), docs["env"], identity
-        )
+        valid: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+
+        def resolve(assignment: dict[str, Any], where: str) -> ResolvedPoint:
+            docs = _apply(base, assignment)
+            try:  # the resolved recipe and resources depend only on the non-env swept keys
+                key = canonical_json([[k, v] for k, v in assignment.items() if split_namespace(k)[0] != "env"])
+            except (TypeError, ValueError):  # mapping keys of mixed types: validation says what is wrong
+                key = ""
+            if not key or key not in valid:
+                valid[key] = _validate(docs, where)
+            recipe, resources, recipe_id, resources_id = valid[key]
+            identity = {"trainer": "bundled", "recipe": recipe_id, "resources": resources_id, "env": docs["env"]}
+            return ResolvedPoint(recipe, resources, docs["env"], identity)
+
+        return resolve
 
     def args(self, cell: CellRow, run_dir: Path, attempt: int) -> list[str]:
         return ["--recipe", str(run_dir / rundir.RECIPE), "--out", str(run_dir)]
@@ -81,3 +76,38 @@ class BundledKind(TrainerKind):
     def planned_steps(self, cell: CellRow) -> int | None:
         steps = (cell.recipe.get("training") or {}).get("steps")
         return int(steps) if isinstance(steps, int) else None
+
+
+def _apply(base: dict[str, dict[str, Any]], assignment: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The base recipe, resources and env with one point's swept keys set (set_path copies what it changes)."""
+    docs = {"recipe": dict(base["recipe"]), "resources": dict(base["resources"]), "env": dict(base["env"])}
+    for key, value in assignment.items():
+        namespace, rest = split_namespace(key)
+        if namespace == "env":
+            docs["env"][rest] = str(value)
+        else:
+            set_path(docs[namespace], rest, value)
+    return docs
+
+
+def _validate(
+    docs: dict[str, dict[str, Any]], where: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(recipe, resources, and their identities) of a valid point; PointProblems naming `where` otherwise."""
+    try:
+        recipe = Recipe.model_validate(docs["recipe"])
+    except ValidationError as err:
+        raise PointProblems(validation_problems(err, Recipe, f"{where}trainer.recipe.")) from None
+    try:
+        resources = Resources.model_validate(docs["resources"])
+    except ValidationError as err:
+        raise PointProblems(validation_problems(err, Resources, f"{where}resources.")) from None
+    problems = launch_problems(recipe, resources.nodes * resources.gpus_per_node)
+    if problems:
+        raise PointProblems([f"{where}{p}" for p in problems])
+    return (
+        recipe.model_dump(mode="json"),
+        resources.model_dump(mode="json"),
+        recipe.model_dump(mode="json", exclude_defaults=True),
+        resources.model_dump(mode="json", exclude_defaults=True),
+    )

@@ -1,0 +1,187 @@
+"""False alarms and power of `mbx compare`'s decision rule (reports/compare.py) on real H200 step samples.
+
+Run:  .venv/bin/python benchmarks/compare_stats.py [--trials 1000] [--seed 7] [--samples DIR] [--json]
+
+Data: ../shared/data/h200-samples/aa-samples-h200 — 4 recorded runs (22 steps) of each of three points (base,
+static capacity, fused cross entropy) on one H200. A run's usable steps are 2..22 (the first step never
+counts). A *pseudo-repeat* is a window of 10 consecutive usable steps of one recorded run, at a uniformly
+random offset (12 offsets); its value is the window's mean step time and its per-step samples are the 10 step
+times. Consecutive steps keep their autocorrelation and each run its own level, so run-to-run spread is part
+of the noise.
+
+- A/A, resampled: both sides draw n pseudo-repeats each, run chosen uniformly with replacement from the same
+  point's 4 runs (the null hypothesis holds exactly). Any practical DIFFERENT is a false alarm.
+- A/A, split: the point's 4 runs are shuffled into two disjoint halves of 2 runs; each side takes one window
+  from each run of its half (n = 2: every repeat a distinct real run, nothing shared between the sides). With
+  n > 2 the windows cycle over the same 2 runs — pseudo-replication, a stress row that shows what happens when
+  "repeats" are not independent runs: real run-to-run drift (base r0 is 1% faster than r1-r3) becomes a
+  systematic A/B difference that the within-side spread underestimates.
+- Power: like A/A resampled, with every B value and step time × (1 + effect), effect 2% (and 1%, 0.5%).
+- Baselines, same trials: Pinpoint's rule applied to pooled per-step samples (min(KS, Mann-Whitney) ≤ 0.01
+  over 10 × n steps per side, ignoring runs), and Mann-Whitney on the n repeat values at p ≤ 0.01.
+- Real pairs: all 4 recorded runs per side, every metric, through orchestrator.compare (decision, diagnosis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as sps
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from orchestrator import compare as cmp  # noqa: E402
+from reports import compare as stats  # noqa: E402
+from reports.window import summarize, window_rows  # noqa: E402
+from trainer import rundir  # noqa: E402
+
+SAMPLES = ROOT.parent / "shared" / "data" / "h200-samples" / "aa-samples-h200"
+POINTS = {"base": "45ad6c6851", "static capacity": "a8ddbee1ab", "fused cross entropy": "7db0e86111"}
+WINDOW = 10
+
+
+def usable_steps(samples: Path, point: str) -> list[np.ndarray]:
+    """Per run of the point: step times of the steps a window may hold (never the first step)."""
+    runs = []
+    for run in sorted(samples.glob(f"{point}-r*")):
+        rows = rundir.read_metrics(run / "1")
+        runs.append(np.array([r["step_time_ms"] for r in window_rows(rows, window=len(rows))], dtype=float))
+    return runs
+
+
+def pseudo_repeats(rng: np.random.Generator, runs: list[np.ndarray], n: int, scale: float = 1.0,
+                   cycle: bool = False) -> stats.Samples:  # fmt: skip
+    """n windows of WINDOW consecutive steps, each from a run drawn with replacement from `runs` (or, with
+    `cycle`, from runs[0], runs[1], ... in turn)."""
+    steps = []
+    for i in range(n):
+        run = runs[i % len(runs)] if cycle else runs[rng.integers(len(runs))]
+        start = rng.integers(len(run) - WINDOW + 1)
+        steps.append(run[start : start + WINDOW] * scale)
+    return stats.Samples([float(s.mean()) for s in steps], [list(s) for s in steps])
+
+
+def baselines(a: stats.Samples, b: stats.Samples) -> tuple[bool, bool]:
+    """(Pinpoint rule on pooled steps says different, Mann-Whitney on repeat values says different)."""
+    sa = np.concatenate([np.asarray(s) for s in a.steps])
+    sb = np.concatenate([np.asarray(s) for s in b.steps])
+    pooled = min(sps.ks_2samp(sa, sb).pvalue, sps.mannwhitneyu(sa, sb).pvalue) <= stats.ALPHA
+    repeats = sps.mannwhitneyu(a.repeats, b.repeats).pvalue <= stats.ALPHA
+    return bool(pooled), bool(repeats)
+
+
+def trial_set(rng: np.random.Generator, runs: list[np.ndarray], n: int, trials: int, effect: float = 0.0,
+              split: bool = False) -> dict[str, float]:  # fmt: skip
+    """Decision shares over `trials` comparisons, plus the two baselines' DIFFERENT rates."""
+    counts: Counter[str] = Counter()
+    pooled = by_repeat = 0
+    for _ in range(trials):
+        order = rng.permutation(len(runs))
+        left = [runs[i] for i in order[: len(runs) // 2]] if split else runs
+        right = [runs[i] for i in order[len(runs) // 2 :]] if split else runs
+        a = pseudo_repeats(rng, left, n, cycle=split)
+        b = pseudo_repeats(rng, right, n, 1 + effect, cycle=split)
+        d = stats.compare_samples(a, b)
+        worse = stats.is_bad(d, higher_is_worse=True)
+        counts["different" if d.decision == stats.DIFFERENT else d.decision] += 1
+        counts["worse"] += worse
+        p, r = baselines(a, b)
+        pooled += p
+        by_repeat += r
+    row = {k: counts[k] / trials for k in (*stats.DECISIONS, "worse")}
+    row.update(pinpoint_pooled_steps=pooled / trials, mwu_repeats=by_repeat / trials)
+    return row
+
+
+def real_pairs(samples: Path) -> list[dict]:
+    """Base against each other point, all 4 runs per side, every metric, as `mbx compare` decides."""
+    points = {}
+    for name, point_id in POINTS.items():
+        point = cmp.Point("h200", point_id, name, {}, [])
+        for run in sorted(samples.glob(f"{point_id}-r*")):
+            rows = rundir.read_metrics(run / "1")
+            point.repeats.append(cmp.Repeat(run.name, summarize(rows).to_dict(), window_rows(rows), {}))
+        points[name] = point
+    out = []
+    for name in ("base", "static capacity", "fused cross entropy"):
+        result = cmp.compare_pair(points["base"], points[name], cmp.METRICS, stats.MIN_EFFECT)
+        out.append({"pair": f"base vs {name}", "diagnosis": result.diagnosis,
+                    "metrics": {k: {"decision": cmp.verdict_word(d, next(m for m in cmp.METRICS if m.name == k)),
+                                    "change": round(d.change, 5) if d.change is not None else None,
+                                    "ci": [d.ci_low, d.ci_high], "p": d.p_value, "more_repeats": d.more_repeats}
+                                for k, d in result.decisions.items()}})  # fmt: skip
+    return out
+
+
+def run(samples: Path, trials: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    pools = {name: usable_steps(samples, pid) for name, pid in POINTS.items()}
+    rows = []
+    for name, runs in pools.items():
+        for n in (1, 2, 3, 4, 5):
+            rows.append({"test": "A/A resampled", "point": name, "n": n, **trial_set(rng, runs, n, trials)})
+    for n in (2, 3, 4, 5):
+        rows.append({"test": "A/A split halves", "point": "base", "n": n,
+                     **trial_set(rng, pools["base"], n, trials, split=True)})  # fmt: skip
+    for effect in (0.02, 0.01, 0.005):
+        for n in (2, 3, 4, 5):
+            rows.append({"test": f"+{effect:.1%} slowdown", "point": "base", "n": n,
+                         **trial_set(rng, pools["base"], n, trials, effect=effect)})  # fmt: skip
+    return {"trials": trials, "seed": seed, "rows": rows, "real": real_pairs(samples)}
+
+
+def print_table(result: dict) -> None:
+    head = ("test", "point", "n", "SAME", "below", "UNKNOWN", "DIFF", "worse", "pooled-steps", "MWU-reps")
+    print(f"{result['trials']} trials per row, seed {result['seed']}; shares of decisions (step time)")
+    print(" | ".join(head))
+    for r in result["rows"]:
+        cells = (
+            r["test"],
+            r["point"],
+            str(r["n"]),
+            *(
+                f"{r[k]:.3f}"
+                for k in (
+                    "same",
+                    "below-practical",
+                    "unknown",
+                    "different",
+                    "worse",
+                    "pinpoint_pooled_steps",
+                    "mwu_repeats",
+                )
+            ),
+        )
+        print(" | ".join(cells))
+    for pair in result["real"]:
+        print(f"\n{pair['pair']}: " + "; ".join(
+            f"{k} {v['decision']} {v['change']:+.2%}" if v["change"] is not None else f"{k} {v['decision']}"
+            for k, v in pair["metrics"].items()))  # fmt: skip
+        for line in pair["diagnosis"]:
+            print(f"  diagnosis: {line}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--samples", type=Path, default=SAMPLES)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", RuntimeWarning)  # scipy notes (KS exact → asymptotic), not findings
+    result = run(args.samples, args.trials, args.seed)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
+
+
+if __name__ == "__main__":
+    main()

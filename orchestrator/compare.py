@@ -1,0 +1,327 @@
+"""`mbx compare A B`: match the points of two stored campaigns, decide per metric, diagnose, render.
+
+Reads the store (cells, latest attempts, stored summaries) and each completed repeat's run dir (step rows and
+fingerprint through trainer/rundir.py); the statistics are reports/compare.py's. Points are matched by their
+swept values (`CellRow.params`), or the single point of each side, or explicit `A:B` pairs of point or cell
+ids. Exit code: 0 every metric SAME (or below the practical threshold, or better), 1 a DIFFERENT in the bad
+direction, 3 an UNKNOWN and nothing bad, 2 bad input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.baseline import params_key
+from orchestrator.collect import summary_from_dict
+from orchestrator.errors import UsageError
+from orchestrator.store import CellRow, Store
+from reports import compare as stats
+from reports.window import DEFAULT_WINDOW, summarize, window_rows
+from trainer import rundir
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A compared figure: its per-repeat value (a Summary field) and per-step samples (a metrics row key)."""
+
+    name: str
+    label: str
+    summary_key: str
+    step_key: str | None
+    higher_is_worse: bool
+
+
+METRICS = (
+    Metric("step_time", "step time (ms)", "step_time_ms", "step_time_ms", True),
+    Metric("tflops", "TFLOP/s/GPU", "tflops_per_gpu", "tflops_per_gpu", False),
+    Metric("peak_alloc", "peak allocated (GiB)", "peak_alloc_gib", "mem_max_allocated_gib", True),
+    Metric("peak_reserved", "peak reserved (GiB)", "peak_reserved_gib", "mem_max_reserved_gib", True),
+    Metric("final_loss", "final loss", "last_loss", None, True),
+)
+METRIC_NAMES = tuple(m.name for m in METRICS)
+EXIT_SAME, EXIT_WORSE, EXIT_UNKNOWN = 0, 1, 3
+SUSPECT_KEYS = (
+    "gpu_name",
+    "driver",
+    "cuda",
+    "torch",
+    "transformer_engine",
+    "nccl",
+    "container_image",
+    "git_sha",
+)
+
+
+@dataclass
+class Repeat:
+    """One completed repeat of a point: its window summary, window rows and environment fingerprint."""
+
+    cell_id: str
+    summary: dict[str, Any]
+    window: list[dict[str, Any]]
+    fingerprint: dict[str, Any]
+
+
+@dataclass
+class Point:
+    campaign: str
+    point_id: str
+    label: str
+    params: dict[str, Any]
+    cell_ids: list[str]
+    repeats: list[Repeat] = field(default_factory=list)
+
+
+@dataclass
+class PairResult:
+    a: Point
+    b: Point
+    decisions: dict[str, stats.Decision]
+    diagnosis: list[str]
+    fingerprint_diff: list[str]
+
+    def worse(self) -> list[str]:
+        return [m.name for m in METRICS if m.name in self.decisions
+                and stats.is_bad(self.decisions[m.name], m.higher_is_worse)]  # fmt: skip
+
+    def unknown(self) -> list[str]:
+        return [n for n, d in self.decisions.items() if d.decision == stats.UNKNOWN]
+
+
+@dataclass
+class Comparison:
+    a: str
+    b: str
+    min_effect: float
+    pairs: list[PairResult]
+    unmatched: list[str]
+
+    @property
+    def exit_code(self) -> int:
+        if any(p.worse() for p in self.pairs):
+            return EXIT_WORSE
+        return EXIT_UNKNOWN if any(p.unknown() for p in self.pairs) else EXIT_SAME
+
+
+def _window_size(store: Store, name: str) -> int:
+    spec = (store.campaign(name) or {}).get("spec") or {}
+    window = (spec.get("collect") or {}).get("window") if isinstance(spec, dict) else None
+    return window if isinstance(window, int) and window > 0 else DEFAULT_WINDOW
+
+
+def _fingerprint(run_dir: Path) -> dict[str, Any]:
+    """rundir's fingerprint, with the GPU and torch that status.json names when no other file does."""
+    found = dict(rundir.read_fingerprint(run_dir) or {})
+    status = rundir.read_status(run_dir) or {}
+    for key, status_key in (("gpu_name", "gpu_name"), ("torch", "torch_version")):
+        if found.get(key) is None and status.get(status_key) is not None:
+            found[key] = status[status_key]
+    return found
+
+
+def _repeat(store: Store, name: str, cell: CellRow, attempt: Any, window: int) -> Repeat | None:
+    """A completed cell's figures: recomputed from its step rows, else its stored summary."""
+    run_dir = Path(attempt.run_dir)
+    rows, _problem = rundir.read_metrics_checked(run_dir)
+    if rows:
+        summary = summarize(rows, window).to_dict()
+    else:
+        result = store.result(name, cell.cell_id, attempt.attempt)
+        stored = summary_from_dict(result.summary) if result else None
+        if stored is None:
+            return None
+        summary = stored.to_dict()
+    return Repeat(cell.cell_id, summary, window_rows(rows, window), _fingerprint(run_dir))
+
+
+def load_points(store: Store, name: str) -> list[Point]:
+    """The campaign's points (active cells grouped by point id, in plan order) with their completed repeats."""
+    if store.campaign(name) is None:
+        known = ", ".join(store.campaign_names()) or "none"
+        raise UsageError(f"campaign {name!r} is not in the store {store.path} (known: {known})")
+    window = _window_size(store, name)
+    latest = store.latest_attempts(name)
+    points: dict[str, Point] = {}
+    for cell in store.cells(name):
+        point = points.setdefault(cell.point_id, Point(name, cell.point_id, cell.label, cell.params, []))
+        point.cell_ids.append(cell.cell_id)
+        attempt = latest.get(cell.cell_id)
+        if attempt is not None and attempt.state == "completed":
+            repeat = _repeat(store, name, cell, attempt, window)
+            if repeat is not None:
+                point.repeats.append(repeat)
+    return list(points.values())
+
+
+def _find(points: list[Point], ref: str, side: str) -> Point:
+    for point in points:
+        if ref == point.point_id or ref in point.cell_ids:
+            return point
+    raise UsageError(f"--pair: {side} has no point or cell {ref!r}")
+
+
+def match_points(
+    a: list[Point], b: list[Point], pairs: list[str]
+) -> tuple[list[tuple[Point, Point]], list[str]]:
+    """Explicit `A:B` pairs, else equal swept values, else the one point of each side; plus unmatched lines."""
+    if pairs:
+        matched = []
+        for text in pairs:
+            left, sep, right = text.partition(":")
+            if not sep or not left or not right:
+                raise UsageError(f"--pair {text!r}: expected A_POINT_OR_CELL:B_POINT_OR_CELL")
+            matched.append((_find(a, left, "A"), _find(b, right, "B")))
+        return matched, []
+    if len(a) == 1 and len(b) == 1:
+        return [(a[0], b[0])], []
+    by_params = {params_key(p.params): p for p in b}
+    matched = [(p, by_params[params_key(p.params)]) for p in a if params_key(p.params) in by_params]
+    used = {id(q) for _, q in matched} | {id(p) for p, _ in matched}
+    unmatched = [f"{p.campaign} point {p.point_id} ({p.label}): no point with equal swept values"
+                 for p in a + b if id(p) not in used]  # fmt: skip
+    return matched, unmatched
+
+
+def _samples(point: Point, metric: Metric) -> stats.Samples:
+    values = [r.summary.get(metric.summary_key) for r in point.repeats]
+    steps = []
+    if metric.step_key:
+        steps = [[row[metric.step_key] for row in r.window if isinstance(row.get(metric.step_key), (int, float))]
+                 for r in point.repeats]  # fmt: skip
+    return stats.Samples([v for v in values if isinstance(v, (int, float))], steps)
+
+
+def _values(point: Point, key: str) -> set[str]:
+    return {str(r.fingerprint[key]) for r in point.repeats if r.fingerprint.get(key) is not None}
+
+
+def fingerprint_diff(a: Point, b: Point) -> list[str]:
+    """`key: A values → B values` for each environment key whose values differ between the two sides."""
+    lines = []
+    for key in SUSPECT_KEYS:
+        left, right = _values(a, key), _values(b, key)
+        if left != right and (left or right):
+            lines.append(f"{key}: {', '.join(sorted(left)) or '?'} → {', '.join(sorted(right)) or '?'}")
+    return lines
+
+
+def check_hardware(a: Point, b: Point, allow: bool) -> None:
+    left, right = _values(a, "gpu_name"), _values(b, "gpu_name")
+    if left and right and left != right and not allow:
+        raise UsageError(
+            f"{a.point_id} ran on {', '.join(sorted(left))} and {b.point_id} on {', '.join(sorted(right))}: "
+            "different GPU models are not compared (--allow-different-hardware to compare anyway)"
+        )
+
+
+def compare_pair(a: Point, b: Point, metrics: tuple[Metric, ...], min_effect: float) -> PairResult:
+    decisions = {m.name: stats.compare_samples(_samples(a, m), _samples(b, m), min_effect) for m in metrics}
+    diagnosis = stats.diagnose(decisions, "step_time", ("peak_alloc", "peak_reserved"), "final_loss")
+    return PairResult(a, b, decisions, diagnosis, fingerprint_diff(a, b))
+
+
+def compare_campaigns(workspace: Path, a: str, b: str, *, metrics: list[str] | None = None,
+                      min_effect: float = stats.MIN_EFFECT, pairs: list[str] | None = None,
+                      allow_different_hardware: bool = False) -> Comparison:  # fmt: skip
+    """Load both campaigns from the workspace's store, match their points and decide every metric."""
+    unknown = [m for m in metrics or [] if m not in METRIC_NAMES]
+    if unknown:
+        raise UsageError(f"--metric {', '.join(unknown)}: unknown (choose from {', '.join(METRIC_NAMES)})")
+    if not 0 <= min_effect < 1:
+        raise UsageError(f"--min-effect {min_effect}: must be a fraction in [0, 1), e.g. 0.01 for 1%")
+    chosen = tuple(m for m in METRICS if not metrics or m.name in metrics)
+    with Store(workspace, create=False) as store:
+        points_a, points_b = load_points(store, a), load_points(store, b)
+    matched, unmatched = match_points(points_a, points_b, pairs or [])
+    if not matched:
+        raise UsageError(f"no point of {a!r} matches a point of {b!r} by swept values (use --pair A:B)")
+    for left, right in matched:
+        if not left.repeats or not right.repeats:
+            empty = left if not left.repeats else right
+            raise UsageError(f"{empty.campaign} point {empty.point_id} has no completed repeat to compare")
+        check_hardware(left, right, allow_different_hardware)
+    results = [compare_pair(left, right, chosen, min_effect) for left, right in matched]
+    return Comparison(a, b, min_effect, results, unmatched)
+
+
+# ---- rendering (plain data, Markdown) ---------------------------------------------------------------------
+def fmt_change(d: stats.Decision) -> str:
+    if d.change is None:
+        return "–"
+    return f"{d.change:+.2%}"
+
+
+def fmt_ci(d: stats.Decision) -> str:
+    if d.ci_low is None or d.ci_high is None:
+        return "–"
+    return f"[{d.ci_low:+.2%}, {d.ci_high:+.2%}]"
+
+
+def fmt_value(value: float | None) -> str:
+    return "–" if value is None else f"{value:.5g}"
+
+
+def verdict_word(d: stats.Decision, metric: Metric) -> str:
+    """SAME / DIFFERENT (worse|better) / SAME in practice / UNKNOWN, as shown to people."""
+    if d.decision == stats.DIFFERENT:
+        return "DIFFERENT (worse)" if stats.is_bad(d, metric.higher_is_worse) else "DIFFERENT (better)"
+    if d.decision == stats.BELOW_PRACTICAL:
+        return "SAME in practice (below threshold)"
+    return d.decision.upper()
+
+
+def advice(result: PairResult) -> list[str]:
+    """One line per UNKNOWN metric: how many more repeats would likely settle it."""
+    lines = []
+    for name in result.unknown():
+        d = result.decisions[name]
+        more = (
+            f"{d.more_repeats} more repeat(s) per side suggested" if d.more_repeats else "many more repeats"
+        )
+        lines.append(f"{name}: needs more samples ({more}; {d.reason})")
+    return lines
+
+
+def pair_title(result: PairResult) -> str:
+    a, b = result.a, result.b
+    return f"{a.campaign}/{a.point_id} ({a.label}, {len(a.repeats)} rep) vs {b.campaign}/{b.point_id} " \
+           f"({b.label}, {len(b.repeats)} rep)"  # fmt: skip
+
+
+def to_json(comparison: Comparison) -> dict[str, Any]:
+    pairs = []
+    for r in comparison.pairs:
+        pairs.append({
+            "a": {"campaign": r.a.campaign, "point_id": r.a.point_id, "label": r.a.label, "params": r.a.params,
+                  "repeats": [x.cell_id for x in r.a.repeats]},
+            "b": {"campaign": r.b.campaign, "point_id": r.b.point_id, "label": r.b.label, "params": r.b.params,
+                  "repeats": [x.cell_id for x in r.b.repeats]},
+            "metrics": {name: d.to_dict() for name, d in r.decisions.items()},
+            "worse": r.worse(), "unknown": r.unknown(), "diagnosis": r.diagnosis,
+            "fingerprint_diff": r.fingerprint_diff,
+        })  # fmt: skip
+    return {"a": comparison.a, "b": comparison.b, "min_effect": comparison.min_effect, "pairs": pairs,
+            "unmatched": comparison.unmatched, "exit_code": comparison.exit_code}  # fmt: skip
+
+
+def to_markdown(comparison: Comparison) -> str:
+    from reports.markdown import md_text  # GFM escaping of user text (labels, ids)
+
+    by_name = {m.name: m for m in METRICS}
+    lines = [f"### mbx compare {md_text(comparison.a)} → {md_text(comparison.b)} "
+             f"(practical threshold {comparison.min_effect:.1%})", ""]  # fmt: skip
+    for r in comparison.pairs:
+        lines += [f"**{md_text(pair_title(r))}**", "", "| metric | A | B | Δ | 95% CI | p | decision |",
+                  "|---|---:|---:|---:|---|---:|---|"]  # fmt: skip
+        for name, d in r.decisions.items():
+            p = "–" if d.p_value is None else f"{d.p_value:.2g}"
+            lines.append(f"| {md_text(by_name[name].label)} | {fmt_value(d.mean_a)} | {fmt_value(d.mean_b)} | "
+                         f"{fmt_change(d)} | {fmt_ci(d)} | {p} | {verdict_word(d, by_name[name])} |")  # fmt: skip
+        lines.append("")
+        notes = [f"fingerprint differs: {md_text(x)}" for x in r.fingerprint_diff]
+        notes += [f"diagnosis: {md_text(x)}" for x in r.diagnosis] + [md_text(x) for x in advice(r)]
+        lines += [f"- {x}" for x in notes] + ([""] if notes else [])
+    lines += [f"- unmatched: {md_text(x)}" for x in comparison.unmatched]
+    return "\n".join(lines).rstrip() + "\n"

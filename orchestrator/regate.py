@@ -1,0 +1,131 @@
+"""Verdicts derived from stored results and a campaign's gates: per attempt, per point (all its repeats), and
+`regate`, which stores them again when the gates (or the baseline's figures) changed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.baseline import baseline_for, baseline_summaries, summary_from_dict
+from orchestrator.store import TERMINAL_STATES, CellRow, Store
+from reports.gates import GateResult, GateSpec, Repeat, evaluate, judge_point
+
+
+@dataclass
+class PointVerdict:
+    """One point of a campaign: its cells (one per repeat) and the verdict of its finished repeats."""
+
+    point_id: str
+    label: str
+    cells: list[CellRow]
+    gate: GateResult | None  # None while no repeat has finished
+    finished: int = 0  # repeats judged
+
+    @property
+    def verdict(self) -> str:
+        return self.gate.verdict if self.gate is not None else "none"
+
+    def why(self) -> str:
+        """The failed checks' messages, else the undecided ones' (why a verdict is not a pass)."""
+        if self.gate is None:
+            return "no repeat has finished"
+        checks = self.gate.failed or self.gate.unchecked
+        return "; ".join(c.message for c in checks)
+
+
+@dataclass
+class Judged:
+    """Fresh verdicts of a campaign from its stored results."""
+
+    gates: dict[str, GateResult] = field(default_factory=dict)  # cell id → its latest finished attempt's
+    attempts: dict[str, int] = field(default_factory=dict)  # cell id → that attempt's number
+    stored: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # cell id → the stored gate result
+    points: list[PointVerdict] = field(default_factory=list)
+
+
+def gates_of(record: dict[str, Any]) -> GateSpec:
+    """The gates of a stored campaign record."""
+    return GateSpec.model_validate(record["spec"].get("gates") or {})
+
+
+def judge_campaign(store: Store, name: str, spec: GateSpec, baseline: str | None) -> Judged:
+    """Every active cell's latest finished attempt judged with `spec`, and every point from all its repeats."""
+    baselines = baseline_summaries(store, baseline)
+    latest = store.latest_attempts(name)
+    judged = Judged()
+    by_point: dict[str, list[CellRow]] = {}
+    for cell in store.cells(name):
+        by_point.setdefault(cell.point_id, []).append(cell)
+    for point_id, cells in by_point.items():
+        repeats: list[Repeat] = []
+        for cell in cells:
+            attempt = latest.get(cell.cell_id)
+            if attempt is None or attempt.state not in TERMINAL_STATES:
+                continue
+            result = store.result(name, cell.cell_id, attempt.attempt)
+            summary = summary_from_dict(result.summary) if result else None
+            repeat = Repeat(f"repeat {cell.repeat}", attempt.state, attempt.reason, summary)
+            judged.gates[cell.cell_id] = evaluate(spec, summary, repeat.state, repeat.reason,
+                                                  baseline_for(baselines, cell))  # fmt: skip
+            judged.attempts[cell.cell_id] = attempt.attempt
+            judged.stored[cell.cell_id] = result.gate if result else None
+            repeats.append(repeat)
+        gate = judge_point(spec, repeats, baseline_for(baselines, cells[0])) if repeats else None
+        judged.points.append(PointVerdict(point_id, cells[0].label, cells, gate, len(repeats)))
+    return judged
+
+
+def _same(stored: dict[str, Any] | None, fresh: GateResult) -> bool:
+    """Whether a stored gate result says what a fresh one says (messages aside: a stored one may carry a
+    collection note, e.g. which metrics file was damaged)."""
+    if stored is None:
+        return False
+
+    def key(check: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(check.get(k) for k in ("gate", "ok", "value", "limit", "low", "high"))
+
+    fresh_dict = fresh.to_dict()
+    return stored.get("verdict") == fresh_dict["verdict"] and [key(c) for c in stored.get("checks", [])] == [
+        key(c) for c in fresh_dict["checks"]
+    ]
+
+
+@dataclass
+class Regated:
+    """What `regate` did: the fresh verdicts, and one line per point or stored result whose verdict changed."""
+
+    judged: Judged
+    changes: list[str]
+    rewritten: int  # stored results written again
+    gates_changed: bool
+
+
+def regate(store: Store, name: str, spec: GateSpec | None = None) -> Regated:
+    """Re-judge every stored result of campaign `name` with its gates (or `spec`, which is then stored as its
+    gates) and store the results that changed, in one transaction (orchestrator/store.py)."""
+    record = store.campaign(name)
+    if record is None:
+        raise KeyError(name)
+    baseline = record["spec"].get("baseline")
+    old = gates_of(record)
+    new = spec if spec is not None else old
+    gates_changed = new.model_dump(mode="json") != old.model_dump(mode="json")
+    after = judge_campaign(store, name, new, baseline)
+    before = judge_campaign(store, name, old, baseline) if gates_changed else after
+    updates = {(cell_id, after.attempts[cell_id]): gate.to_dict()
+               for cell_id, gate in after.gates.items() if not _same(after.stored[cell_id], gate)}  # fmt: skip
+    new_spec = {**record["spec"], "gates": new.model_dump(mode="json")} if gates_changed else None
+    if updates or new_spec is not None:
+        store.update_verdicts(name, updates, new_spec)
+    changes, named = [], set()
+    for was, now in zip(before.points, after.points, strict=True):
+        if was.verdict != now.verdict:
+            why = f": {now.why()}" if now.verdict != "pass" else ""
+            changes.append(f"point {now.point_id} [{now.label}]: {was.verdict} → {now.verdict}{why}")
+            named.update(c.cell_id for c in now.cells)
+    for cell_id, gate in after.gates.items():
+        stored = (after.stored[cell_id] or {}).get("verdict")
+        if stored != gate.verdict and cell_id not in named:
+            changes.append(f"cell {cell_id} attempt {after.attempts[cell_id]}: stored verdict "
+                           f"{stored or 'none'} → {gate.verdict}")  # fmt: skip
+    return Regated(after, changes, len(updates), gates_changed)

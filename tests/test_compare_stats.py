@@ -1,0 +1,142 @@
+"""reports/compare.py on synthetic samples with known answers: A/A never DIFFERENT beyond the false-alarm
+budget, large effects DIFFERENT, tiny real effects below the practical threshold, one-repeat and exact rules,
+the high threshold, repeat suggestions and the diagnosis signatures."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from reports import compare as stats
+from reports.compare import Samples, compare_samples
+
+
+def side(rng: np.random.Generator, n: int, mean: float = 100.0, between: float = 0.005, within: float = 0.01,
+         steps: int = 10) -> Samples:  # fmt: skip
+    """n repeats: each run's level varies by `between` (relative), its steps by `within` around that level."""
+    runs = []
+    for _ in range(n):
+        level = mean * (1 + rng.normal(0, between))
+        runs.append(list(level * (1 + rng.normal(0, within, steps))))
+    return Samples([float(np.mean(r)) for r in runs], runs)
+
+
+def test_aa_false_alarms_within_budget_at_fixed_seed() -> None:
+    rng = np.random.default_rng(1234)
+    decisions = [compare_samples(side(rng, 4), side(rng, 4)).decision for _ in range(400)]
+    assert decisions.count(stats.DIFFERENT) / len(decisions) <= 0.02
+    assert (
+        decisions.count(stats.SAME) > decisions.count(stats.UNKNOWN) / 4
+    )  # SAME is reachable, not only UNKNOWN
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_large_effect_is_different_and_bad(n: int) -> None:
+    rng = np.random.default_rng(n)
+    a, b = side(rng, n), side(rng, n, mean=115.0)
+    d = compare_samples(a, b)
+    assert d.decision == stats.DIFFERENT and d.p_value is not None and d.p_value <= stats.ALPHA
+    assert d.ci_low < d.change < d.ci_high and 0.10 < d.change < 0.20
+    assert stats.is_bad(d, higher_is_worse=True) and not stats.is_bad(d, higher_is_worse=False)
+
+
+def test_tiny_real_effect_is_below_practical() -> None:
+    rng = np.random.default_rng(5)
+    a = side(rng, 6, between=0.0002, within=0.001)
+    b = side(rng, 6, mean=100.3, between=0.0002, within=0.001)
+    d = compare_samples(a, b)
+    assert d.decision == stats.BELOW_PRACTICAL and abs(d.change - 0.003) < 0.001
+    assert not stats.is_bad(d, higher_is_worse=True)
+    assert compare_samples(a, b, min_effect=0.001).decision == stats.DIFFERENT
+
+
+def test_same_when_the_ci_is_inside_the_practical_band() -> None:
+    rng = np.random.default_rng(9)
+    d = compare_samples(side(rng, 5, between=0.001), side(rng, 5, between=0.001))
+    assert d.decision == stats.SAME and -0.01 < d.ci_low and d.ci_high < 0.01
+
+
+def test_noisy_small_effect_is_unknown_with_a_repeat_suggestion() -> None:
+    a = Samples([100.0, 101.5, 99.0])
+    b = Samples([101.5, 103.0, 101.0])
+    d = compare_samples(a, b)
+    assert (
+        d.decision == stats.UNKNOWN and d.p_value is not None and stats.ALPHA < d.p_value <= d.high_threshold
+    )
+    assert d.more_repeats is not None and d.more_repeats >= 1
+
+
+def test_exact_metrics_without_spread() -> None:
+    assert compare_samples(Samples([40.9] * 3), Samples([40.9] * 3)).decision == stats.SAME
+    worse = compare_samples(Samples([40.0] * 3), Samples([42.0] * 3))
+    assert (
+        worse.decision == stats.DIFFERENT
+        and worse.change == pytest.approx(0.05)
+        and worse.test.startswith("exact")
+    )
+    assert compare_samples(Samples([40.0] * 2), Samples([40.02] * 2)).decision == stats.BELOW_PRACTICAL
+    # one repeat each, constant per-step samples (a peak): still exact
+    flat = compare_samples(Samples([34.9], [[34.9] * 10]), Samples([40.9], [[40.9] * 10]))
+    assert flat.decision == stats.DIFFERENT and flat.change == pytest.approx(40.9 / 34.9 - 1)
+
+
+def test_single_repeat_never_same_and_different_only_when_large() -> None:
+    rng = np.random.default_rng(3)
+    big = compare_samples(side(rng, 1), side(rng, 1, mean=120.0))
+    assert big.decision == stats.DIFFERENT and big.test.startswith("one repeat")
+    for _ in range(50):
+        d = compare_samples(side(rng, 1, between=0), side(rng, 1, mean=102.0, between=0))
+        assert d.decision == stats.UNKNOWN and d.more_repeats == 2
+    same = compare_samples(side(rng, 1, between=0), side(rng, 2, between=0))
+    assert same.decision == stats.UNKNOWN
+    no_steps = compare_samples(Samples([12.15]), Samples([12.16]))
+    assert no_steps.decision == stats.UNKNOWN and no_steps.ci_low is None
+
+
+def test_degenerate_inputs_are_unknown() -> None:
+    assert compare_samples(Samples([]), Samples([1.0, 2.0])).decision == stats.UNKNOWN
+    assert compare_samples(Samples([1.0, 2.0]), Samples([float("nan")])).decision == stats.UNKNOWN
+    d = compare_samples(Samples([0.0, 1.0]), Samples([1.0, 2.0]))
+    assert d.decision == stats.UNKNOWN and "non-positive" in d.reason
+
+
+def test_high_threshold_depends_on_effect_and_samples() -> None:
+    assert stats.high_threshold(6, 0.0) == 1.0
+    small, large = stats.high_threshold(6, 1.5), stats.high_threshold(6, 4.0)
+    assert 0 < large < small < 1
+    assert stats.high_threshold(30, 3.0) < stats.high_threshold(3, 3.0)
+    assert 0 < stats.high_threshold(1.2, 1e6) < 0.05  # huge effect: finite, small (heavy tails at df 1.2)
+    assert stats.high_threshold(20, 1e6) < 1e-6
+
+
+def test_repeats_needed() -> None:
+    assert stats.repeats_needed(0.005, 0.03, 0.01) in (2, 3)
+    assert stats.repeats_needed(0.05, 0.0101, 0.01) is None
+    assert stats.repeats_needed(0.002, 0.0, 0.01) == 2
+
+
+def test_diagnosis_signatures() -> None:
+    def d(decision: str, change: float) -> stats.Decision:
+        return stats.Decision(decision, change, change, change, 0.001, 0.5, "t", 4, 4, 1.0, 1.0 + change, "")
+
+    recompute = stats.diagnose(
+        {"t": d(stats.DIFFERENT, 0.18), "m": d(stats.DIFFERENT, -0.15)}, "t", ("m",), "l"
+    )
+    assert len(recompute) == 1 and "recompute (or offload) newly on?" in recompute[0]
+    buffer = stats.diagnose({"t": d(stats.SAME, 0.001), "m": d(stats.DIFFERENT, 0.08)}, "t", ("m",), "l")
+    assert buffer == ["memory↑ +8.0% with time flat: an extra buffer?"]
+    assert (
+        stats.diagnose({"t": d(stats.UNKNOWN, 0.02), "m": d(stats.DIFFERENT, 0.08)}, "t", ("m",), "l") == []
+    )
+    loss = stats.diagnose({"l": d(stats.DIFFERENT, 0.03)}, "t", ("m",), "l")
+    assert loss and "numerics changed" in loss[0]
+
+
+def test_decision_json_has_no_nan() -> None:
+    d = compare_samples(Samples([1.0, 1.1]), Samples([1.0, 1.1]))
+    text = json.dumps(d.to_dict(), allow_nan=False)
+    assert '"decision"' in text and all(v is None or not isinstance(v, float) or math.isfinite(v)
+                                        for v in d.to_dict().values())  # fmt: skip
