@@ -19,10 +19,18 @@ _STYLE = {"DIFFERENT (worse)": "bold red", "DIFFERENT (better)": "green", "UNKNO
 
 def compare(
     a: Annotated[
-        str, typer.Argument(help="Campaign A (the reference), as named in the store.", show_default=False)
+        str,
+        typer.Argument(
+            help="A (the reference): a campaign as named in the store, or a golden-values .json file.",
+            show_default=False,
+        ),
     ],
     b: Annotated[
-        str, typer.Argument(help="Campaign B (the candidate), as named in the store.", show_default=False)
+        str,
+        typer.Argument(
+            help="B (the candidate): a campaign as named in the store, or a golden-values .json file.",
+            show_default=False,
+        ),
     ],
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     metric: Annotated[
@@ -55,6 +63,10 @@ def compare(
 ) -> None:
     """Compare two campaigns point by point: relative change with a 95% CI and SAME / DIFFERENT / UNKNOWN per
     metric, decided on repeats (Welch t on log repeat values, p ≤ 0.01 and ≥ --min-effect for DIFFERENT).
+
+    A side may be a Megatron-LM golden-values file (a path ending in .json; `mbx golden export` writes one): one
+    point, `golden`, with one repeat of per-step samples and no fingerprint. One repeat on a side follows the
+    single-repeat rule: never SAME, DIFFERENT only for a large effect, else UNKNOWN.
 
     Exit codes: 0 every metric SAME (or below --min-effect, or better); 1 a metric DIFFERENT in the bad
     direction (slower, fewer TFLOP/s, more memory, higher loss); 3 an UNKNOWN (more repeats needed) and
@@ -90,8 +102,10 @@ def _print(result: object) -> None:
                           cmp.fmt_change(d), cmp.fmt_ci(d), p, Text(word, style=_STYLE.get(word, "")))  # fmt: skip
         console.print(table)
         lines = [("fingerprint differs (first suspect): ", x) for x in pair.fingerprint_diff]
-        if not pair.fingerprint_diff:
-            lines.append(("fingerprint: ", "no difference in the recorded environment"))
+        fingerprint = cmp.fingerprint_line(pair)
+        if fingerprint is not None:
+            lines.append(("fingerprint: ", fingerprint))
+        lines += [("note: ", x) for x in pair.notes]
         lines += [("diagnosis: ", x) for x in pair.diagnosis] + [("", x) for x in cmp.advice(pair)]
         for head, text in lines:
             console.print(Text.assemble((head, "bold"), text))

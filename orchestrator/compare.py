@@ -1,9 +1,13 @@
-"""`mbx compare A B`: match the points of two stored campaigns, decide per metric, diagnose, render.
+"""`mbx compare A B`: match the points of two stored campaigns (or golden-values files), decide per metric,
+diagnose, render.
 
 Reads the store (cells, latest attempts, stored summaries) and each completed repeat's run dir (step rows and
 fingerprint through trainer/rundir.py); the statistics are reports/compare.py's. Points are matched by their
 swept values (`CellRow.params`), or the single point of each side, or explicit `A:B` pairs of point or cell
-ids. Exit code: 0 every metric SAME (or below the practical threshold, or better), 1 a DIFFERENT in the bad
+ids. A side that is a path ending in .json that exists is a Megatron-LM (or Bridge) golden-values file: one
+point (`golden`) with one repeat of per-step samples and no fingerprint, so the single-repeat rule of
+reports/compare.py decides (never SAME; DIFFERENT only for a large effect) and hardware is not checked.
+Exit code: 0 every metric SAME (or below the practical threshold, or better), 1 a DIFFERENT in the bad
 direction, 3 an UNKNOWN and nothing bad, 2 bad input.
 """
 
@@ -16,6 +20,7 @@ from typing import Any
 from orchestrator.baseline import params_key
 from orchestrator.collect import summary_from_dict
 from orchestrator.errors import UsageError
+from orchestrator.golden import load_golden
 from orchestrator.store import CellRow, Store
 from reports import compare as stats
 from reports.window import DEFAULT_WINDOW, summarize, window_rows
@@ -52,6 +57,7 @@ SUSPECT_KEYS = (
     "container_image",
     "git_sha",
 )
+GOLDEN_POINT = "golden"  # the point id of a golden-values file (for --pair POINT:golden)
 
 
 @dataclass
@@ -72,6 +78,7 @@ class Point:
     params: dict[str, Any]
     cell_ids: list[str]
     repeats: list[Repeat] = field(default_factory=list)
+    source: str = "campaign"  # "campaign" | "golden" (a golden-values file: no fingerprint)
 
 
 @dataclass
@@ -81,6 +88,8 @@ class PairResult:
     decisions: dict[str, stats.Decision]
     diagnosis: list[str]
     fingerprint_diff: list[str]
+    no_fingerprint: list[str] = field(default_factory=list)  # sides without a fingerprint ("B (x.json)")
+    notes: list[str] = field(default_factory=list)
 
     def worse(self) -> list[str]:
         return [m.name for m in METRICS if m.name in self.decisions
@@ -155,6 +164,53 @@ def load_points(store: Store, name: str) -> list[Point]:
     return list(points.values())
 
 
+def golden_ref(ref: str) -> Path | None:
+    """The golden-values file a compare side names: a path ending in .json that exists (else a campaign)."""
+    path = Path(ref).expanduser()
+    return path if ref.lower().endswith(".json") and (path.exists() or path.is_symlink()) else None
+
+
+def golden_point(path: Path, window: int) -> Point:
+    """A golden-values file as one point with one repeat: the window of its step rows, no fingerprint."""
+    golden = load_golden(path)
+    summary = summarize(golden.rows, window).to_dict()
+    for key, scalar in (("peak_alloc_gib", "mem_max_allocated_gib"), ("step_time_ms", "step_time_ms")):
+        if summary.get(key) is None and scalar in golden.scalars:  # Bridge's max_alloc, legacy timing average
+            summary[key] = golden.scalars[scalar]
+    repeat = Repeat(path.name, summary, window_rows(golden.rows, window), {})
+    return Point(
+        path.name, GOLDEN_POINT, f"golden values, {golden.schema}", {}, [path.name], [repeat], "golden"
+    )
+
+
+def _missing_golden(ref: str) -> UsageError:
+    return UsageError(f"{ref}: no such golden-values file (and no campaign of that name in the store)")
+
+
+def load_sides(workspace: Path, a: str, b: str) -> tuple[list[Point], list[Point]]:
+    """Both sides' points: campaigns from the store, golden-values files read as one point (with the window of
+    the campaign side, else the default)."""
+    refs = (a, b)
+    paths = [golden_ref(ref) for ref in refs]
+    for ref, path in zip(refs, paths, strict=True):
+        if path is None and ref.lower().endswith(".json") and ("/" in ref or "\\" in ref):
+            raise _missing_golden(ref)  # a campaign name has no path separator
+    loaded: list[list[Point]] = [[], []]
+    window = DEFAULT_WINDOW
+    if None in paths:
+        with Store(workspace, create=False) as store:
+            for i, ref in enumerate(refs):
+                if paths[i] is None:
+                    if ref.lower().endswith(".json") and store.campaign(ref) is None:
+                        raise _missing_golden(ref)
+                    loaded[i] = load_points(store, ref)
+            window = _window_size(store, a if paths[0] is None else b)
+    for i, path in enumerate(paths):
+        if path is not None:
+            loaded[i] = [golden_point(path, window)]
+    return loaded[0], loaded[1]
+
+
 def _find(points: list[Point], ref: str, side: str) -> Point:
     for point in points:
         if ref == point.point_id or ref in point.cell_ids:
@@ -216,32 +272,60 @@ def check_hardware(a: Point, b: Point, allow: bool) -> None:
         )
 
 
+def side_notes(a: Point, b: Point) -> tuple[list[str], list[str]]:
+    """(sides without a fingerprint, notes): golden-values sides, and the single-repeat rule where it applies."""
+    sides = (("A", a), ("B", b))
+    missing = [f"{name} ({p.campaign})" for name, p in sides if p.source == "golden"]
+    single = [f"{name} ({p.campaign})" for name, p in sides if len(p.repeats) == 1]
+    notes = []
+    if single:
+        notes.append(f"one repeat on {' and '.join(single)}: the single-repeat rule decides (never SAME; DIFFERENT "
+                     "only for a large effect on the per-step samples; a metric with no spread at all, such as peak "
+                     "memory, is compared exactly); more repeats can settle an UNKNOWN")  # fmt: skip
+    return missing, notes
+
+
+def fingerprint_line(result: PairResult) -> str | None:
+    """What to say about the environment when no difference is listed (None when differences are listed)."""
+    if result.no_fingerprint:
+        what = "golden-values files" if len(result.no_fingerprint) > 1 else "a golden-values file"
+        return (f"no fingerprint recorded for {' and '.join(result.no_fingerprint)} ({what}): "
+                "environment and GPU not compared")  # fmt: skip
+    return None if result.fingerprint_diff else "no difference in the recorded environment"
+
+
 def compare_pair(a: Point, b: Point, metrics: tuple[Metric, ...], min_effect: float) -> PairResult:
     decisions = {m.name: stats.compare_samples(_samples(a, m), _samples(b, m), min_effect) for m in metrics}
     diagnosis = stats.diagnose(decisions, "step_time", ("peak_alloc", "peak_reserved"), "final_loss")
-    return PairResult(a, b, decisions, diagnosis, fingerprint_diff(a, b))
+    missing, notes = side_notes(a, b)
+    diff = [] if missing else fingerprint_diff(a, b)
+    return PairResult(a, b, decisions, diagnosis, diff, missing, notes)
 
 
 def compare_campaigns(workspace: Path, a: str, b: str, *, metrics: list[str] | None = None,
                       min_effect: float = stats.MIN_EFFECT, pairs: list[str] | None = None,
                       allow_different_hardware: bool = False) -> Comparison:  # fmt: skip
-    """Load both campaigns from the workspace's store, match their points and decide every metric."""
+    """Load both sides (campaigns from the workspace's store, or golden-values files), match their points and
+    decide every metric."""
     unknown = [m for m in metrics or [] if m not in METRIC_NAMES]
     if unknown:
         raise UsageError(f"--metric {', '.join(unknown)}: unknown (choose from {', '.join(METRIC_NAMES)})")
     if not 0 <= min_effect < 1:
         raise UsageError(f"--min-effect {min_effect}: must be a fraction in [0, 1), e.g. 0.01 for 1%")
     chosen = tuple(m for m in METRICS if not metrics or m.name in metrics)
-    with Store(workspace, create=False) as store:
-        points_a, points_b = load_points(store, a), load_points(store, b)
+    points_a, points_b = load_sides(workspace, a, b)
     matched, unmatched = match_points(points_a, points_b, pairs or [])
     if not matched:
-        raise UsageError(f"no point of {a!r} matches a point of {b!r} by swept values (use --pair A:B)")
+        hint = (
+            f"; a golden-values file is the point {GOLDEN_POINT!r}" if golden_ref(a) or golden_ref(b) else ""
+        )
+        raise UsageError(f"no point of {a!r} matches a point of {b!r} by swept values (use --pair A:B{hint})")
     for left, right in matched:
         if not left.repeats or not right.repeats:
             empty = left if not left.repeats else right
             raise UsageError(f"{empty.campaign} point {empty.point_id} has no completed repeat to compare")
-        check_hardware(left, right, allow_different_hardware)
+        if "golden" not in (left.source, right.source):  # a golden file records no GPU
+            check_hardware(left, right, allow_different_hardware)
     results = [compare_pair(left, right, chosen, min_effect) for left, right in matched]
     return Comparison(a, b, min_effect, results, unmatched)
 
@@ -295,12 +379,12 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
     for r in comparison.pairs:
         pairs.append({
             "a": {"campaign": r.a.campaign, "point_id": r.a.point_id, "label": r.a.label, "params": r.a.params,
-                  "repeats": [x.cell_id for x in r.a.repeats]},
+                  "repeats": [x.cell_id for x in r.a.repeats], "source": r.a.source},
             "b": {"campaign": r.b.campaign, "point_id": r.b.point_id, "label": r.b.label, "params": r.b.params,
-                  "repeats": [x.cell_id for x in r.b.repeats]},
+                  "repeats": [x.cell_id for x in r.b.repeats], "source": r.b.source},
             "metrics": {name: d.to_dict() for name, d in r.decisions.items()},
             "worse": r.worse(), "unknown": r.unknown(), "diagnosis": r.diagnosis,
-            "fingerprint_diff": r.fingerprint_diff,
+            "fingerprint_diff": r.fingerprint_diff, "no_fingerprint": r.no_fingerprint, "notes": r.notes,
         })  # fmt: skip
     return {"a": comparison.a, "b": comparison.b, "min_effect": comparison.min_effect, "pairs": pairs,
             "unmatched": comparison.unmatched, "exit_code": comparison.exit_code}  # fmt: skip
@@ -321,6 +405,8 @@ def to_markdown(comparison: Comparison) -> str:
                          f"{fmt_change(d)} | {fmt_ci(d)} | {p} | {verdict_word(d, by_name[name])} |")  # fmt: skip
         lines.append("")
         notes = [f"fingerprint differs: {md_text(x)}" for x in r.fingerprint_diff]
+        notes += [f"fingerprint: {md_text(x)}" for x in [fingerprint_line(r)] if x and r.no_fingerprint]
+        notes += [f"note: {md_text(x)}" for x in r.notes]
         notes += [f"diagnosis: {md_text(x)}" for x in r.diagnosis] + [md_text(x) for x in advice(r)]
         lines += [f"- {x}" for x in notes] + ([""] if notes else [])
     lines += [f"- unmatched: {md_text(x)}" for x in comparison.unmatched]

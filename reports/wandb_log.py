@@ -234,55 +234,12 @@ def log_attempt(
     if settings.mode == "disabled":
         return None
     what = f"{campaign}/{cell.cell_id}/a{cell.attempt}"
-    if settings.mode == "online" and _online_failure:
-        since, reason = _online_failure[-1]
-        if time.monotonic() - since < ONLINE_RETRY_S:
-            _warn(
-                f"W&B logging of {what} skipped: online W&B failed {time.monotonic() - since:.0f} s ago ({reason})",
-                on_warning,
-            )
-            return None
+    if _online_recently_failed(settings, what, on_warning):
+        return None
     run = None
     stage = "start"
     try:
-        import wandb  # lazy: importing wandb costs about a second
-
-        run_config = scrub(dict(config))
-        run_config["mbx"] = {
-            "campaign": campaign,
-            "cell_id": cell.cell_id,
-            "point_id": cell.point_id,
-            "repeat": cell.repeat,
-            "attempt": cell.attempt,
-            "params": scrub(dict(cell.params)),
-            "run_dir": cell.run_dir,
-        }
-        run_dir = Path(settings.dir) if settings.dir else Path(workspace_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        run = wandb.init(
-            project=settings.project,
-            entity=settings.entity,
-            group=campaign,
-            name=f"{campaign}/{cell.cell_id}/a{cell.attempt}",
-            job_type="benchmark",
-            tags=list(settings.tags),
-            config=run_config,
-            mode=settings.mode,
-            dir=str(run_dir),
-            reinit="create_new",  # never finish or reuse a run the caller may have open
-            settings=wandb.Settings(
-                console="off",  # do not capture the caller's stdout/stderr
-                silent=True,  # no banner: the caller reports what happened
-                x_disable_stats=True,  # no system-metrics sampler process
-                x_disable_meta=True,  # no host/argv/git metadata: argv may hold secrets
-                x_disable_machine_info=True,
-                x_save_requirements=False,
-                disable_git=True,
-                save_code=False,
-                disable_job_creation=True,
-                init_timeout=30,  # online without network: fail after 30 s, once per process
-            ),
-        )
+        run = _init_run(settings, campaign, cell, config, workspace_dir)
         stage = "log"
         run.define_metric("step")
         run.define_metric("*", step_metric="step")
@@ -317,3 +274,61 @@ def log_attempt(
                 run.finish(exit_code=1)
             except Exception:  # already failing: keep the first error
                 pass
+
+
+def _online_recently_failed(settings: WandbSettings, what: str, on_warning: Callable[[str], None] | None) -> bool:
+    """Whether an online run failed to start less than ONLINE_RETRY_S ago (then skip at once, with a warning)."""
+    if settings.mode != "online" or not _online_failure:
+        return False
+    since, reason = _online_failure[-1]
+    if time.monotonic() - since >= ONLINE_RETRY_S:
+        return False
+    _warn(
+        f"W&B logging of {what} skipped: online W&B failed {time.monotonic() - since:.0f} s ago ({reason})",
+        on_warning,
+    )
+    return True
+
+
+def _init_run(
+    settings: WandbSettings, campaign: str, cell: CellView, config: dict[str, Any], workspace_dir: Path
+) -> Any:
+    """wandb.init for one attempt: scrubbed config, no console capture, no metadata, no system sampler."""
+    import wandb  # lazy: importing wandb costs about a second
+
+    run_config = scrub(dict(config))
+    run_config["mbx"] = {
+        "campaign": campaign,
+        "cell_id": cell.cell_id,
+        "point_id": cell.point_id,
+        "repeat": cell.repeat,
+        "attempt": cell.attempt,
+        "params": scrub(dict(cell.params)),
+        "run_dir": cell.run_dir,
+    }
+    run_dir = Path(settings.dir) if settings.dir else Path(workspace_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return wandb.init(
+        project=settings.project,
+        entity=settings.entity,
+        group=campaign,
+        name=f"{campaign}/{cell.cell_id}/a{cell.attempt}",
+        job_type="benchmark",
+        tags=list(settings.tags),
+        config=run_config,
+        mode=settings.mode,
+        dir=str(run_dir),
+        reinit="create_new",  # never finish or reuse a run the caller may have open
+        settings=wandb.Settings(
+            console="off",  # do not capture the caller's stdout/stderr
+            silent=True,  # no banner: the caller reports what happened
+            x_disable_stats=True,  # no system-metrics sampler process
+            x_disable_meta=True,  # no host/argv/git metadata: argv may hold secrets
+            x_disable_machine_info=True,
+            x_save_requirements=False,
+            disable_git=True,
+            save_code=False,
+            disable_job_creation=True,
+            init_timeout=30,  # online without network: fail after 30 s, once per process
+        ),
+    )

@@ -11,6 +11,10 @@ Goldens never say whether an iteration was skipped or NaN: rows keep `skipped`/`
 Megatron-Bridge goldens: `{"0": {"lm loss", "elapsed time per iteration (ms)", "GPU utilization"}, ...,
 "alloc": GB, "max_alloc": GB}`; keys are 0-based step indices, so step = key + 1 (key "0" is the
 first iteration, the warm-up one), and `alloc`/`max_alloc` are decimal GB (mem-*-gigabytes).
+
+Writing (`lm_document`): the reader keeps each Megatron-LM series' layout (start/end/interval, every step the
+file lists, list or dict form) and the file's scalar keys, so a file read and written back is the same JSON;
+`rows_layout` gives step rows of a run (mbx metrics.jsonl rows included) the layout of a new golden file.
 """
 
 from __future__ import annotations
@@ -41,6 +45,17 @@ BRIDGE_METRICS: dict[str, str] = {
 _GPU_RE = re.compile(r"^(?:[A-Z]{1,2}\d{2,3}[A-Z]?|RTX\w*|MI\d{3}\w*)$")
 
 
+@dataclass(frozen=True)
+class SeriesLayout:
+    """How a Megatron-LM golden file lays out one metric: its header and every step it lists, "nan" ones too."""
+
+    start_step: int
+    end_step: int
+    step_interval: int
+    steps: tuple[int, ...]
+    as_list: bool = False  # the legacy schema: values is a list on the start + i × interval grid
+
+
 @dataclass
 class GoldenValues:
     """Rows (one per step that has at least one value) and file-level scalars of a golden file."""
@@ -50,6 +65,8 @@ class GoldenValues:
     scalars: dict[str, float] = field(default_factory=dict)
     points: dict[str, int] = field(default_factory=dict)  # metric → values present
     missing: dict[str, int] = field(default_factory=dict)  # metric → "nan" (no value) points
+    layout: dict[str, SeriesLayout] = field(default_factory=dict)  # Megatron-LM series, in file order
+    scalar_keys: tuple[str, ...] = ()  # the file's own top-level scalars (not derived ones), in file order
 
     def series(self, key: str) -> dict[int, float]:
         """step → value of a row field, or of an `extra` key, where present."""
@@ -105,6 +122,7 @@ def _read_lm(data: dict[str, Any], series: dict[str, dict[str, Any]]) -> GoldenV
     by_step: dict[int, Row] = {}
     points: dict[str, int] = {}
     missing: dict[str, int] = {}
+    layout: dict[str, SeriesLayout] = {}
     for metric, spec in series.items():
         values = spec["values"]
         if isinstance(values, list):
@@ -112,6 +130,7 @@ def _read_lm(data: dict[str, Any], series: dict[str, dict[str, Any]]) -> GoldenV
             pairs = [(start + i * interval, v) for i, v in enumerate(values)]
         else:
             pairs = [(int(k), v) for k, v in values.items()]
+        layout[metric] = _layout(spec, [step for step, _ in pairs], isinstance(values, list))
         target, extra_key, scale = LM_METRICS.get(metric, (None, metric, 1.0))
         points[metric] = missing[metric] = 0
         for step, raw in pairs:
@@ -132,10 +151,18 @@ def _read_lm(data: dict[str, Any], series: dict[str, dict[str, Any]]) -> GoldenV
         value = _value(raw)
         if key not in series and value is not None:
             scalars[key] = value
+    own = tuple(scalars)
     if "iteration_timing_avg" in scalars:
         scalars["step_time_ms"] = scalars["iteration_timing_avg"] * 1000.0
     rows = [by_step[s] for s in sorted(by_step)]
-    return GoldenValues("megatron-lm-legacy" if legacy else "megatron-lm", rows, scalars, points, missing)
+    schema = "megatron-lm-legacy" if legacy else "megatron-lm"
+    return GoldenValues(schema, rows, scalars, points, missing, layout, own)
+
+
+def _layout(spec: dict[str, Any], steps: list[int], as_list: bool) -> SeriesLayout:
+    first, last = (steps[0], steps[-1]) if steps else (0, 0)
+    return SeriesLayout(int(spec.get("start_step", first)), int(spec.get("end_step", last)),
+                        int(spec.get("step_interval", 1)), tuple(steps), as_list)  # fmt: skip
 
 
 def _read_bridge(data: dict[str, Any]) -> GoldenValues:
@@ -168,6 +195,73 @@ def _read_bridge(data: dict[str, Any]) -> GoldenValues:
         scalars["mem_max_allocated_gib"] = gb_to_gib(scalars["max_alloc"])
     rows.sort(key=lambda r: r["step"])
     return GoldenValues("megatron-bridge", rows, scalars, points, missing)
+
+
+# ---- writing Megatron-LM golden values ---------------------------------------------------------------------
+def _row_value(row: Row, metric: str) -> float | None:
+    """The row's value of a golden metric in the row's unit: its contract field, else its extra (nested in
+    `extra` for parsed rows, top-level in metrics.jsonl rows)."""
+    target, extra_key, _scale = LM_METRICS.get(metric, (None, metric, 1.0))
+    raw = row.get(target) if target else (row.get("extra") or {}).get(extra_key, row.get(extra_key))
+    return _value(raw)
+
+
+def _unscale(value: float, scale: float) -> float:
+    """A row value back in the golden file's unit: the shortest decimal that the reader's scaling maps to
+    exactly `value` (a file's 8.99025 s, read as 8990.25 ms, is written as 8.99025, not 8.990250000000001)."""
+    if scale == 1.0:
+        return value
+    raw = value / scale
+    for digits in range(1, 18):
+        candidate = float(f"{raw:.{digits}g}")
+        if candidate * scale == value:
+            return candidate
+    return raw
+
+
+def rows_layout(rows: list[Row], metrics: tuple[str, ...] = tuple(LM_METRICS)) -> dict[str, SeriesLayout]:
+    """A golden layout for step rows: each metric that has a value, from its first to its last such step over
+    every step the rows list (a step without the value is written "nan"), the interval the smallest step gap."""
+    steps = sorted({int(row["step"]) for row in rows if isinstance(row.get("step"), int)})
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+    interval = min(gaps) if gaps else 1
+    layout: dict[str, SeriesLayout] = {}
+    for metric in metrics:
+        have = [
+            row["step"]
+            for row in rows
+            if isinstance(row.get("step"), int) and _row_value(row, metric) is not None
+        ]
+        if have:
+            first, last = min(have), max(have)
+            span = tuple(s for s in steps if first <= s <= last)
+            layout[metric] = SeriesLayout(first, last, interval, span)
+    return layout
+
+
+def lm_document(golden: GoldenValues) -> dict[str, Any]:
+    """The Megatron-LM golden-values JSON of `golden`: each series of its layout with the rows' values in the
+    file's unit ("nan" where a listed step has none; a list in the legacy form), then the file's scalars."""
+    if golden.schema not in ("megatron-lm", "megatron-lm-legacy", "empty"):
+        raise ValueError(f"cannot write a {golden.schema} golden file as Megatron-LM golden values")
+    by_step = {row["step"]: row for row in golden.rows}
+    doc: dict[str, Any] = {}
+    for metric, layout in golden.layout.items():
+        scale = LM_METRICS.get(metric, (None, None, 1.0))[2]
+        values: list[float | str] = []
+        for step in layout.steps:
+            value = _row_value(by_step[step], metric) if step in by_step else None
+            values.append("nan" if value is None else _unscale(value, scale))
+        doc[metric] = {
+            "start_step": layout.start_step,
+            "end_step": layout.end_step,
+            "step_interval": layout.step_interval,
+            "values": values
+            if layout.as_list
+            else {str(s): v for s, v in zip(layout.steps, values, strict=True)},
+        }
+    doc.update({key: golden.scalars[key] for key in golden.scalar_keys})
+    return doc
 
 
 def read_card(path: str | os.PathLike[str]) -> list[CardFigure]:
@@ -217,4 +311,12 @@ def _walk_card(node: Any, path: list[str], inherited: dict[str, Any], out: list[
             _walk_card(child, [*path, str(key)], here, out)
 
 
-__all__ = ["CardFigure", "GoldenValues", "read_card", "read_golden_values"]
+__all__ = [
+    "CardFigure",
+    "GoldenValues",
+    "SeriesLayout",
+    "lm_document",
+    "read_card",
+    "read_golden_values",
+    "rows_layout",
+]
