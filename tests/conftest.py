@@ -11,6 +11,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# A stand-in for Megatron-LM's pretrain_gpt.py that replays a real log, and the real log it replays by default.
+FAKE_MEGATRON = ROOT / "tests" / "fixtures_cmd" / "fake_megatron.py"
+MEGATRON_LOG = ROOT / "tests" / "data" / "megatron" / "logs" / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"
 
 # A recipe small enough that one CPU step takes milliseconds.
 TINY_MOE_RECIPE = {

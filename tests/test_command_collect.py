@@ -7,20 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import MEGATRON_LOG, ROOT
 
 from orchestrator.trainers.command import finalize_command_attempt
 from reports.parsers import parse_log, parse_rank_logs
 from reports.parsers.follow import LogFollower
 
-LOG = (
-    ROOT
-    / "tests"
-    / "data"
-    / "megatron"
-    / "logs"
-    / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"
-)
+LOG = MEGATRON_LOG
 RECIPE = {"kind": "command", "log_format": "auto", "steps": None}
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, TINY_MOE_RECIPE
+from conftest import MEGATRON_LOG, ROOT, TINY_MOE_RECIPE
 
 from orchestrator import trainers
 from orchestrator.campaign import Campaign
@@ -19,14 +19,7 @@ from orchestrator.sweep import Point
 from reports.parsers.follow import LogFollower
 from trainer import rundir
 
-LOG = (
-    ROOT
-    / "tests"
-    / "data"
-    / "megatron"
-    / "logs"
-    / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"
-)
+LOG = MEGATRON_LOG
 
 
 def cell_of(campaign: Campaign, point: Point) -> CellRow:

@@ -7,20 +7,13 @@ import json
 import sqlite3
 import sys
 
-from conftest import ROOT
+from conftest import FAKE_MEGATRON, MEGATRON_LOG, ROOT
 
 from orchestrator.campaign import Retry
 from orchestrator.retry import decide
 
-FAKE = ROOT / "tests" / "fixtures_cmd" / "fake_megatron.py"
-LOG = (
-    ROOT
-    / "tests"
-    / "data"
-    / "megatron"
-    / "logs"
-    / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"
-)
+FAKE = FAKE_MEGATRON
+LOG = MEGATRON_LOG
 
 
 def test_decide_rules():

@@ -9,19 +9,12 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from conftest import ROOT, TINY_MOE_RECIPE
+from conftest import FAKE_MEGATRON, MEGATRON_LOG, TINY_MOE_RECIPE
 
 from orchestrator.store import STORE_FILE
 
-FAKE = ROOT / "tests" / "fixtures_cmd" / "fake_megatron.py"
-LOG = (
-    ROOT
-    / "tests"
-    / "data"
-    / "megatron"
-    / "logs"
-    / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"
-)
+FAKE = FAKE_MEGATRON
+LOG = MEGATRON_LOG
 
 
 def _attempts(workspace: Path) -> list[tuple]:
