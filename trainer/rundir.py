@@ -291,17 +291,23 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _bytes_or_problem(path: Path) -> tuple[bytes | None, str | None]:
+    """A file's bytes, or why they cannot be read (None, None when it is missing)."""
+    try:
+        return Path(path).read_bytes(), None
+    except FileNotFoundError:
+        return None, None
+    except IsADirectoryError:
+        return None, "is a directory, not a file"
+    except OSError as err:
+        return None, f"unreadable ({err.strerror or err})"
+
+
 def json_problem(path: Path) -> str | None:
     """Why a JSON object file that exists cannot be read (None when it is missing or fine)."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except IsADirectoryError:
-        return "is a directory, not a file"
-    except OSError as err:
-        return f"unreadable ({err.strerror or err})"
+    raw, problem = _bytes_or_problem(path)
+    if raw is None:
+        return problem
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -313,14 +319,11 @@ def json_problem(path: Path) -> str | None:
 
 def text_problem(path: Path) -> str | None:
     """Why a text file that exists cannot be read as UTF-8 (None when it is missing or fine)."""
+    raw, problem = _bytes_or_problem(path)
+    if raw is None:
+        return problem
     try:
-        Path(path).read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        return None
-    except IsADirectoryError:
-        return "is a directory, not a file"
-    except OSError as err:
-        return f"unreadable ({err.strerror or err})"
+        raw.decode("utf-8")
     except UnicodeDecodeError:
         return "not UTF-8 text"
     return None
