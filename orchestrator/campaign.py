@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from launchers.profile import Cluster, Container
+from orchestrator.parity import Parity
+from orchestrator.software import Software
 from reports.failures import FAILURE_CLASSES
 from reports.gates import GateSpec
 from reports.wandb_log import WandbSettings
@@ -265,6 +267,10 @@ class Campaign(_Strict):
     env: Env = Field(default_factory=Env, description="Trainer environment.")
     wandb: WandbSettings = Field(default_factory=WandbSettings, description="Weights & Biases logging.")
     baseline: str | None = Field(None, description="Campaign name whose cells this one is compared with.")
+    software: Software = Field(
+        default_factory=Software, description="Software versions per point (git refs, pip pins) for sweeps and bisect."
+    )
+    parity: Parity | None = Field(None, description="Numerics parity: a toggle whose on/off pairs must train the same.")
 
     def base_recipe(self, campaign_file: Path | None) -> dict[str, Any]:
         """The base recipe mapping (recipe_file, then `recipe` merged over it)."""

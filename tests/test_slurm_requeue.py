@@ -44,14 +44,17 @@ def test_requeued_job_is_a_new_attempt_of_the_same_cell(
     with slurm.campaign_in_background(file, workspace, env) as proc:
         launch = _running_launch(workspace, "qs-requeue", timeout=120)
         slurm.run("scontrol", "requeue", launch["job_id"])
+        requeued_at = time.time()
         # Slurm holds the requeued job back (BeginTime +2 min): release it, but only once the interrupted run has
         # left the node. squeue says PENDING while the old run is still completing; a job started then is killed
-        # by Slurm ("non-startable batch job: credential revoked"), which is not what this test is about.
+        # by Slurm ("non-startable batch job: credential revoked"), which is not what this test is about. So is a
+        # job started within the same second as the requeue: slurmd compares the new credential's creation time
+        # with the revocation time in whole seconds (credential revoked if ctime <= revoked), so wait 2 s more.
         deadline = time.time() + 60
         while time.time() < deadline:
             state = slurm.run("squeue", "-h", "-j", launch["job_id"], "-o", "%T", check=False).stdout.strip()
             node = slurm.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.strip()
-            if state == "PENDING" and node == "idle":
+            if state == "PENDING" and node == "idle" and time.time() - requeued_at > 2.5:
                 slurm.run("scontrol", "update", f"JobId={launch['job_id']}", "StartTime=now")
                 break
             time.sleep(0.3)
