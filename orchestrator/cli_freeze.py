@@ -1,0 +1,86 @@
+"""`mbx freeze`: the winner of a campaign (by its verdicts) with its evidence, and why every other point lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from orchestrator.options import DEFAULT_WORKSPACE, CampaignNameArg, WorkspaceOpt
+
+console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+def freeze(
+    campaign: CampaignNameArg,
+    point: Annotated[
+        str | None,
+        typer.Option(
+            "--point",
+            "-p",
+            help="Freeze this point (id, label or cell id) instead of the best.",
+            show_default=False,
+        ),  # fmt: skip
+    ] = None,
+    best: Annotated[
+        bool, typer.Option("--best", help="Freeze the best point (the default without --point).")
+    ] = True,
+    by: Annotated[str, typer.Option("--by", help="What best means: tflops | step_time.")] = "tflops",
+    tie_break: Annotated[
+        str, typer.Option(help="Among points not DIFFERENT from the leader: memory | step_time | tflops.")
+    ] = "memory",
+    min_effect: Annotated[
+        float, typer.Option(min=0.0, max=0.99, help="Smallest relative difference that counts as a win.")
+    ] = 0.01,
+    repeats: Annotated[int, typer.Option(min=1, help="Repeats in the reproducing campaign.")] = 3,
+    margin: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=0.5,
+            help="Margin of the portable gates [default: from the repeats' noise].",
+            show_default=False,
+        ),  # fmt: skip
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Directory to write [default: WORKSPACE/CAMPAIGN/frozen].", show_default=False
+        ),  # fmt: skip
+    ] = None,
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+) -> None:
+    """Freeze the winner of a campaign, with its evidence.
+
+    Best means best by the verdicts, not by a noisy mean: the leader by mean TFLOP/s/GPU (--by), then every
+    point whose difference from it is not DIFFERENT (Welch t on the repeats, 1% minimum effect) is a tie,
+    settled by the tie-break (less peak memory by default) and said so. Points with a failed or unfinished
+    repeat, NaN/skipped steps or a failed gate cannot win. Writes recipe.yaml (the resolved recipe),
+    campaign.yaml (the winner with --repeats repeats and portable gates), FROZEN.md (Frozen configuration,
+    Performance result, Validation, Rejected experiments: paste it into a PR) and frozen.json.
+
+    Example: mbx freeze quickstart --out frozen/
+    """
+    from orchestrator.errors import UsageError
+    from orchestrator.freeze import freeze as pick
+    from orchestrator.freeze_out import write_frozen
+
+    if point is not None and best:
+        raise UsageError("--point and --best: give one (without either, the best point is frozen)")
+    frozen = pick(workspace, campaign, point=point, objective=by,
+                  tie_break=tie_break, min_effect=min_effect)  # fmt: skip
+    target = out or workspace / campaign / "frozen"
+    written = write_frozen(frozen, target, repeats=repeats, margin=margin)
+    w = frozen.winner
+    console.print(
+        Text.assemble(("frozen ", "bold green"), f"{campaign} point {w.point_id} [{w.label}]: {frozen.how}")
+    )
+    for rejected in frozen.rejected:
+        console.print(
+            Text(f"  rejected {rejected.point_id} [{rejected.label}] ({rejected.kind}): {rejected.why}")
+        )
+    for path in written:
+        console.print(Text(f"  wrote {path}"))

@@ -1,0 +1,89 @@
+"""`mbx freeze`: the winner by its verdicts (a tie is said and broken by memory), why every other point lost,
+and the files it writes (a reproducing campaign that validates, FROZEN.md in a PR's shape), on a real CPU campaign."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import yaml
+from conftest import TINY_MOE_RECIPE
+
+from orchestrator.compare import METRICS, Point, Repeat
+from orchestrator.freeze import _pick_best
+
+STEP_TIME = next(m for m in METRICS if m.name == "step_time")
+MEMORY = next(m for m in METRICS if m.name == "peak_alloc")
+
+
+def _point(name: str, times: list[float], memory: float) -> Point:
+    repeats = [
+        Repeat(f"{name}-r{i}", {"step_time_ms": t, "peak_alloc_gib": memory}, [], {})
+        for i, t in enumerate(times)
+    ]
+    return Point("c", name, name, {}, [r.cell_id for r in repeats], repeats)
+
+
+def test_a_clear_winner_is_named_with_its_confidence() -> None:
+    fast, slow = (
+        _point("fast", [100.0, 100.4, 99.8, 100.1], 30),
+        _point("slow", [110.0, 110.3, 109.9, 110.2], 20),
+    )
+    winner, how, tied = _pick_best([slow, fast], STEP_TIME, MEMORY, 0.01)
+    assert winner is fast and not tied
+    assert "runner-up slow differs by +10" in how and "DIFFERENT" in how and "p=" in how
+
+
+def test_points_not_different_are_a_tie_broken_by_memory() -> None:
+    a, b = _point("a", [100.0, 100.4, 99.8, 100.1], 30), _point("b", [100.2, 99.9, 100.3, 100.0], 20)
+    winner, how, tied = _pick_best([a, b], STEP_TIME, MEMORY, 0.01)
+    assert winner is b and tied == {"a", "b"}
+    assert "2 points are not DIFFERENT" in how and "lower peak allocated" in how
+
+
+def test_freeze_a_real_campaign(mbx, write_campaign, tmp_path: Path, cache_env) -> None:
+    recipe = copy.deepcopy(TINY_MOE_RECIPE)
+    recipe["training"]["steps"] = 13
+    path = write_campaign({
+        "name": "tofreeze", "trainer": {"recipe": recipe}, "collect": {"window": 10}, "wandb": {"mode": "disabled"},
+        "sweep": {"repeats": 3, "cells": [
+            {"training.seq_length": 32, "precision": "bf16"},
+            {"training.seq_length": 1024, "precision": "bf16"},  # 32× the tokens per step: clearly slower
+            {"training.seq_length": 32, "precision": "fp8"},  # refused by the trainer on a CPU: failed
+        ]},
+    })  # fmt: skip
+    workspace = tmp_path / "ws"
+    run = mbx("campaign", "run", str(path), "--workspace", str(workspace), "--no-report", env=cache_env)
+    assert run.returncode == 1, run.stdout + run.stderr  # the fp8 point failed
+
+    out = tmp_path / "frozen"
+    frozen = mbx("freeze", "tofreeze", "--by", "step_time", "--workspace", str(workspace), "--out", str(out))
+    assert frozen.returncode == 0, frozen.stdout + frozen.stderr
+    assert "seq_length=32, precision=bf16" in frozen.stdout.splitlines()[0]
+    assert "(slower): slower than the winner in step time" in frozen.stdout and "DIFFERENT" in frozen.stdout
+    assert "(failed)" in frozen.stdout and "fp8" in frozen.stdout
+
+    assert yaml.safe_load((out / "recipe.yaml").read_text())["training"]["seq_length"] == 32
+    reproduce = yaml.safe_load((out / "campaign.yaml").read_text())
+    assert reproduce["name"] == "tofreeze-frozen" and reproduce["sweep"] == {"repeats": 3}
+    assert reproduce["gates"]["step_time_ms_max"] > 0 and reproduce["gates"]["tflops_per_gpu_min"] > 0
+    assert mbx("campaign", "validate", str(out / "campaign.yaml")).returncode == 0
+    text = (out / "FROZEN.md").read_text()
+    for section in (
+        "## Frozen configuration",
+        "## Performance result",
+        "## Validation",
+        "## Rejected experiments",
+    ):
+        assert section in text
+    assert "3 repeat(s)" in text and "95% CI" in text and "skipped=0, NaN=0" in text
+    record = json.loads((out / "frozen.json").read_text())
+    assert {r["kind"] for r in record["rejected"]} == {"slower", "failed"}
+
+    refused = mbx(
+        "freeze", "tofreeze", "--point", "seq_length=32, precision=fp8", "--workspace", str(workspace)
+    )
+    assert (
+        refused.returncode == 2 and "cannot be frozen" in refused.stderr and "Traceback" not in refused.stderr
+    )
