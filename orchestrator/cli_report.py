@@ -11,8 +11,10 @@ from rich.console import Console
 from rich.text import Text
 
 from orchestrator.options import DEFAULT_WORKSPACE, CampaignNameArg, WorkspaceOpt
+from reports.views import CampaignView
 
 console = Console(highlight=False, markup=False, emoji=False)
+err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
 schema_app = typer.Typer(no_args_is_help=True, help="Print JSON Schemas of mbx files.")
 
 
@@ -24,7 +26,21 @@ def report(
         typer.Option("--out", "-o", help="Directory for the page; default <workspace>/<name>/report."),
     ] = None,
     markdown: Annotated[
-        bool, typer.Option("--markdown", "-m", help="Also print the Markdown summary (paste it into a PR).")
+        bool,
+        typer.Option(
+            "--markdown",
+            "-m",
+            help="Print the Markdown summary on stdout (paste it into a PR); the page's path goes to stderr.",
+        ),  # fmt: skip
+    ] = False,
+    wandb_report: Annotated[
+        bool,
+        typer.Option(
+            "--wandb-report",
+            help="Also build a W&B Report of the campaign's runs (wandb-workspaces): "
+            "published when the campaign's wandb.mode is online (key from WANDB_API_KEY), else its spec "
+            "is written beside the page as wandb-report.json.",
+        ),  # fmt: skip
     ] = False,
 ) -> None:
     """Write the campaign's HTML report page (works offline from disk) and print its path."""
@@ -32,11 +48,41 @@ def report(
 
     view = runner.view(workspace, name)
     page = runner.write_report(workspace, view, out)
-    if markdown:
-        from reports.markdown import markdown_summary
+    from reports.markdown import markdown_summary
 
-        typer.echo(markdown_summary(view))
-    console.print(Text(f"report: {page}"))
+    summary = markdown_summary(view)
+    if markdown:
+        typer.echo(summary)
+    where = err_console if markdown else console
+    where.print(Text(f"report: {page}"))
+    if wandb_report:
+        _wandb_report(workspace, view, summary, page.parent, where)
+
+
+def _wandb_report(workspace: Path, view: CampaignView, summary: str, folder: Path, where: Console) -> None:
+    """Build the W&B Report; publish it when online, else write its spec beside the page."""
+    import os
+
+    from orchestrator.errors import RunError
+    from orchestrator.store import Store
+    from reports.wandb_log import WandbSettings
+    from reports.wandb_report import build_report, report_spec
+
+    with Store(workspace, create=False) as store:
+        spec = (store.campaign(view.name) or {}).get("spec") or {}
+    settings = WandbSettings.model_validate(spec.get("wandb") or {})
+    built = build_report(view, settings, summary)
+    if settings.mode == "online" and os.environ.get("WANDB_API_KEY"):
+        try:
+            built.save()
+        except Exception as err:  # noqa: BLE001 - network or permission: say so, keep the page
+            raise RunError(f"the W&B Report could not be published: {type(err).__name__}: {err}") from None
+        where.print(Text(f"W&B report: {built.url}"))
+        return
+    target = folder / "wandb-report.json"
+    target.write_text(json.dumps(report_spec(built), indent=1) + "\n", encoding="utf-8")
+    why = "wandb.mode is " + settings.mode if settings.mode != "online" else "WANDB_API_KEY is not set"
+    where.print(Text(f"W&B report spec: {target} (not published: {why})"))
 
 
 @schema_app.command("campaign")
