@@ -26,6 +26,7 @@ from trainer.flops import padded_vocab_size, step_flops, tflops_per_gpu
 from trainer.green import dispatcher_stream
 from trainer.master import MasterWeights
 from trainer.model import GPT
+from trainer.moe import per_expert_grads, stacked_expert_weights
 from trainer.optim import build_optimizer, clip_divisor, grad_norm, lr_at, set_lr
 from trainer.parallelize import apply_expert_parallel, attach_dispatcher, no_sync, parallelize, unwrap
 from trainer.profiling import StepProfiler
@@ -100,6 +101,7 @@ class Trainer:
         if self.ep and self.master and self.master.fp32_main_grads:  # the hooks would move expert grads away
             raise RuntimeError("expert parallelism reduces expert gradients on the parameters: fp32 main grads "
                                "through hooks cannot be used with it")
+        self._stacked_experts = stacked_expert_weights(model)  # their grads count per expert in the grad norm
         self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist,
                                  recompute_modules=recipe.selective_modules() or None, sharded=self.expert_params)
         self.param_list = [p for p in self.model.parameters() if p.requires_grad]
@@ -209,14 +211,15 @@ class Trainer:
 
     def _grad_norm(self) -> torch.Tensor:
         """Global gradient norm (device tensor); with EP, first average the sharded experts' gradients."""
-        if self.ep is None:
-            grads = self.master.master_grads() if self.master else [p.grad for p in self.param_list
-                                                                    if p.grad is not None]
-            return grad_norm(grads)
-        self.ep.reduce_expert_grads(p.grad for p in self.expert_params)  # before any fp32 cast of them
+        if self.ep is not None:
+            self.ep.reduce_expert_grads(p.grad for p in self.expert_params)  # before any fp32 cast of them
         pairs = self.master.grads_by_param() if self.master else [(p, p.grad) for p in self.param_list]
-        dense = [g for p, g in pairs if g is not None and id(p) not in self._expert_ids]
-        experts = [g for p, g in pairs if g is not None and id(p) in self._expert_ids]
+        # Single [E, ...] expert weights count as E tensors, as discrete ones do: the same sums, bitwise.
+        pairs = per_expert_grads(pairs, self._stacked_experts)
+        if self.ep is None:
+            return grad_norm([g for _, g in pairs])
+        dense = [g for p, g in pairs if id(p) not in self._expert_ids]
+        experts = [g for p, g in pairs if id(p) in self._expert_ids]
         return self.ep.global_norm(dense, experts)
 
     @torch.no_grad()

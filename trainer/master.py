@@ -43,10 +43,6 @@ class MasterWeights:
     def to_bf16(self, model: nn.Module) -> None:
         model.to(torch.bfloat16)
 
-    def master_grads(self) -> list[torch.Tensor]:
-        """fp32 gradients of the master weights for this step (cast from the bf16 grads in bf16 mode)."""
-        return [grad for _, grad in self.grads_by_param() if grad is not None]
-
     def grads_by_param(self) -> list[tuple[nn.Parameter, torch.Tensor | None]]:
         """(model parameter, its master weight's fp32 gradient) pairs, in parameter order."""
         if not self.fp32_main_grads:

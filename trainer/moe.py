@@ -435,6 +435,37 @@ class GroupedExperts(nn.Module):
             return project(a, w2)
 
 
+def stacked_expert_weights(model: nn.Module) -> set[int]:
+    """ids of the single [E, ...] expert parameters of `model` (`expert_weights: single`).
+
+    A norm over the gradients must split these per expert (`per_expert_grads`): reduced as one tensor, a
+    stacked gradient sums its elements in another order than E separate ones, so `single` and `discrete`
+    would differ by an ulp of the grad norm, hence of the clip factor, and the runs drift apart.
+    """
+    return {
+        id(w)
+        for m in model.modules()
+        if isinstance(m, GroupedExperts) and not m.discrete
+        for w in (m.w1, m.w2)
+    }
+
+
+def per_expert_grads(
+    pairs: list[tuple[nn.Parameter, torch.Tensor | None]], stacked: set[int]
+) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """(parameter, gradient) pairs with every stacked expert gradient as its E per-expert views (no copy),
+    in expert order, exactly where `discrete` weights list their E parameters; None gradients left out."""
+    out: list[tuple[nn.Parameter, torch.Tensor]] = []
+    for param, grad in pairs:
+        if grad is None:
+            continue
+        if id(param) in stacked:
+            out += [(param, g) for g in grad.unbind(0)]
+        else:
+            out.append((param, grad))
+    return out
+
+
 class GroupedLinearExperts(nn.Module):
     """The expert MLPs of a GroupedExperts on a GroupedLinear class with Transformer Engine's interface:
     cls(num_gemms, in_features, out_features, bias=, params_dtype=, device=), parameters
