@@ -146,3 +146,16 @@ def test_settle_writes_only_what_a_resolution_calls_for(tmp_path: Path) -> None:
     before = (tmp_path / rundir.STATUS).read_bytes()
     rundir.settle(tmp_path, resolve_state(rundir.read_status(tmp_path), {"exit_code": 2}))
     assert (tmp_path / rundir.STATUS).read_bytes() == before
+
+
+def test_interrupted_reads_the_signal_key_not_the_reason_text() -> None:
+    signalled = {"state": "failed", "reason": "ValueError: x", "written_by": rundir.TRAINER, "signal": "SIGTERM"}
+    assert rundir.interrupted(signalled) and rundir.status_problems(signalled) == []
+    # a reason that merely mentions a signal is not a stop by one
+    mention = {"state": "failed", "reason": "ValueError: bad signal-to-noise", "written_by": rundir.TRAINER}
+    assert not rundir.interrupted(mention)
+    # the wrapper saw its child killed (e.g. the OOM killer): the scheduler may know why
+    killed = {"state": "failed", "reason": "trainer killed by signal 9", "exit_code": -9, "written_by": rundir.WRAPPER}
+    assert rundir.interrupted(killed) and not rundir.interrupted({**killed, "exit_code": 1})
+    assert rundir.interrupted(TRAINER_SIGNALLED), "status files written before the signal key still count"
+    assert not rundir.interrupted({**signalled, "state": "completed"})

@@ -63,7 +63,7 @@ STATUS_KEYS = frozenset({
     "state", "reason", "written_by", "failure_class", "retryable", "exit_code",
     "steps_completed", "steps_planned", "steps_logged", "skipped_iterations", "nan_iterations",
     "flops_per_step", "world_size", "device", "gpu_name", "torch_version", "params", "started_at", "ended_at",
-    "log_tail", "log_files", "launcher_status", "slurm_state", "job_id", "attempt_wrapper",
+    "log_tail", "log_files", "launcher_status", "slurm_state", "job_id", "attempt_wrapper", "signal",
 })  # fmt: skip
 
 # The environment fingerprint: the keys a report compares across cells, merged from launch.json (login side),
@@ -133,15 +133,17 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
 def trainer_status(*, state: str, reason: str | None, steps_completed: int, steps_planned: int,
                    skipped_iterations: int, nan_iterations: int, flops_per_step: float, world_size: int,
                    device: str, gpu_name: str | None, torch_version: str, params: int, started_at: float,
-                   ended_at: float) -> dict[str, Any]:
-    """The bundled trainer's status record (written with `write_status(..., TRAINER)`)."""
-    return {
+                   ended_at: float, signal: str | None = None) -> dict[str, Any]:
+    """The bundled trainer's status record (written with `write_status(..., TRAINER)`); `signal` names the
+    signal that stopped it (e.g. SIGTERM), so readers need not parse the reason."""
+    record = {
         "state": state, "reason": reason, "steps_completed": steps_completed, "steps_planned": steps_planned,
         "skipped_iterations": skipped_iterations, "nan_iterations": nan_iterations,
         "flops_per_step": float(flops_per_step), "world_size": world_size, "device": device,
         "gpu_name": gpu_name, "torch_version": torch_version, "params": params, "started_at": started_at,
         "ended_at": ended_at,
     }  # fmt: skip
+    return {**record, "signal": signal} if signal else record
 
 
 def one_line(err: BaseException) -> str:
@@ -414,9 +416,17 @@ def interrupted(status: dict[str, Any]) -> bool:
     knows better why the signal came (scancel, time limit, preemption, another rank failing)."""
     if status.get("state") == "completed":
         return False
-    reason = str(status.get("reason") or "")
-    by_wrapper = status.get("written_by") == WRAPPER and status.get("state") == "cancelled"
-    return by_wrapper or "signal" in reason or "SIGTERM" in reason or "SIGKILL" in reason
+    if status.get("signal"):  # the trainer names the signal that stopped it
+        return True
+    by_wrapper = status.get("written_by") == WRAPPER and (
+        status.get("state") == "cancelled"  # it forwarded a signal to the trainer
+        or (status.get("state") == "failed" and isinstance(status.get("exit_code"), int)
+            and status["exit_code"] < 0)  # the trainer was killed by a signal the wrapper did not send
+    )
+    # status files written before the `signal` key (mbx before 2026-12-03) say it only in their reason
+    legacy = status.get("written_by") == TRAINER and str(status.get("reason") or "").endswith(
+        ("terminated by signal SIGTERM", "terminated by signal SIGINT", "terminated by signal SIGKILL"))
+    return by_wrapper or legacy
 
 
 def resolve_state(

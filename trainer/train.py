@@ -150,6 +150,7 @@ def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
                 flops_per_step=trainer.flops.total if trainer else _flops_or_zero(recipe, world),
                 world_size=world, device=device, gpu_name=gpu_name, torch_version=torch.__version__,
                 params=trainer.params if trainer else 0, started_at=started_at, ended_at=time.time(),
+                signal=_SIGNALS_SEEN[0] if _SIGNALS_SEEN and state != "completed" else None,
             ), rundir.TRAINER)
         _KEPT_UNTIL_EXIT.append(trainer)
         distributed.teardown()
