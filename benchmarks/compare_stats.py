@@ -19,6 +19,9 @@ of the noise.
 - Power: like A/A resampled, with every B value and step time × (1 + effect), effect 2% (and 1%, 0.5%).
 - Baselines, same trials: Pinpoint's rule applied to pooled per-step samples (min(KS, Mann-Whitney) ≤ 0.01
   over 10 × n steps per side, ignoring runs), and Mann-Whitney on the n repeat values at p ≤ 0.01.
+- Until conclusive: `mbx compare --until-conclusive` simulated on resampled repeats: 2 per side, then one more
+  per side while UNKNOWN, at most 6 extra cells (n → the mean repeats per side used). Looking again after each
+  round raises the false-alarm rate above one test's (optional stopping): the A/A row measures by how much.
 - Real pairs: all 4 recorded runs per side, every metric, through orchestrator.compare (decision, diagnosis).
 """
 
@@ -100,6 +103,35 @@ def trial_set(rng: np.random.Generator, runs: list[np.ndarray], n: int, trials: 
     return row
 
 
+def _grow(
+    rng: np.random.Generator, side: stats.Samples, runs: list[np.ndarray], scale: float
+) -> stats.Samples:
+    more = pseudo_repeats(rng, runs, 1, scale)
+    return stats.Samples(side.repeats + more.repeats, side.steps + more.steps)
+
+
+def sequential_set(rng: np.random.Generator, runs: list[np.ndarray], start: int, budget: int, trials: int,
+                   effect: float = 0.0) -> dict[str, float]:  # fmt: skip
+    """`--until-conclusive` on resampled repeats: start with `start` per side, add one per side while UNKNOWN
+    and 2 extra cells fit in `budget`; final decision shares and the mean repeats per side used."""
+    counts: Counter[str] = Counter()
+    used = 0
+    for _ in range(trials):
+        a, b = pseudo_repeats(rng, runs, start), pseudo_repeats(rng, runs, start, 1 + effect)
+        spent = 0
+        d = stats.compare_samples(a, b)
+        while d.decision == stats.UNKNOWN and spent + 2 <= budget:
+            a, b = _grow(rng, a, runs, 1.0), _grow(rng, b, runs, 1 + effect)
+            spent += 2
+            d = stats.compare_samples(a, b)
+        counts["different" if d.decision == stats.DIFFERENT else d.decision] += 1
+        counts["worse"] += stats.is_bad(d, higher_is_worse=True)
+        used += len(a.repeats)
+    row = {k: counts[k] / trials for k in (*stats.DECISIONS, "worse")}
+    row.update(pinpoint_pooled_steps=float("nan"), mwu_repeats=float("nan"), mean_repeats=used / trials)
+    return row
+
+
 def real_pairs(samples: Path) -> list[dict]:
     """Base against each other point, all 4 runs per side, every metric, as `mbx compare` decides."""
     points = {}
@@ -134,6 +166,10 @@ def run(samples: Path, trials: int, seed: int) -> dict:
         for n in (2, 3, 4, 5):
             rows.append({"test": f"+{effect:.1%} slowdown", "point": "base", "n": n,
                          **trial_set(rng, pools["base"], n, trials, effect=effect)})  # fmt: skip
+    for effect in (0.0, 0.01, 0.02):
+        label = "A/A" if effect == 0 else f"+{effect:.1%} slowdown"
+        rows.append({"test": f"until-conclusive {label} (start 2, budget 6)", "point": "base", "n": 2,
+                     **sequential_set(rng, pools["base"], 2, 6, trials, effect)})  # fmt: skip
     return {"trials": trials, "seed": seed, "rows": rows, "real": real_pairs(samples)}
 
 
@@ -145,7 +181,7 @@ def print_table(result: dict) -> None:
         cells = (
             r["test"],
             r["point"],
-            str(r["n"]),
+            str(r["n"]) + (f" → {r['mean_repeats']:.2f}" if "mean_repeats" in r else ""),
             *(
                 f"{r[k]:.3f}"
                 for k in (

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from launchers.safety import refuse_control, shown
 
 SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+IMAGE_ENV = "MBX_CONTAINER_IMAGE"  # a point's own image (sweep key container.image), in its env; wins over the profile's
 
 
 class _Strict(BaseModel):
@@ -53,7 +54,13 @@ class Cluster(_Strict):
 class Container(_Strict):
     """Container the trainer runs in (pyxis/enroot srun flags)."""
 
-    image: str | None = Field(None, description="Container image (pyxis --container-image).")
+    image: str | None = Field(
+        None,
+        description=(
+            "Container image (pyxis --container-image); sweepable as container.image (Slurm launchers only: each "
+            "point's job runs its own image)."
+        ),
+    )
     mounts: list[str] = Field(
         default_factory=list, description="SRC:DST[:FLAGS] mounts (pyxis --container-mounts)."
     )
@@ -71,6 +78,11 @@ class Container(_Strict):
             if "," in mount:
                 raise ValueError(f"{shown(mount)} contains a comma (pyxis separates mounts with commas)")
         return value
+
+
+def point_image(env: dict[str, str], container: Container) -> str | None:
+    """The image a point runs in: its own (swept container.image, IMAGE_ENV in its env), else the profile's."""
+    return env.get(IMAGE_ENV) or container.image
 
 
 class SlurmProfile(BaseModel):

@@ -9,7 +9,17 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator import cli_campaign, cli_compare, cli_golden, cli_ingest, cli_report, cli_store
+from orchestrator import (
+    cli_bisect,
+    cli_campaign,
+    cli_card,
+    cli_compare,
+    cli_freeze,
+    cli_golden,
+    cli_ingest,
+    cli_report,
+    cli_store,
+)
 from orchestrator.errors import MbxError, printable
 
 app = typer.Typer(
@@ -28,9 +38,12 @@ app.add_typer(cli_campaign.app, name="campaign")
 app.command("report")(cli_report.report)
 app.command("ingest")(cli_ingest.ingest)
 app.command("compare")(cli_compare.compare)
+app.command("bisect")(cli_bisect.bisect)
 app.add_typer(cli_report.schema_app, name="schema")
 app.add_typer(cli_store.app, name="store")
 app.add_typer(cli_golden.app, name="golden")
+app.add_typer(cli_card.app, name="card")
+app.command("freeze")(cli_freeze.freeze)
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 MAX_ERRORS = 50  # problems printed per error; MBX_MAX_ERRORS=N prints more (0: all)

@@ -45,9 +45,10 @@ def validate(
 ) -> None:
     """Check a campaign file and every point of its sweep (exit 2 with `file: key: problem` lines if bad)."""
     from orchestrator.loader import load_campaign
+    from orchestrator.parity import with_parity_axes
     from orchestrator.trainers import expand
 
-    campaign = load_campaign(file)
+    campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells)
     if workspace is not None:
         from orchestrator.runner import check_baseline
@@ -67,11 +68,12 @@ def validate(
 def plan(file: CampaignFileArg, as_json: JsonOpt = False, max_cells: MaxCellsOpt = None) -> None:
     """Show the expanded points with their cell ids and world sizes; nothing is run."""
     from orchestrator.loader import load_campaign
+    from orchestrator.parity import with_parity_axes
     from orchestrator.plan_view import plan_text
     from orchestrator.sweep import swept_keys
     from orchestrator.trainers import expand
 
-    campaign = load_campaign(file)
+    campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells)
     if as_json:
         payload = [
@@ -133,9 +135,10 @@ def run(
     """
     from orchestrator import runner
     from orchestrator.loader import load_campaign
+    from orchestrator.parity import with_parity_axes
     from orchestrator.trainers import expand
 
-    campaign = load_campaign(file)
+    campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells)
     finished = runner.run_campaign(
         workspace,

@@ -8,7 +8,8 @@ from typing import Any
 
 from orchestrator.baseline import summary_from_dict
 from orchestrator.campaign import Campaign
-from orchestrator.regate import gates_of, judge_campaign
+from orchestrator.parity import PairVerdict, judge_parity
+from orchestrator.regate import gates_of, judge_campaign, run_spikes
 from orchestrator.store import AttemptRow, CellRow, Store
 from orchestrator.sweep import swept_keys
 from reports.gates import GateResult, GateSpec, evaluate
@@ -75,7 +76,8 @@ def collect_attempt(
         failure_class, evidence = classify_attempt(run_dir, facts, exit_info)
         if evidence and failure_class != "unknown" and (not reason or f"no {rundir.STATUS}" in reason):
             reason = evidence
-    gate = evaluate(gates, summary, state=state, reason=reason, baseline=baseline)
+    spikes = run_spikes(gates, run_dir, rows) if state == "completed" and rows else None
+    gate = evaluate(gates, summary, state=state, reason=reason, baseline=baseline, spikes=spikes)
     damaged = damaged_files(run_dir, metrics_problem)
     if damaged:
         reason = "; ".join([reason or state, *(f"damaged {d}" for d in damaged)])
@@ -95,7 +97,9 @@ def damaged_files(run_dir: Path, metrics_problem: str | None = None) -> list[str
         import yaml
 
         try:
-            yaml.load(recipe.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            yaml.load(
+                recipe.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+            )
         except (OSError, yaml.YAMLError, RecursionError, ValueError):
             damaged.append(f"{recipe}: not valid YAML (truncated or overwritten?)")
     return damaged
@@ -157,4 +161,25 @@ def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignVi
         source_file=record["source_file"],
         baseline=campaign.baseline,
         points=group_points(cells, lambda members: point_gates.get(members[0].point_id)),
+        parity=[v.to_dict() for v in parity_verdicts(store, name, campaign)],
     )
+
+
+def parity_verdicts(store: Store, name: str, campaign: Campaign) -> list[PairVerdict]:
+    """The campaign's parity pairs judged from their cells' latest attempts (none without a parity section)."""
+    if campaign.parity is None:
+        return []
+    latest = store.latest_attempts(name)
+
+    def rows_of(cell: CellRow) -> tuple[list[dict[str, Any]] | None, str]:
+        attempt = latest.get(cell.cell_id)
+        if attempt is None:
+            return None, f"(cell {cell.cell_id}) has not run"
+        if attempt.state != "completed":
+            return None, f"(cell {cell.cell_id}) did not complete: {attempt.state}"
+        rows, problem = rundir.read_metrics_checked(Path(attempt.run_dir))
+        if problem or not rows:
+            return None, f"(cell {cell.cell_id}) has no readable metrics{f' ({problem})' if problem else ''}"
+        return rows, ""
+
+    return judge_parity(campaign.parity, store.cells(name), rows_of)

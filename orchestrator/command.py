@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from orchestrator import software
 from orchestrator.campaign import Campaign, CommandTrainer, Resources
 from orchestrator.keys import copy_tree, deep_merge, set_path, unknown_key_problem
 from orchestrator.loader import validation_problems
@@ -23,7 +24,8 @@ PLACEHOLDER_RE = re.compile(r"\{\{|\}\}|(?<!\$)\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
 RUNTIME_NAMES = ("run_dir", "log_dir", "cell_id", "attempt")
 RESOURCE_NAMES = ("nodes", "gpus_per_node", "world_size", "time_limit_min")
 PARAMS_SLOT = "{params}"
-NAMESPACES = ("params", "resources", "env")
+NAMESPACES = ("params", "resources", "env", "software", "container")
+SOFTWARE_PLACEHOLDER = "software."  # `{software.NAME}`: a repo's worktree, filled in per attempt
 
 
 class TemplateError(ValueError):
@@ -179,14 +181,20 @@ def fill(template: list[str], lookup: dict[str, Any], keep: tuple[str, ...] = ()
     return argv
 
 
-def attempt_argv(argv: list[str], run_dir: Path, cell_id: str, attempt: int) -> list[str]:
-    """A point's argv with its per-attempt placeholders filled in (what the launcher runs)."""
-    lookup = {
+def attempt_argv(
+    argv: list[str], run_dir: Path, cell_id: str, attempt: int, paths: dict[str, str] | None = None
+) -> list[str]:
+    """A point's argv with its per-attempt placeholders filled in (what the launcher runs); `paths` gives
+    `software.NAME` → the repo's worktree (software.placeholder_paths)."""
+    lookup: dict[str, Any] = {
         "run_dir": str(run_dir),
         "log_dir": str(Path(run_dir) / "logs"),
         "cell_id": cell_id,
         "attempt": attempt,
     }
+    for name in placeholders(argv):
+        if name.startswith(SOFTWARE_PLACEHOLDER):
+            lookup[name] = (paths or {}).get(name.lower(), "")
     return fill(argv, lookup)
 
 
@@ -200,6 +208,8 @@ def split_key(key: str, style: str) -> tuple[str, str]:
         raise TemplateError(f"{key!r}: a command trainer has no recipe; sweep params.{rest} instead")
     else:
         namespace, rest = "params", key
+    if namespace in ("software", "container"):
+        return namespace, rest
     if namespace == "env" and "." in rest:
         raise TemplateError(f"{key!r}: env keys are single names, got {rest!r}")
     if namespace == "params" and style == "megatron-lm" and "." in rest:
@@ -217,10 +227,13 @@ def key_problems(campaign: Campaign, keys: list[tuple[str, str]]) -> list[str]:
         except TemplateError as err:
             problems.append(f"{where}: {err}")
             continue
+        problem = None
         if namespace == "resources":
             problem = unknown_key_problem(rest, Resources, "resources")
-            if problem:
-                problems.append(f"{where}: {problem}")
+        elif namespace in ("software", "container"):
+            problem = software.key_problem(campaign.software, key)
+        if problem:
+            problems.append(f"{where}: {problem}")
     return problems
 
 
@@ -253,6 +266,8 @@ def _assign(
     env = dict(campaign.env.values)
     for key, value in assignment.items():
         namespace, rest = split_key(key, trainer.style)
+        if namespace in ("software", "container"):
+            continue  # resolved by orchestrator/software.py
         if namespace == "env":
             env[rest] = scalar_text(value)
         elif namespace == "resources":
@@ -276,6 +291,8 @@ def _lookup(
     head, _, rest = name.partition(".")
     if name in fixed:
         return fixed[name], None
+    if head == "software":
+        raise TemplateError(f"trainer.command: {{{name}}}: {rest!r} is not a repo of software.repos")
     if head == "resources" and rest in res:
         return res[rest], None
     if head == "env" and rest:
@@ -290,7 +307,13 @@ def _lookup(
         return flat[key], key
     if bridge and any(k.startswith(key + ".") for k in flat):
         raise TemplateError(f"trainer.command: {{{name}}} is a section of params, not a value")
-    known = [*fixed, *RUNTIME_NAMES, *(f"params.{k}" for k in flat), *(f"env.{k}" for k in env)]
+    known = [
+        *fixed,
+        *RUNTIME_NAMES,
+        *(f"params.{k}" for k in flat),
+        *(f"env.{k}" for k in env),
+        "software.NAME",
+    ]
     raise TemplateError(f"trainer.command: unknown placeholder {{{name}}}; known here: {', '.join(known)}")
 
 
@@ -315,8 +338,10 @@ def command_argv(
     fixed.update({name: res[name] for name in RESOURCE_NAMES})
     lookup: dict[str, Any] = {}
     consumed: set[str] = set()
+    repos = {f"{SOFTWARE_PLACEHOLDER}{name}" for name in campaign.software.repos}
+    later = (*RUNTIME_NAMES, *sorted(repos))  # filled in per attempt
     for name in placeholders(trainer.command):
-        if name in RUNTIME_NAMES or name == "params":
+        if name in later or name == "params":
             continue
         lookup[name], key = _lookup(name, fixed, res, env, flat, bridge)
         if key is not None:
@@ -324,20 +349,26 @@ def command_argv(
     rendered = render_params({k: v for k, v in flat.items() if k not in consumed}, trainer.style)
     template = list(trainer.command)
     if PARAMS_SLOT not in template:
-        return [*fill(template, lookup, RUNTIME_NAMES), *map(_brace_escape, rendered)]
+        return [*fill(template, lookup, later), *map(_brace_escape, rendered)]
     index = template.index(PARAMS_SLOT)
-    head_argv = fill(template[:index], lookup, RUNTIME_NAMES)
-    tail_argv = fill(template[index + 1 :], lookup, RUNTIME_NAMES)
+    head_argv = fill(template[:index], lookup, later)
+    tail_argv = fill(template[index + 1 :], lookup, later)
     return [*head_argv, *map(_brace_escape, rendered), *tail_argv]
 
 
 def resolve_point(
-    campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str = ""
+    campaign: Campaign,
+    assignment: dict[str, Any],
+    campaign_file: Path | None,
+    where: str = "",
+    versions: dict[str, str] | None = None,
 ) -> ResolvedPoint:
-    """The argv, env and resources of one point (sweep assignment applied). Raises PointProblems."""
+    """The argv, env and resources of one point (sweep assignment applied; `versions`: its software env,
+    orchestrator/software.py). Raises PointProblems."""
     trainer = command_trainer(campaign)
     try:
         params, resources_doc, env = _assign(campaign, assignment)
+        env.update(versions or {})
         resources = Resources.model_validate(resources_doc)
         res = resources.model_dump(mode="json")
         res["world_size"] = resources.nodes * resources.gpus_per_node
@@ -358,7 +389,7 @@ def resolve_point(
     identity = {
         "trainer": "command",
         "argv": argv,
-        "env": env,
+        "env": software.identity_env(env),
         "resources": resources.model_dump(mode="json", exclude_defaults=True),
     }
     return ResolvedPoint(recipe, resources.model_dump(mode="json"), env, identity)

@@ -7,8 +7,13 @@ swept values (`CellRow.params`), or the single point of each side, or explicit `
 ids. A side that is a path ending in .json that exists is a Megatron-LM (or Bridge) golden-values file: one
 point (`golden`) with one repeat of per-step samples and no fingerprint, so the single-repeat rule of
 reports/compare.py decides (never SAME; DIFFERENT only for a large effect) and hardware is not checked.
+Each metric has a practical threshold (`--min-effect`, per metric too: `2%,final_loss=0.5%`). Besides the
+signature of the decisions, the diagnosis reads the whole step curves of every repeat: the loss diverging
+from a step, grad-norm spikes only one side has (reports/compare.py on reports/numerics.py).
 Exit code: 0 every metric SAME (or below the practical threshold, or better), 1 a DIFFERENT in the bad
-direction, 3 an UNKNOWN and nothing bad, 2 bad input.
+direction, 3 an UNKNOWN and nothing bad, 2 bad input. `write_page` writes the comparison page
+(reports/compare_page.py); `write_baseline_page` the page of a campaign against its `baseline:`. Runs of
+campaign files (`--run`) and extra repeats (`--until-conclusive`) are orchestrator/interleave.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 from orchestrator.baseline import params_key
 from orchestrator.collect import summary_from_dict
-from orchestrator.errors import UsageError
+from orchestrator.errors import RunError, UsageError
 from orchestrator.golden import load_golden
 from orchestrator.store import CellRow, Store
 from reports import compare as stats
@@ -68,6 +73,7 @@ class Repeat:
     summary: dict[str, Any]
     window: list[dict[str, Any]]
     fingerprint: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)  # every step (curves: loss, grad norm)
 
 
 @dataclass
@@ -106,6 +112,7 @@ class Comparison:
     min_effect: float
     pairs: list[PairResult]
     unmatched: list[str]
+    min_effects: dict[str, float] = field(default_factory=dict)  # per-metric thresholds (others: min_effect)
 
     @property
     def exit_code(self) -> int:
@@ -142,7 +149,7 @@ def _repeat(store: Store, name: str, cell: CellRow, attempt: Any, window: int) -
         if stored is None:
             return None
         summary = stored.to_dict()
-    return Repeat(cell.cell_id, summary, window_rows(rows, window), _fingerprint(run_dir))
+    return Repeat(cell.cell_id, summary, window_rows(rows, window), _fingerprint(run_dir), rows)
 
 
 def load_points(store: Store, name: str) -> list[Point]:
@@ -177,7 +184,7 @@ def golden_point(path: Path, window: int) -> Point:
     for key, scalar in (("peak_alloc_gib", "mem_max_allocated_gib"), ("step_time_ms", "step_time_ms")):
         if summary.get(key) is None and scalar in golden.scalars:  # Bridge's max_alloc, legacy timing average
             summary[key] = golden.scalars[scalar]
-    repeat = Repeat(path.name, summary, window_rows(golden.rows, window), {})
+    repeat = Repeat(path.name, summary, window_rows(golden.rows, window), {}, golden.rows)
     return Point(
         path.name, GOLDEN_POINT, f"golden values, {golden.schema}", {}, [path.name], [repeat], "golden"
     )
@@ -294,24 +301,63 @@ def fingerprint_line(result: PairResult) -> str | None:
     return None if result.fingerprint_diff else "no difference in the recorded environment"
 
 
-def compare_pair(a: Point, b: Point, metrics: tuple[Metric, ...], min_effect: float) -> PairResult:
-    decisions = {m.name: stats.compare_samples(_samples(a, m), _samples(b, m), min_effect) for m in metrics}
+def curve_diagnosis(a: Point, b: Point, loss_tolerance: float) -> list[str]:
+    """Lines from the whole step curves: the loss diverging from a step, grad-norm spikes on either side."""
+    runs_a, runs_b = [r.rows for r in a.repeats], [r.rows for r in b.repeats]
+    divergence = stats.loss_divergence(runs_a, runs_b, loss_tolerance)
+    return ([divergence] if divergence else []) + stats.grad_norm_spikes(runs_a, runs_b)
+
+
+def compare_pair(a: Point, b: Point, metrics: tuple[Metric, ...], min_effect: float,
+                 min_effects: dict[str, float] | None = None) -> PairResult:  # fmt: skip
+    effects = {m.name: (min_effects or {}).get(m.name, min_effect) for m in metrics}
+    decisions = {
+        m.name: stats.compare_samples(_samples(a, m), _samples(b, m), effects[m.name]) for m in metrics
+    }
     diagnosis = stats.diagnose(decisions, "step_time", ("peak_alloc", "peak_reserved"), "final_loss")
+    diagnosis += curve_diagnosis(a, b, (min_effects or {}).get("final_loss", min_effect))
     missing, notes = side_notes(a, b)
     diff = [] if missing else fingerprint_diff(a, b)
     return PairResult(a, b, decisions, diagnosis, diff, missing, notes)
 
 
+def parse_min_effect(text: str) -> tuple[float, dict[str, float]]:
+    """`--min-effect`: a default and per-metric thresholds, e.g. `0.01`, `2%`, `step_time=1%,final_loss=0.5%`
+    or `2%,final_loss=0.5%` (a fraction, or a percentage with %)."""
+    default, per_metric = stats.MIN_EFFECT, {}
+    for part in (p.strip() for p in str(text).split(",")):
+        name, sep, value = part.rpartition("=")
+        if sep and name.strip() not in METRIC_NAMES:
+            raise UsageError(f"--min-effect {text}: unknown metric {name.strip()!r} "
+                             f"(choose from {', '.join(METRIC_NAMES)})")  # fmt: skip
+        try:
+            number = float(value.strip().rstrip("%")) / (100 if value.strip().endswith("%") else 1)
+        except ValueError:
+            raise UsageError(f"--min-effect {text}: {value!r} is not a number (e.g. 0.01, 1%, "
+                             "step_time=1%,final_loss=0.5%)") from None  # fmt: skip
+        if sep and not 0 <= number < 1:  # the default is checked by compare_campaigns
+            raise UsageError(
+                f"--min-effect {text}: {value.strip()} must be a fraction in [0, 1), e.g. 0.01 for 1%"
+            )
+        if sep:
+            per_metric[name.strip()] = number
+        else:
+            default = number
+    return default, per_metric
+
+
 def compare_campaigns(workspace: Path, a: str, b: str, *, metrics: list[str] | None = None,
                       min_effect: float = stats.MIN_EFFECT, pairs: list[str] | None = None,
-                      allow_different_hardware: bool = False) -> Comparison:  # fmt: skip
+                      allow_different_hardware: bool = False,
+                      min_effects: dict[str, float] | None = None) -> Comparison:  # fmt: skip
     """Load both sides (campaigns from the workspace's store, or golden-values files), match their points and
-    decide every metric."""
+    decide every metric (with `min_effects[metric]`, else `min_effect`, as its practical threshold)."""
     unknown = [m for m in metrics or [] if m not in METRIC_NAMES]
     if unknown:
         raise UsageError(f"--metric {', '.join(unknown)}: unknown (choose from {', '.join(METRIC_NAMES)})")
     if not 0 <= min_effect < 1:
         raise UsageError(f"--min-effect {min_effect}: must be a fraction in [0, 1), e.g. 0.01 for 1%")
+    min_effects = dict(min_effects or {})
     chosen = tuple(m for m in METRICS if not metrics or m.name in metrics)
     points_a, points_b = load_sides(workspace, a, b)
     matched, unmatched = match_points(points_a, points_b, pairs or [])
@@ -326,8 +372,8 @@ def compare_campaigns(workspace: Path, a: str, b: str, *, metrics: list[str] | N
             raise UsageError(f"{empty.campaign} point {empty.point_id} has no completed repeat to compare")
         if "golden" not in (left.source, right.source):  # a golden file records no GPU
             check_hardware(left, right, allow_different_hardware)
-    results = [compare_pair(left, right, chosen, min_effect) for left, right in matched]
-    return Comparison(a, b, min_effect, results, unmatched)
+    results = [compare_pair(left, right, chosen, min_effect, min_effects) for left, right in matched]
+    return Comparison(a, b, min_effect, results, unmatched, min_effects)
 
 
 # ---- rendering (plain data, Markdown) ---------------------------------------------------------------------
@@ -356,11 +402,26 @@ def verdict_word(d: stats.Decision, metric: Metric) -> str:
     return d.decision.upper()
 
 
+def resolvable(decision: stats.Decision) -> bool:
+    """An UNKNOWN that more repeats can settle: values on both sides and a defined relative change (peak GPU
+    memory on a CPU is 0: no number of repeats decides it)."""
+    return (
+        decision.decision == stats.UNKNOWN
+        and decision.n_a > 0
+        and decision.n_b > 0
+        and decision.test != "none"
+    )
+
+
 def advice(result: PairResult) -> list[str]:
-    """One line per UNKNOWN metric: how many more repeats would likely settle it."""
+    """One line per UNKNOWN metric: how many more repeats would likely settle it, or why none would."""
     lines = []
     for name in result.unknown():
         d = result.decisions[name]
+        if not resolvable(d):
+            lines.append(f"{name}: not decidable ({d.reason}); more repeats will not settle it (--metric leaves "
+                         "it out)")  # fmt: skip
+            continue
         more = (
             f"{d.more_repeats} more repeat(s) per side suggested" if d.more_repeats else "many more repeats"
         )
@@ -374,7 +435,14 @@ def pair_title(result: PairResult) -> str:
            f"({b.label}, {len(b.repeats)} rep)"  # fmt: skip
 
 
+def threshold_text(comparison: Comparison) -> str:
+    """`1.0%`, or `1.0%; final_loss 0.5%` with per-metric thresholds."""
+    extra = "".join(f"; {name} {value:.1%}" for name, value in comparison.min_effects.items())
+    return f"{comparison.min_effect:.1%}{extra}"
+
+
 def to_json(comparison: Comparison) -> dict[str, Any]:
+    by_name = {m.name: m for m in METRICS}
     pairs = []
     for r in comparison.pairs:
         pairs.append({
@@ -385,9 +453,24 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
             "metrics": {name: d.to_dict() for name, d in r.decisions.items()},
             "worse": r.worse(), "unknown": r.unknown(), "diagnosis": r.diagnosis,
             "fingerprint_diff": r.fingerprint_diff, "no_fingerprint": r.no_fingerprint, "notes": r.notes,
+            "verdicts": {name: verdict_word(d, by_name[name]) for name, d in r.decisions.items()},
+            "fingerprint_line": fingerprint_line(r), "advice": advice(r),
         })  # fmt: skip
-    return {"a": comparison.a, "b": comparison.b, "min_effect": comparison.min_effect, "pairs": pairs,
-            "unmatched": comparison.unmatched, "exit_code": comparison.exit_code}  # fmt: skip
+    return {"a": comparison.a, "b": comparison.b, "min_effect": comparison.min_effect,
+            "min_effects": comparison.min_effects, "metric_labels": {m.name: m.label for m in METRICS},
+            "pairs": pairs, "unmatched": comparison.unmatched, "exit_code": comparison.exit_code}  # fmt: skip
+
+
+def write_page(comparison: Comparison, out_dir: Path) -> Path:
+    """The comparison page, DIR/index.html (reports/compare_page.py); a directory that cannot hold it → RunError
+    naming the path."""
+    from reports.compare_page import write_compare_page
+
+    try:
+        return write_compare_page(to_json(comparison), Path(out_dir).expanduser())
+    except OSError as err:
+        raise RunError(f"the comparison page was not written: {err.filename or out_dir}: "
+                       f"{err.strerror or err}") from None  # fmt: skip
 
 
 def to_markdown(comparison: Comparison) -> str:
@@ -395,7 +478,7 @@ def to_markdown(comparison: Comparison) -> str:
 
     by_name = {m.name: m for m in METRICS}
     lines = [f"### mbx compare {md_text(comparison.a)} → {md_text(comparison.b)} "
-             f"(practical threshold {comparison.min_effect:.1%})", ""]  # fmt: skip
+             f"(practical threshold {threshold_text(comparison)})", ""]  # fmt: skip
     for r in comparison.pairs:
         lines += [f"**{md_text(pair_title(r))}**", "", "| metric | A | B | Δ | 95% CI | p | decision |",
                   "|---|---:|---:|---:|---|---:|---|"]  # fmt: skip
@@ -411,3 +494,21 @@ def to_markdown(comparison: Comparison) -> str:
         lines += [f"- {x}" for x in notes] + ([""] if notes else [])
     lines += [f"- unmatched: {md_text(x)}" for x in comparison.unmatched]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def write_baseline_page(workspace: Path, name: str, out_dir: Path | None = None) -> Path | None:
+    """The comparison page of campaign `name` against its `baseline:` campaign (A = the baseline), written to
+    `out_dir` (default <workspace>/<name>/report/compare/index.html, for the campaign report to link). None
+    when the campaign has no baseline or the two cannot be compared (no matching point, no completed repeat,
+    different GPU models)."""
+    with Store(workspace, create=False) as store:
+        record = store.campaign(name) or {}
+    spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
+    baseline = spec.get("baseline")
+    if not baseline:
+        return None
+    try:
+        comparison = compare_campaigns(workspace, baseline, name)
+    except UsageError:
+        return None
+    return write_page(comparison, out_dir or Path(workspace) / name / "report" / "compare")

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from trainer.recipe import Recipe
 
-NAMESPACES = ("resources", "env")
+NAMESPACES = ("resources", "env", "software", "container")
 
 
 def copy_tree(value: Any) -> Any:
@@ -54,7 +54,8 @@ def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def split_namespace(dotted: str) -> tuple[str, str]:
-    """('recipe'|'resources'|'env', rest) for a sweep key; plain keys address the recipe."""
+    """('recipe'|'resources'|'env'|'software'|'container', rest) for a sweep key; plain keys address the recipe
+    (software.* and container.* are checked and resolved by orchestrator/software.py)."""
     head, _, rest = dotted.partition(".")
     if head in NAMESPACES and rest:
         return head, rest

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from orchestrator.baseline import baseline_for, baseline_summaries, summary_from_dict
 from orchestrator.store import TERMINAL_STATES, CellRow, Store
 from reports.gates import GateResult, GateSpec, Repeat, evaluate, judge_point
+from reports.numerics import Spike, grad_norm_spikes
+from trainer import rundir
 
 
 @dataclass
@@ -43,6 +46,22 @@ class Judged:
     points: list[PointVerdict] = field(default_factory=list)
 
 
+def run_spikes(
+    spec: GateSpec, run_dir: str | Path | None, rows: list[dict[str, Any]] | None = None
+) -> list[Spike] | None:
+    """The grad-norm spikes of an attempt when the spike gate is set (from `rows`, else its metrics.jsonl);
+    None when the gate is unset or the metrics cannot be read."""
+    if spec.grad_norm_spikes_max is None:
+        return None
+    if rows is None:
+        if run_dir is None:
+            return None
+        rows, problem = rundir.read_metrics_checked(Path(run_dir))
+        if problem:
+            return None
+    return grad_norm_spikes(rows)
+
+
 def gates_of(record: dict[str, Any]) -> GateSpec:
     """The gates of a stored campaign record."""
     return GateSpec.model_validate(record["spec"].get("gates") or {})
@@ -64,9 +83,10 @@ def judge_campaign(store: Store, name: str, spec: GateSpec, baseline: str | None
                 continue
             result = store.result(name, cell.cell_id, attempt.attempt)
             summary = summary_from_dict(result.summary) if result else None
-            repeat = Repeat(f"repeat {cell.repeat}", attempt.state, attempt.reason, summary)
+            spikes = run_spikes(spec, attempt.run_dir) if attempt.state == "completed" else None
+            repeat = Repeat(f"repeat {cell.repeat}", attempt.state, attempt.reason, summary, spikes)
             judged.gates[cell.cell_id] = evaluate(spec, summary, repeat.state, repeat.reason,
-                                                  baseline_for(baselines, cell))  # fmt: skip
+                                                  baseline_for(baselines, cell), spikes)  # fmt: skip
             judged.attempts[cell.cell_id] = attempt.attempt
             judged.stored[cell.cell_id] = result.gate if result else None
             repeats.append(repeat)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ from rich.text import Text
 from launchers.base import Launcher
 from orchestrator.baseline import baseline_summaries
 from orchestrator.campaign import Campaign
-from orchestrator.collect import campaign_view, cell_view
+from orchestrator.collect import campaign_view, cell_view, parity_verdicts
 from orchestrator.engine import Engine, Event, Outcome
 from orchestrator.errors import ConfigError, MbxError, RunError, UsageError
 from orchestrator.lock import CampaignLock
@@ -36,6 +36,8 @@ class Finished:
 
     outcome: Outcome
     points: list[PointVerdict] | None = None
+    # on/off pair verdicts (orchestrator/parity.py)
+    parity: list[dict[str, Any]] = field(default_factory=list)
 
 
 def cell_rows(campaign: Campaign, points: list[Point]) -> list[CellRow]:
@@ -218,8 +220,25 @@ def _drive(
             console.print(Text(f"report: {page}"))
         except MbxError as err:  # every cell is stored: the verdicts below still stand
             err_console.print(Text(f"warning: {err}"), soft_wrap=True)
+    pairs = record_parity(store, campaign)
     print_outcome(outcome, regated.judged.points)
-    return Finished(outcome, regated.judged.points)
+    return Finished(outcome, regated.judged.points, pairs)
+
+
+def record_parity(store: Store, campaign: Campaign, quiet: bool = False) -> list[dict[str, Any]]:
+    """Judge the campaign's parity pairs from their run dirs, store them (the `parity` table) and print one
+    line per pair (unless `quiet`)."""
+    if campaign.parity is None:
+        return []
+    pairs = [v.to_dict() for v in parity_verdicts(store, campaign.name, campaign)]
+    store.record_parity(campaign.name, pairs)
+    if not quiet:
+        for pair in pairs:
+            style = {"pass": "green", "fail": "bold red"}.get(pair["verdict"], "yellow")
+            console.print(Text.assemble("parity ", (pair["verdict"].upper(), style),
+                                        f" {pair['title']} [{pair['label']}, repeat {pair['repeat']}]: {pair['reason']}"),
+                          soft_wrap=True)  # fmt: skip
+    return pairs
 
 
 def show(progress: ProgressReporter, event: Event) -> None:
@@ -275,7 +294,18 @@ def exit_code(finished: Finished, inconclusive_ok: bool = False) -> int:
     failed, some point undecided); `inconclusive_ok` makes 3 into 0. A dry run judges nothing: 0."""
     if finished.points is None:
         return EXIT_PASS
-    return verdicts_exit_code(finished.points, inconclusive_ok, failed=bool(finished.outcome.failed))
+    code = verdicts_exit_code(finished.points, inconclusive_ok, failed=bool(finished.outcome.failed))
+    return parity_exit_code(finished.parity, code, inconclusive_ok)
+
+
+def parity_exit_code(pairs: list[dict[str, Any]], code: int, inconclusive_ok: bool = False) -> int:
+    """`code` made worse by the parity pairs: a failed pair fails (1), an undecided one is inconclusive (3)."""
+    verdicts = {p["verdict"] for p in pairs}
+    if code == EXIT_FAIL or "fail" in verdicts:
+        return EXIT_FAIL
+    if verdicts - {"pass"} and not inconclusive_ok:
+        return EXIT_INCONCLUSIVE
+    return code
 
 
 def verdicts_exit_code(points: list[PointVerdict], inconclusive_ok: bool = False, failed: bool = False) -> int:
@@ -292,7 +322,10 @@ def view(workspace: Path, name: str, with_rows: bool = True) -> CampaignView:
     with Store(workspace, create=False) as store:
         _record(store, name)
         regate(store, name)
-        return campaign_view(store, name, with_rows=with_rows)
+        campaign = campaign_view(store, name, with_rows=with_rows)
+        if campaign.parity:
+            store.record_parity(name, campaign.parity)  # `mbx report`: the parity verdicts stored again
+        return campaign
 
 
 def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Regated:

@@ -102,6 +102,19 @@ CREATE TABLE results (
     FOREIGN KEY (campaign, cell_id, attempt) REFERENCES attempts(campaign, cell_id, attempt)
 );
 """
+# Additive (no schema bump): parity verdicts of on/off pairs, one JSON record per pair, replaced as a whole per
+# campaign. Derived data: `mbx report` recomputes them from the run dirs (a rebuilt store starts without them).
+_PARITY_TABLE = """
+CREATE TABLE IF NOT EXISTS parity (
+    campaign TEXT NOT NULL,
+    pair_id TEXT NOT NULL,
+    ordinal INTEGER NOT NULL,
+    verdict TEXT NOT NULL,
+    detail_json TEXT NOT NULL,
+    judged_at REAL NOT NULL,
+    PRIMARY KEY (campaign, pair_id)
+)
+"""
 
 
 @dataclass(kw_only=True)
@@ -324,6 +337,7 @@ class Store:
                                   "upgrade mbx")  # fmt: skip
             elif version == 1:
                 _migrate_1_to_2(db)
+            db.execute(_PARITY_TABLE)
         if version == 1:
             for name in self.campaign_names():
                 self._write_manifest(self._db, name)
@@ -570,6 +584,22 @@ class Store:
                 db.execute("UPDATE campaigns SET spec_json=?, updated_at=? WHERE name=?",
                            (json.dumps(spec), time.time(), campaign))  # fmt: skip
                 self._write_manifest(db, campaign)
+
+    # parity verdicts (additive table) ------------------------------------------------------------------
+    def record_parity(self, campaign: str, verdicts: list[dict[str, Any]]) -> None:
+        """A campaign's parity pair verdicts (each a dict with `pair_id` and `verdict`), replacing the stored
+        ones, in one transaction."""
+        now = time.time()
+        with self._transaction() as db:
+            db.execute("DELETE FROM parity WHERE campaign=?", (campaign,))
+            for ordinal, verdict in enumerate(verdicts):
+                db.execute("INSERT INTO parity VALUES (?, ?, ?, ?, ?, ?)",
+                           (campaign, verdict["pair_id"], ordinal, verdict["verdict"], json.dumps(verdict), now))  # fmt: skip
+
+    def parity(self, campaign: str) -> list[dict[str, Any]]:
+        """The stored parity pair verdicts of a campaign, in their order."""
+        rows = self._rows("SELECT detail_json FROM parity WHERE campaign=? ORDER BY ordinal", (campaign,))
+        return [json.loads(r["detail_json"]) for r in rows]
 
     # ingested runs and rebuilds ------------------------------------------------------------------------
     def record_ingested(

@@ -35,6 +35,11 @@ UNKNOWN. Its CI is a t-interval on the per-step logs and ignores both autocorrel
 
 A metric with no spread on either side (peak memory is deterministic for a fixed configuration) is
 compared exactly: equal → SAME, else DIFFERENT or below-practical by the size of the change.
+
+Curves (reports/numerics.py): `loss_divergence` says from which step the mean loss curves of B and A part by
+more than their repeats' own spread and a relative tolerance, and stay apart (or part more and more);
+`grad_norm_spikes` names the steps where a repeat's grad norm jumps far above its rolling median, with the
+events (skipped or NaN steps, evaluations) just before.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from typing import Any
 
 import numpy as np
 from scipy import optimize, stats
+
+from reports.numerics import Spike, curve_gap, find_spikes
 
 SAME = "same"
 DIFFERENT = "different"
@@ -257,7 +264,8 @@ def is_bad(decision: Decision, higher_is_worse: bool) -> bool:
 
 def diagnose(decisions: dict[str, Decision], time_key: str, memory_keys: tuple[str, ...],
              loss_key: str) -> list[str]:  # fmt: skip
-    """Signature lines: time↑ with memory↓ → recompute/offload; memory↑ with time flat → an extra buffer."""
+    """Signature lines: time↑ with memory↓ → recompute/offload on; time↓ with memory↑ → off (or a buffer kept);
+    memory↑ with time flat → an extra buffer."""
     lines: list[str] = []
     time = decisions.get(time_key)
     mems = [decisions[k] for k in memory_keys if k in decisions]
@@ -268,9 +276,105 @@ def diagnose(decisions: dict[str, Decision], time_key: str, memory_keys: tuple[s
     if time_up and mem_down and time is not None:
         lines.append(f"time↑ {time.change:+.1%} with memory↓ {mem_down[0].change:+.1%}: recompute (or offload) "
                      "newly on?")  # fmt: skip
+    time_down = time is not None and time.decision == DIFFERENT and (time.change or 0) < 0
+    if time_down and mem_up and time is not None:
+        lines.append(f"time↓ {time.change:+.1%} with memory↑ {mem_up[0].change:+.1%}: recompute (or offload) newly "
+                     "off, or an unfused path keeping a large buffer (e.g. full fp32 logits)?")  # fmt: skip
     if mem_up and time_flat:
         lines.append(f"memory↑ {mem_up[0].change:+.1%} with time flat: an extra buffer?")
     loss = decisions.get(loss_key)
     if loss is not None and loss.decision == DIFFERENT:
         lines.append(f"final loss {loss.change:+.2%}: numerics changed (compare the loss curves)")
+    return lines
+
+
+# ---- curves: loss divergence and grad-norm spikes (reports/numerics.py) -----------------------------------
+def _curve(rows: list[dict[str, Any]], key: str) -> dict[int, float]:
+    """step → finite value of `key` in one run's rows."""
+    out = {}
+    for row in rows:
+        step, value = row.get("step"), row.get(key)
+        if isinstance(step, int) and isinstance(value, (int, float)) and math.isfinite(value):
+            out[step] = float(value)
+    return out
+
+
+def mean_curve(runs: list[list[dict[str, Any]]], key: str) -> tuple[dict[int, float], float]:
+    """The per-step mean of `key` over the runs that logged the step, and the widest per-step spread
+    (max − min) between those runs: the repeat-to-repeat noise of the curve."""
+    curves = [_curve(rows, key) for rows in runs]
+    steps = sorted(set().union(*curves)) if curves else []
+    mean, spread = {}, 0.0
+    for step in steps:
+        values = [c[step] for c in curves if step in c]
+        mean[step] = float(np.mean(values))
+        spread = max(spread, float(np.ptp(values)))
+    return mean, spread
+
+
+def loss_divergence(runs_a: list[list[dict[str, Any]]], runs_b: list[list[dict[str, Any]]],
+                    tolerance_rel: float) -> str | None:  # fmt: skip
+    """ "loss diverges from step N" when the mean loss curves part by more than the repeats' own spread and
+    `tolerance_rel` of the loss, and stay apart to the last common step (or the gap grows)."""
+    a, noise_a = mean_curve(runs_a, "loss")
+    b, noise_b = mean_curve(runs_b, "loss")
+    common = sorted(set(a) & set(b))
+    if len(common) < 3:
+        return None
+    gap = curve_gap(list(a), list(a.values()), list(b), list(b.values()),
+                    tolerance_abs=max(noise_a, noise_b), tolerance_rel=tolerance_rel)  # fmt: skip
+    last = common[-1]
+    band = max(max(noise_a, noise_b), tolerance_rel * abs(a[last]))
+    persists = abs(b[last] - a[last]) > band
+    if gap.first_outside is None or not (persists or gap.growing):
+        return None
+    trend = f"|gap| growing (p={gap.slope_p:.2g})" if gap.growing else "still apart at the last step"
+    return (f"loss diverges from step {gap.first_outside}: B − A reaches {gap.max_abs:.4g} ({gap.max_rel:.2%}), "
+            f"beyond the repeats' spread and {tolerance_rel:.1%}; {trend}")  # fmt: skip
+
+
+def _events(rows: list[dict[str, Any]]) -> dict[int, str]:
+    """What happened at a step that can explain a spike: skipped steps, NaN steps, evaluations."""
+    events = {}
+    for row in rows:
+        step = row.get("step")
+        if not isinstance(step, int):
+            continue
+        what = [w for w, key in (("skipped step", "skipped"), ("NaN step", "nan")) if row.get(key)]
+        what += ["eval"] if any(k.startswith("eval") and row.get(k) is not None for k in row) else []
+        if what:
+            events[step] = f"{' and '.join(what)} at step {step}"
+    return events
+
+
+def spikes_by_step(runs: list[list[dict[str, Any]]]) -> dict[int, list[Spike]]:
+    """Grad-norm spikes of every run (its whole curve), by step: one entry per run that spiked there."""
+    found: dict[int, list[Spike]] = {}
+    for rows in runs:
+        curve = _curve(rows, "grad_norm")
+        for spike in find_spikes(list(curve), list(curve.values()), events=_events(rows)):
+            found.setdefault(spike.step, []).append(spike)
+    return found
+
+
+def _spike_line(side: str, other: str, steps: dict[int, list[Spike]], runs: int) -> str:
+    shown = sorted(steps)[:5]
+    where = ", ".join(f"{step} ({len(steps[step])}/{runs} repeats)" for step in shown)
+    where += ", …" if len(steps) > len(shown) else ""
+    top = max((s for found in steps.values() for s in found), key=lambda s: s.score)
+    score = "∞" if math.isinf(top.score) else f"{top.score:.1f}"
+    after = f"; after {', '.join(top.preceded_by)}" if top.preceded_by else ""
+    return (f"grad-norm spikes in {side}, none in {other} at those steps: step {where} (largest {top.value:.4g} at "
+            f"step {top.step}, robust z {score}{after})")  # fmt: skip
+
+
+def grad_norm_spikes(runs_a: list[list[dict[str, Any]]], runs_b: list[list[dict[str, Any]]]) -> list[str]:
+    """Lines for the grad-norm spikes one side has and the other has not (at the same step, in no repeat):
+    spikes both sides share belong to the data or schedule, not to the change."""
+    a, b = spikes_by_step(runs_a), spikes_by_step(runs_b)
+    lines = []
+    for side, other, mine, theirs, runs in (("B", "A", b, a, runs_b), ("A", "B", a, b, runs_a)):
+        only = {step: found for step, found in mine.items() if step not in theirs}
+        if only:
+            lines.append(_spike_line(side, other, only, len(runs)))
     return lines

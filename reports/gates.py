@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from reports.numerics import Spike
 from reports.window import Summary
 
 Verdict = Literal["pass", "fail", "inconclusive"]
@@ -56,6 +57,12 @@ class GateSpec(BaseModel):
     )
     loss_rel_baseline_tol: float | None = Field(
         None, ge=0, description="|last loss − baseline last loss| ≤ this × |baseline last loss|."
+    )
+    grad_norm_spikes_max: int | None = Field(
+        None,
+        ge=0,
+        description="At most this many grad-norm spikes (robust z ≥ 6 against the rolling median/MAD of the 20 "
+        "steps before; reports/numerics.py), each named with what preceded it (eval, skipped step, LR change).",
     )
 
 
@@ -106,6 +113,7 @@ class Repeat:
     state: str
     reason: str | None
     summary: Summary | None
+    spikes: list[Spike] | None = None  # grad-norm spikes of its curve; None: not read (the gate is unset)
 
 
 CONFIDENCE = 0.95  # of the interval over repeat means
@@ -124,7 +132,9 @@ def fmt_distinct(*values: float | None) -> list[str]:
     digits = 4
     while digits < 17 and any(abs(float(f"{v:.{digits}g}") - v) > tolerance for v in finite):
         digits += 1
-    shown = (lambda v: repr(float(v))) if digits == 17 else (lambda v: f"{v:.{digits}g}")  # repr: shortest exact
+    shown = (
+        (lambda v: repr(float(v))) if digits == 17 else (lambda v: f"{v:.{digits}g}")
+    )  # repr: shortest exact
     return [_fmt(v) if v is None or not math.isfinite(v) else shown(v) for v in values]
 
 
@@ -147,7 +157,9 @@ def _bound(gate: str, values: list[float], limit: float, upper: bool, unit: str 
     """value ≤ limit (`upper`) or ≥ limit; over several repeats the whole confidence interval must be on the
     right side to pass and on the wrong side to fail, else the check is inconclusive."""
     if not values:
-        return Check(gate, None, limit, None, f"{gate}: no measured value to compare with {_fmt(limit)}{unit}")
+        return Check(
+            gate, None, limit, None, f"{gate}: no measured value to compare with {_fmt(limit)}{unit}"
+        )
     word = "maximum" if upper else "minimum"
     if len(values) == 1:
         value = values[0]
@@ -172,10 +184,11 @@ def evaluate(
     state: str = "completed",
     reason: str | None = None,
     baseline: Summary | None = None,
+    spikes: list[Spike] | None = None,
 ) -> GateResult:
     """Apply every configured gate to one attempt. A run that did not complete fails; a missing figure is
     inconclusive."""
-    return judge_point(spec, [Repeat("", state, reason, summary)], baseline)
+    return judge_point(spec, [Repeat("", state, reason, summary, spikes)], baseline)
 
 
 def judge_point(spec: GateSpec, repeats: list[Repeat], baseline: Summary | None = None) -> GateResult:
@@ -195,6 +208,8 @@ def judge_point(spec: GateSpec, repeats: list[Repeat], baseline: Summary | None 
               for r in missing]  # fmt: skip
     if summaries:
         checks += _figure_checks(spec, summaries) + _baseline_checks(spec, summaries, baseline)
+    if spec.grad_norm_spikes_max is not None and summaries:
+        checks.append(spike_check(spec.grad_norm_spikes_max, [r.spikes for r in repeats], several))
     if any(c.ok is False for c in checks):
         return GateResult("fail", checks)
     if any(c.ok is None for c in checks):
@@ -248,9 +263,13 @@ def _baseline_checks(spec: GateSpec, summaries: list[Summary], baseline: Summary
         checks.append(_bound("tflops_rel_baseline_min", values, limit, False, " TFLOP/s"))
     if spec.step_time_rel_baseline_max is not None and baseline.step_time_ms is not None:
         limit = baseline.step_time_ms * (1 + spec.step_time_rel_baseline_max)
-        checks.append(_bound("step_time_rel_baseline_max", _values(summaries, "step_time_ms"), limit, True, " ms"))
+        checks.append(
+            _bound("step_time_rel_baseline_max", _values(summaries, "step_time_ms"), limit, True, " ms")
+        )
     if spec.loss_rel_baseline_tol is not None and baseline.last_loss is not None:
-        checks.append(_loss_check(_values(summaries, "last_loss"), baseline.last_loss, spec.loss_rel_baseline_tol))
+        checks.append(
+            _loss_check(_values(summaries, "last_loss"), baseline.last_loss, spec.loss_rel_baseline_tol)
+        )
     return checks
 
 
@@ -267,9 +286,39 @@ def _loss_check(losses: list[float], base: float, tol: float) -> Check:
     if len(losses) == 1:
         shown, base_text = fmt_distinct(mean, base)
         verdict = "ok" if ok else f"exceeds {_fmt(limit)}"
-        return Check(gate, mean, base, ok, f"{gate}: |{shown} − {base_text}| = {abs(mean - base):.2g} {verdict}")
+        return Check(
+            gate, mean, base, ok, f"{gate}: |{shown} − {base_text}| = {abs(mean - base):.2g} {verdict}"
+        )
     m, lo, hi, base_text = fmt_distinct(mean, low, high, base)
     figure = f"mean {m} ({CONFIDENCE:.0%} CI {lo}–{hi}, {len(losses)} repeats) vs baseline {base_text}"
     verdict = {True: f"within ±{_fmt(limit)} ok", False: f"differs by more than {_fmt(limit)}",
                None: f"straddles ±{_fmt(limit)}: inconclusive, more repeats may decide"}[ok]  # fmt: skip
     return Check(gate, mean, base, ok, f"{gate}: {figure} {verdict}", low, high, len(losses))
+
+
+def spike_check(limit: int, spikes: list[list[Spike] | None], several: bool = False) -> Check:
+    """grad_norm_spikes_max: the worst repeat's spike count against the limit (a count, not noise); a curve
+    that was not read leaves it undecided."""
+    gate = "grad_norm_spikes_max"
+    if any(s is None for s in spikes):
+        return Check(gate, None, limit, None, f"{gate}: the grad-norm curve was not read")
+    worst = max((s for s in spikes if s is not None), key=len, default=[])
+    ok = len(worst) <= limit
+    where = ", ".join(
+        f"step {s.step} (z {s.score:.3g}"
+        + (f", after {'; '.join(s.preceded_by)}" if s.preceded_by else "")
+        + ")"
+        for s in worst[:5]
+    ) + (f", +{len(worst) - 5} more" if len(worst) > 5 else "")
+    figure = (
+        f"{len(worst)} spike(s)"
+        + (" in the worst repeat" if several else "")
+        + (f": {where}" if worst else "")
+    )
+    return Check(
+        gate,
+        float(len(worst)),
+        float(limit),
+        ok,
+        f"{gate}: {figure} " + ("ok" if ok else f"is above the maximum {limit}"),
+    )

@@ -12,6 +12,7 @@ from reports.page import (
     fingerprint_groups,
     fmt_number,
     fmt_param,
+    parity_rows,
     point_name,
     unchecked_messages,
 )
@@ -79,13 +80,17 @@ def _counts(items: list[str]) -> str:
 def _points_table(view: CampaignView, best: PointView | None) -> list[str]:
     """One row per point: a point of several repeats shows their count and the means of the completed ones."""
     with_repeats = any(len(p.repeats) > 1 for p in view.points)
-    head = ["point"] + (["repeats"] if with_repeats else []) + [md_text(a) for a in _short_axis_names(view.axes)]
+    head = (
+        ["point"] + (["repeats"] if with_repeats else []) + [md_text(a) for a in _short_axis_names(view.axes)]
+    )
     head += ["state", "TFLOP/s/GPU", "step ms", "peak alloc GiB", "loss first → last", "verdict"]
     align = ["---"] * (1 + with_repeats + len(view.axes)) + ["---", "--:", "--:", "--:", "---", "---"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for point in view.points:
         ident = md_code(point_name(point), table=True)
-        values = [f"**{ident}** ★" if point is best else ident] + ([point.repeat_count] if with_repeats else [])
+        values = [f"**{ident}** ★" if point is best else ident] + (
+            [point.repeat_count] if with_repeats else []
+        )
         values += [md_text(fmt_param(point.params[a])) if a in point.params else DASH for a in view.axes]
         values += [
             md_text(point.state),
@@ -121,6 +126,35 @@ def _gate_sections(view: CampaignView) -> list[str]:
         for point in inconclusive:
             reasons = "; ".join(md_text(m) for m in unchecked_messages(point)) or "no reason recorded"
             out.append(f"- {_point_ref(point)}: {reasons}")
+    return out
+
+
+def _parity_section(view: CampaignView) -> list[str]:
+    """The toggle matrix: one row per on/off pair, one column per metric (verdict, max |Δ|, first step exceeded)."""
+    if not view.parity:
+        return []
+    columns, rows = parity_rows(view)
+    icon = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}
+    out = ["", "### Numerics parity", "", "| pair (off → on) | combination | repeat | verdict | "
+           + " | ".join(md_code(c, table=True) for c in columns) + " |", "|---|---|--:|---|" + "---|" * len(columns)]  # fmt: skip
+    for row in rows:
+        pair = row["pair"]
+        cells = [
+            f"{icon.get(c['verdict'], '')} {md_text(c['verdict'])} {md_text(c['text'])}".strip()
+            + (f" (tol. {md_text(c['tolerance'])})" if c["tolerance"] else "")
+            for c in row["cells"]
+        ]
+        verdict = f"{icon.get(pair['verdict'], '')} {md_text(pair['verdict'])}"
+        out.append(
+            f"| {md_text(pair['title'])} | {md_text(pair['label'])} | {pair['repeat']} | {verdict} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    failed = [p for p in view.parity if p["verdict"] != "pass"]
+    out += [""] + [
+        f"- {md_text(p['verdict'])}: {md_text(p['title'])} [{md_text(p['label'])}]: {md_text(p['reason'])}"
+        for p in failed
+    ]
     return out
 
 
@@ -198,6 +232,7 @@ def markdown_summary(view: CampaignView) -> str:
     out.append("")
     out += _points_table(view, best)
     out += _gate_sections(view)
+    out += _parity_section(view)
     out += _damaged_section(view)
     out += _environment(view)
     return "\n".join(out) + "\n"

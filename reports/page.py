@@ -261,6 +261,143 @@ def _curve_figure(
     return {"id": fig_id, "title": title, "json": _figure_json(fig)}
 
 
+def _by_step(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float | None]]:
+    """Steps and values of `key` (the last row of a step wins; non-finite values as None)."""
+    by_step: dict[int, Any] = {}
+    for row in rows:
+        if isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool):
+            by_step[row["step"]] = row.get(key)
+    steps = sorted(by_step)
+    return steps, [_num(by_step[s]) for s in steps]
+
+
+def _grad_norm_figure(view: CampaignView) -> dict[str, Any] | None:
+    """Grad norm per step, one line per cell, each spike (reports/numerics.py) marked with what preceded it."""
+    import plotly.graph_objects as go
+
+    from reports.numerics import grad_norm_spikes
+
+    fig = go.Figure()
+    marks: list[tuple[int, float, str]] = []
+    for index, cell in enumerate(view.cells):
+        steps, ys = _by_step(cell.rows, "grad_norm")
+        if not any(y is not None for y in ys):
+            continue
+        colour = _PALETTE[index % len(_PALETTE)]
+        fig.add_trace(go.Scatter(x=steps, y=ys, mode="lines", name=_t(cell.cell_id), line={"color": colour, "width": 1.5},
+                                 meta=_t(cell.label), hovertemplate="%{meta}<br>step %{x}: %{y:.4g}<extra>%{fullData.name}</extra>"))  # fmt: skip
+        for spike in grad_norm_spikes(cell.rows):
+            after = f", after {'; '.join(spike.preceded_by)}" if spike.preceded_by else ""
+            marks.append(
+                (
+                    spike.step,
+                    spike.value,
+                    _t(f"{cell.cell_id}: spike at step {spike.step} (z {spike.score:.3g}{after})"),
+                )
+            )
+    if not fig.data:
+        return None
+    if marks:
+        fig.add_trace(go.Scatter(x=[m[0] for m in marks], y=[m[1] for m in marks], mode="markers", name="spike",
+                                 marker={"symbol": "x", "size": 12, "color": "#d62728"}, text=[m[2] for m in marks],
+                                 hovertemplate="%{text}<extra></extra>"))  # fmt: skip
+    title = f"Grad norm per step ({len(marks)} spike(s) marked)"
+    fig.update_layout(_layout(title, "step", "grad norm"))
+    return {"id": "fig-grad-norm", "title": title, "json": _figure_json(fig), "spikes": len(marks)}
+
+
+PARITY_FIGURES_MAX = 12  # overlaid-curve figures of parity pairs (failed pairs first)
+
+
+def _parity_figures(view: CampaignView) -> list[dict[str, Any]]:
+    """Per pair: the off and on loss curves overlaid, and their differences (loss, grad norm) on a second axis."""
+    import plotly.graph_objects as go
+
+    rows = {c.cell_id: c.rows for c in view.cells}
+    order = {"fail": 0, "inconclusive": 1, "pass": 2}
+    pairs = sorted(view.parity, key=lambda p: order.get(p["verdict"], 3))[:PARITY_FIGURES_MAX]
+    figures = []
+    for index, pair in enumerate(pairs):
+        off, on = rows.get(pair.get("off_cell") or "", []), rows.get(pair.get("on_cell") or "", [])
+        if not off or not on:
+            continue
+        fig = go.Figure()
+        for side, side_rows, dash in (("off", off, "solid"), ("on", on, "dot")):
+            steps, ys = _by_step(side_rows, "loss")
+            fig.add_trace(
+                go.Scatter(
+                    x=steps, y=ys, mode="lines", name=f"loss {side}", line={"dash": dash, "width": 1.5}
+                )
+            )
+        for metric, colour in (("loss", "#d62728"), ("grad_norm", "#9467bd")):
+            a, b = (
+                dict(zip(*_by_step(off, metric), strict=True)),
+                dict(zip(*_by_step(on, metric), strict=True)),
+            )
+            common = [s for s in sorted(set(a) & set(b)) if a[s] is not None and b[s] is not None]
+            fig.add_trace(go.Scatter(x=common, y=[b[s] - a[s] for s in common], mode="lines", yaxis="y2",  # type: ignore[operator]
+                                     name=f"Δ {metric} (on − off)", line={"color": colour, "width": 1}))  # fmt: skip
+        title = f"{pair['verdict']}: {pair['title']} [{pair['label']}]"
+        fig.update_layout(
+            _layout(
+                _t(title),
+                "step",
+                "loss",
+                yaxis2={"title": {"text": "on − off"}, "overlaying": "y", "side": "right"},
+            )
+        )
+        figures.append(
+            {
+                "id": f"fig-parity-{index}",
+                "title": title,
+                "verdict": pair["verdict"],
+                "json": _figure_json(fig),
+            }
+        )
+    return figures
+
+
+def _tolerance_text(tol: dict[str, Any] | None) -> str:
+    """A metric's tolerance in words: bitwise, or its bands and whether growth fails it."""
+    if not tol:
+        return ""
+    if tol.get("exact"):
+        return "bitwise"
+    parts = [f"{k} {tol[k]:g}" for k in ("max_abs", "max_rel") if tol.get(k) is not None]
+    return " or ".join(parts) + (", no growth" if tol.get("trend") else "")
+
+
+def parity_rows(view: CampaignView) -> tuple[list[str], list[dict[str, Any]]]:
+    """The toggle matrix: metric columns and one row per pair, each cell a verdict with its max difference, the
+    first step the tolerance was exceeded and the tolerance (also used by markdown.py)."""
+    columns = list(dict.fromkeys(m["metric"] for p in view.parity for m in p.get("metrics", [])))
+    table = []
+    for pair in view.parity:
+        by_metric = {m["metric"]: m for m in pair.get("metrics", [])}
+        cells = []
+        for metric in columns:
+            m = by_metric.get(metric)
+            if m is None:
+                cells.append(
+                    {
+                        "metric": metric,
+                        "verdict": "none",
+                        "text": DASH,
+                        "title": "not compared",
+                        "tolerance": "",
+                    }
+                )
+                continue
+            parts = [] if m["max_abs"] is None else [f"max |Δ| {m['max_abs']:.3g}"]
+            if m.get("first_exceeded") is not None:
+                parts.append(f"from step {m['first_exceeded']}")
+            tolerance = _tolerance_text((pair.get("tolerances") or {}).get(metric))
+            cells.append({"metric": metric, "verdict": m["verdict"], "text": ", ".join(parts) or DASH,
+                          "title": m["reason"], "tolerance": tolerance})  # fmt: skip
+        table.append({"pair": pair, "cells": cells})
+    return columns, table
+
+
 # ---------------------------------------------------------------- table rows
 
 
@@ -346,6 +483,7 @@ def render_report(view: CampaignView, plotly_src: str = PLOTLY_ASSET) -> str:
     for point in view.points:
         verdicts[point.verdict] = verdicts.get(point.verdict, 0) + 1
     figures_axes = _axis_figures(view, best)
+    parity_columns, parity_table = parity_rows(view)
     curves = [
         f
         for f in (
@@ -353,6 +491,7 @@ def render_report(view: CampaignView, plotly_src: str = PLOTLY_ASSET) -> str:
                 view, "step_time_ms", "fig-step-time", "Step time per step", "step time (ms)", True
             ),
             _curve_figure(view, "loss", "fig-loss", "Training loss per step", "loss"),
+            _grad_norm_figure(view) if "grad_norm_spikes_max" in view.gates or view.parity else None,
         )
         if f is not None
     ]
@@ -375,6 +514,9 @@ def render_report(view: CampaignView, plotly_src: str = PLOTLY_ASSET) -> str:
         "fmt_number": fmt_number,
         "confidence": f"{CONFIDENCE:.0%}",
         "damaged": [c for c in view.cells if c.damaged],
+        "parity_columns": parity_columns,
+        "parity_rows": parity_table,
+        "parity_figures": _parity_figures(view) if view.parity else [],
     }
     return _environment().get_template("report.html.j2").render(**context)
 

@@ -83,7 +83,9 @@ class PointView:
         return str(total) if judged == total else f"{judged}/{total}"
 
 
-def group_points(cells: list[CellView], judge: Callable[[list[CellView]], GateResult | None]) -> list[PointView]:
+def group_points(
+    cells: list[CellView], judge: Callable[[list[CellView]], GateResult | None]
+) -> list[PointView]:
     """Cells grouped by point (first-seen order), each point judged by `judge` from its repeats."""
     by_point: dict[str, list[CellView]] = {}
     for cell in cells:
@@ -114,6 +116,9 @@ class CampaignView:
     generated_at: str | None = None
     baseline: str | None = None
     points: list[PointView] = field(default_factory=list)
+    parity: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # on/off pair verdicts (orchestrator/parity.py)
 
     def __post_init__(self) -> None:
         if self.cells and not self.points:  # a view built by hand: judge its points from the cells

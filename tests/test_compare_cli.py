@@ -118,6 +118,19 @@ def test_static_capacity_needs_more_repeats(workspace: Path) -> None:
     assert "final loss" not in proc.stdout
 
 
+def test_per_metric_practical_thresholds(workspace: Path) -> None:
+    proc = compare(workspace, "base", "capacity", "--metric", "step_time", "--metric", "tflops",
+                   "--min-effect", "0.5%,step_time=5%", "--json")  # fmt: skip
+    data = json.loads(proc.stdout)
+    assert data["min_effect"] == 0.005 and data["min_effects"] == {"step_time": 0.05}
+    metrics = data["pairs"][0]["metrics"]
+    assert metrics["step_time"]["decision"] == "same"  # +1.7%, its CI inside ±5%
+    assert metrics["tflops"]["decision"] == "unknown"  # -1.7% against 0.5%: more repeats needed
+    assert proc.returncode == 3
+    table = compare(workspace, "base", "capacity", "--metric", "step_time", "--min-effect", "step_time=5%")
+    assert table.returncode == 0 and "practical threshold 1.0%; step_time 5.0%" in table.stdout
+
+
 def test_sweep_points_matched_by_swept_values_and_markdown(workspace: Path) -> None:
     proc = compare(workspace, "sweep", "sweep-fused-only", "--markdown")
     assert proc.returncode == 0, proc.stdout + proc.stderr  # fused vs fused repeats: an A/A
@@ -168,6 +181,9 @@ def test_different_hardware_is_refused_unless_allowed(workspace: Path) -> None:
         (("base", "nope"), "campaign 'nope' is not in the store"),
         (("base", "fused", "--metric", "latency"), "--metric latency: unknown"),
         (("base", "fused", "--min-effect", "5"), "--min-effect 5.0: must be a fraction"),
+        (("base", "fused", "--min-effect", "latency=1%"), "unknown metric 'latency'"),
+        (("base", "fused", "--min-effect", "step_time=x"), "'x' is not a number"),
+        (("base", "fused", "--min-effect", "final_loss=200%"), "must be a fraction in [0, 1)"),
         (("base", "fused", "--pair", "x"), "expected A_POINT_OR_CELL:B_POINT_OR_CELL"),
         (("base", "fused", "--pair", "zzz:7db0e86111"), "A has no point or cell 'zzz'"),
         (

@@ -140,3 +140,54 @@ def test_decision_json_has_no_nan() -> None:
     text = json.dumps(d.to_dict(), allow_nan=False)
     assert '"decision"' in text and all(v is None or not isinstance(v, float) or math.isfinite(v)
                                         for v in d.to_dict().values())  # fmt: skip
+
+
+# ---- curves: loss divergence and grad-norm spikes ----------------------------------------------------------
+def curve(
+    steps: int, loss: callable, grad: callable, rng: np.random.Generator, noise: float = 0.002
+) -> list[dict]:
+    return [{"step": s, "loss": loss(s) * (1 + rng.normal(0, noise)), "grad_norm": grad(s) * (1 + rng.normal(0, 0.02))}
+            for s in range(1, steps + 1)]  # fmt: skip
+
+
+def test_loss_divergence_names_the_step_the_curves_part() -> None:
+    rng = np.random.default_rng(7)
+    base = lambda s: 10.0 * 0.99**s  # noqa: E731
+    worse = lambda s: base(s) * (1 + 0.004 * max(0, s - 30))  # noqa: E731 - parts from step 30, growing
+    flat = lambda s: 1.0  # noqa: E731
+    a = [curve(60, base, flat, rng) for _ in range(3)]
+    b = [curve(60, worse, flat, rng) for _ in range(3)]
+    line = stats.loss_divergence(a, b, 0.01)
+    assert line is not None and line.startswith("loss diverges from step ")
+    step = int(line.split("from step ")[1].split(":")[0])
+    assert 31 <= step <= 36  # 1% above the repeats' spread a few steps after 30
+    assert "growing" in line
+    same = [curve(60, base, flat, rng) for _ in range(3)]
+    assert stats.loss_divergence(a, same, 0.01) is None  # A/A: inside the repeats' own spread
+
+
+def test_grad_norm_spikes_only_one_side_has() -> None:
+    rng = np.random.default_rng(3)
+    loss = lambda s: 5.0  # noqa: E731
+    shared = lambda s: 8.0 if s == 20 else 1.0  # noqa: E731 - a spike of the data: on both sides
+    new = lambda s: 9.0 if s in (20, 41) else 1.0  # noqa: E731
+    a = [curve(60, loss, shared, rng) for _ in range(2)]
+    b = [curve(60, loss, new, rng) for _ in range(2)]
+    b[1][39]["skipped"] = True  # step 40 skipped just before the spike at 41
+    lines = stats.grad_norm_spikes(a, b)
+    assert len(lines) == 1 and lines[0].startswith(
+        "grad-norm spikes in B, none in A at those steps: step 41 (2/2"
+    )
+    assert "after skipped step at step 40" in lines[0] and "step 20" not in lines[0]
+    assert stats.grad_norm_spikes(a, a) == []
+
+
+def test_time_down_memory_up_signature() -> None:
+    def d(change: float) -> stats.Decision:
+        return stats.Decision(
+            stats.DIFFERENT, change, change, change, 0.001, None, "t", 4, 4, 1.0, 1 + change, ""
+        )
+
+    lines = stats.diagnose({"t": d(-0.15), "m": d(0.17), "l": d(0.0)}, "t", ("m",), "l")
+    assert lines[0].startswith("time↓ -15.0% with memory↑ +17.0%: recompute (or offload) newly off")
+    assert not any("newly on" in line for line in lines)

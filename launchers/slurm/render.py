@@ -17,7 +17,7 @@ from typing import Any
 
 from launchers.base import LaunchSpec
 from launchers.command import ROOT, program_argv, runtime_env
-from launchers.profile import SBATCH_KEY, SlurmProfile
+from launchers.profile import IMAGE_ENV, SBATCH_KEY, SlurmProfile, point_image
 from launchers.safety import check_value, shown
 from launchers.slurm.settings import SlurmSettings
 
@@ -53,9 +53,10 @@ def shape_of(spec: LaunchSpec) -> tuple[int, int, int | None]:
 
 
 def group_by_shape(specs: list[LaunchSpec]) -> list[list[LaunchSpec]]:
-    groups: dict[tuple[int, int, int | None], list[LaunchSpec]] = {}
+    """Attempts that can share one job: the same shape and the same per-point container image (if any)."""
+    groups: dict[tuple[Any, ...], list[LaunchSpec]] = {}
     for spec in specs:
-        groups.setdefault(shape_of(spec), []).append(spec)
+        groups.setdefault((*shape_of(spec), spec.env.get(IMAGE_ENV)), []).append(spec)
     return list(groups.values())
 
 
@@ -88,7 +89,7 @@ def task_entry(
         "env": runtime_env(spec),
         "env_passed_by_name": sorted(spec.env_pass),
         "time_limit_s": wrapper_limit_s(spec.resources.time_limit_min, settings.stop_margin_s),
-        "container_image": profile.container.image,
+        "container_image": point_image(spec.env, profile.container),
         "git_sha": profile.git_sha,
     }
 
@@ -172,7 +173,9 @@ def container_mounts(profile: SlurmProfile, settings: SlurmSettings, workspace: 
     if settings.container_auto_mounts:
         for path in (str(ROOT), str(Path(workspace).resolve())):
             if "," in path or ":" in path:
-                raise ValueError(f"cannot mount {shown(path)} into the container (comma or colon in the path)")
+                raise ValueError(
+                    f"cannot mount {shown(path)} into the container (comma or colon in the path)"
+                )
             if not any(m.split(":")[0] == path for m in mounts):
                 mounts.append(f"{path}:{path}")
     return mounts
@@ -184,7 +187,8 @@ def job_request(
     """The Slurm job of a group of same-shape attempts (one array, or one NeMo-Run task)."""
     nodes, ranks, minutes = shape_of(specs[0])
     container = profile.container
-    image = check_value("container.image", container.image) if container.image else None
+    own = point_image(specs[0].env, container)  # group_by_shape: one image per group
+    image = check_value("container.image", own) if own else None
     return JobRequest(
         nodes=nodes,
         ntasks_per_node=ranks,

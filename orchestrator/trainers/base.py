@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from launchers.base import LaunchSpec, Resources
+from orchestrator import software
 from orchestrator.campaign import Campaign
-from orchestrator.sweep import Point, ResolvedPoint, expand_points
+from orchestrator.errors import ConfigError
+from orchestrator.sweep import Point, PointProblems, ResolvedPoint, expand_points
 from orchestrator.yamlio import dump_yaml
 from trainer import rundir
 
@@ -42,6 +44,21 @@ class Follower(Protocol):
     progress: Progress
 
     def update(self) -> bool: ...
+
+
+def software_env(
+    resolver: software.SoftwareResolver, assignment: dict[str, Any], where: str
+) -> dict[str, str]:
+    """The point's software env (orchestrator/software.py); a ref that does not resolve is a PointProblems."""
+    try:
+        return resolver.env(assignment)
+    except ConfigError as err:
+        raise PointProblems([f"{where}{p}" for p in err.problems]) from None
+
+
+def workspace_of(run_dir: Path) -> Path:
+    """The workspace of an attempt's run dir (<workspace>/<campaign>/<cell>/<attempt>)."""
+    return Path(run_dir).parents[2]
 
 
 def world_size(cell: CellRow) -> int:
@@ -84,8 +101,15 @@ class TrainerKind(abc.ABC):
         """The module's arguments, or the whole argv when `module` is None."""
 
     def launch_spec(self, campaign: Campaign, cell: CellRow, attempt: AttemptRow) -> LaunchSpec:
-        """What the launcher runs for this attempt of this cell."""
+        """What the launcher runs for this attempt of this cell (software paths added to its env; a per-point
+        container image refused for the local launcher, which runs no container)."""
         run_dir = Path(attempt.run_dir)
+        if attempt.launcher == "local" and software.IMAGE in cell.env:
+            raise ConfigError(
+                f"container.image: point {cell.label!r} sets image {cell.env[software.IMAGE]!r}, but the local "
+                "launcher runs no container; run it with a Slurm launcher (--launcher submitit or nemo-run)"
+            )
+        on_path = {name.lower() for name, repo in campaign.software.repos.items() if repo.pythonpath}
         return LaunchSpec(
             campaign=campaign.name,
             cell_id=cell.cell_id,
@@ -98,7 +122,7 @@ class TrainerKind(abc.ABC):
             ),
             module=self.module,
             args=self.args(cell, run_dir, attempt.attempt),
-            env=dict(cell.env),
+            env=software.launch_env(dict(cell.env), workspace_of(run_dir), on_path),
             env_pass=list(campaign.env.pass_names),
         )
 
@@ -107,7 +131,9 @@ class TrainerKind(abc.ABC):
         return cell.recipe
 
     def write_inputs(self, cell: CellRow, spec: LaunchSpec) -> None:
-        """The attempt's inputs in its run dir (recipe.yaml), before it is submitted."""
+        """The attempt's inputs in its run dir (recipe.yaml), before it is submitted; the worktrees and pip
+        overlays of its software are built first (once per workspace; later attempts reuse them)."""
+        software.ensure_built(cell.env, workspace_of(spec.run_dir))
         spec.run_dir.mkdir(parents=True, exist_ok=True)
         (spec.run_dir / rundir.RECIPE).write_text(dump_yaml(self.recipe_record(cell, spec)))
 

@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from orchestrator import software
 from orchestrator.campaign import Campaign, Resources
 from orchestrator.keys import set_path, split_namespace, unknown_key_problem
 from orchestrator.loader import validation_problems
 from orchestrator.sweep import PointProblems, ResolvedPoint, canonical_json
-from orchestrator.trainers.base import TrainerKind
+from orchestrator.trainers.base import TrainerKind, software_env
 from trainer import rundir
 from trainer.recipe import Recipe, launch_problems
 
@@ -34,6 +35,8 @@ class BundledKind(TrainerKind):
                 problem = unknown_key_problem(rest)
             elif namespace == "resources":
                 problem = unknown_key_problem(rest, Resources, "resources")
+            elif namespace in ("software", "container"):
+                problem = software.key_problem(campaign.software, key)
             else:
                 problem = None if "." not in rest else f"env keys are single names, got {rest!r}"
             if problem:
@@ -55,17 +58,21 @@ class BundledKind(TrainerKind):
             "env": dict(campaign.env.values),
         }
         valid: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+        versions = software.SoftwareResolver(campaign.software, campaign_file)
+        own = ("recipe", "resources")  # the resolved recipe and resources depend only on these swept keys
 
         def resolve(assignment: dict[str, Any], where: str) -> ResolvedPoint:
             docs = _apply(base, assignment)
-            try:  # the resolved recipe and resources depend only on the non-env swept keys
-                key = canonical_json([[k, v] for k, v in assignment.items() if split_namespace(k)[0] != "env"])
+            docs["env"].update(software_env(versions, assignment, where))
+            try:
+                key = canonical_json([[k, v] for k, v in assignment.items() if split_namespace(k)[0] in own])
             except (TypeError, ValueError):  # mapping keys of mixed types: validation says what is wrong
                 key = ""
             if not key or key not in valid:
                 valid[key] = _validate(docs, where)
             recipe, resources, recipe_id, resources_id = valid[key]
-            identity = {"trainer": "bundled", "recipe": recipe_id, "resources": resources_id, "env": docs["env"]}
+            identity = {"trainer": "bundled", "recipe": recipe_id, "resources": resources_id,
+                        "env": software.identity_env(docs["env"])}  # fmt: skip
             return ResolvedPoint(recipe, resources, docs["env"], identity)
 
         return resolve
@@ -85,6 +92,8 @@ def _apply(base: dict[str, dict[str, Any]], assignment: dict[str, Any]) -> dict[
         namespace, rest = split_namespace(key)
         if namespace == "env":
             docs["env"][rest] = str(value)
+        elif namespace in ("software", "container"):
+            continue  # resolved by orchestrator/software.py
         else:
             set_path(docs[namespace], rest, value)
     return docs

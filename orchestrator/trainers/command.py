@@ -6,15 +6,17 @@ it ends `finalize_command_attempt` turns them into metrics.jsonl and status.json
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchers.base import LaunchSpec
+from orchestrator import software
 from orchestrator.campaign import Campaign
 from orchestrator.command import attempt_argv, key_problems, resolve_point
 from orchestrator.sweep import ResolvedPoint
-from orchestrator.trainers.base import Follower, TrainerKind, world_size
+from orchestrator.trainers.base import Follower, TrainerKind, software_env, workspace_of, world_size
 from reports.parsers.follow import LogFollower, logged_last_step
 from trainer import rundir
 
@@ -37,10 +39,23 @@ class CommandKind(TrainerKind):
     def resolve(
         self, campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str
     ) -> ResolvedPoint:
-        return resolve_point(campaign, assignment, campaign_file, where)
+        return self.resolver(campaign, campaign_file)(assignment, where)
+
+    def resolver(
+        self, campaign: Campaign, campaign_file: Path | None
+    ) -> Callable[[dict[str, Any], str], ResolvedPoint]:
+        """Resolve points with each distinct software ref resolved once."""
+        versions = software.SoftwareResolver(campaign.software, campaign_file)
+
+        def resolve(assignment: dict[str, Any], where: str) -> ResolvedPoint:
+            env = software_env(versions, assignment, where)
+            return resolve_point(campaign, assignment, campaign_file, where, env)
+
+        return resolve
 
     def args(self, cell: CellRow, run_dir: Path, attempt: int) -> list[str]:
-        return attempt_argv(cell.recipe["argv"], run_dir, cell.cell_id, attempt)
+        paths = software.placeholder_paths(cell.env, workspace_of(run_dir))
+        return attempt_argv(cell.recipe["argv"], run_dir, cell.cell_id, attempt, paths)
 
     def recipe_record(self, cell: CellRow, spec: LaunchSpec) -> dict[str, Any]:
         return {**cell.recipe, "argv": spec.args, "env": dict(cell.env)}
