@@ -27,7 +27,7 @@ def freeze(
     ] = None,
     best: Annotated[
         bool, typer.Option("--best", help="Freeze the best point (the default without --point).")
-    ] = True,
+    ] = False,
     by: Annotated[str, typer.Option("--by", help="What best means: tflops | step_time.")] = "tflops",
     tie_break: Annotated[
         str, typer.Option(help="Among points not DIFFERENT from the leader: memory | step_time | tflops.")
