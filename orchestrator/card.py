@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
+from orchestrator.outfile import write_out
 from orchestrator.regate import PointVerdict, judge_campaign
 from orchestrator.store import CellRow, Store
 from orchestrator.yamlio import dump_yaml, load_yaml_file
@@ -142,17 +142,10 @@ def export_card(
 
 def write_card(document: dict[str, Any], out: Path) -> None:
     """Write a card as YAML, atomically; a path that cannot be written → UsageError."""
-    out = Path(out)
-    if out.is_dir():
-        raise UsageError(f"--out {out}: is a directory, give a file name")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text("# Model verification card (performance item written by `mbx card export`).\n"
-                       + dump_yaml(document), encoding="utf-8")  # fmt: skip
-        os.replace(tmp, out)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise UsageError(f"--out {out}: cannot be written ({err.strerror or err})") from None
+    write_out(
+        out,
+        "# Model verification card (performance item written by `mbx card export`).\n" + dump_yaml(document),
+    )
 
 
 def read_card(path: Path) -> dict[str, Any]:

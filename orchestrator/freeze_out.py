@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError, RunError, UsageError
 from orchestrator.freeze import Frozen
+from orchestrator.outfile import write_out
 from orchestrator.sweep import canonical_json
 from orchestrator.yamlio import dump_yaml
 from reports import card as cards
@@ -89,7 +90,9 @@ def _configuration(frozen: Frozen, repeats: int) -> list[str]:
                      f"GBS {training.get('global_batch_size') or 'MBS × DP'}, {training.get('steps')} optimizer steps")  # fmt: skip
     if parallel:
         names = {"tensor": "TP", "pipeline": "PP", "context": "CP", "expert": "EP"}
-        lines.append("- Parallelism: " + "/".join(f"{short}{parallel.get(k) or 1}" for k, short in names.items()))
+        lines.append(
+            "- Parallelism: " + "/".join(f"{short}{parallel.get(k) or 1}" for k, short in names.items())
+        )
     knobs = ", ".join(md_code(f"{k}={v}") for k, v in frozen.winner.params.items()) or "the base recipe"
     lines.append(f"- Swept knobs: {knobs}")
     versions = ", ".join(f"{k} {md_text(fingerprint[k])}" for k in VERSION_KEYS if fingerprint.get(k))
@@ -133,13 +136,7 @@ def markdown(frozen: Frozen, repeats: int, gate_lines: list[str]) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise UsageError(f"{path}: cannot be written ({err.strerror or err})") from None
+    write_out(path, text, label="--out")
 
 
 def write_frozen(frozen: Frozen, out: Path, repeats: int = 3, margin: float | None = None) -> list[Path]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
+from orchestrator.outfile import write_out
 from orchestrator.store import CellRow, Store
 from reports.parsers.golden import GoldenValues, lm_document, read_golden_values, rows_layout
 from trainer import rundir
@@ -102,13 +103,4 @@ def export_golden(workspace: Path, campaign: str, ref: str) -> Export:
 
 def write_document(document: dict[str, Any], out: Path) -> None:
     """Write golden values as Megatron-LM does (indent 4), atomically; a path that cannot be written → UsageError."""
-    out = Path(out)
-    if out.is_dir():
-        raise UsageError(f"--out {out}: is a directory, give a file name")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(document, indent=4) + "\n", encoding="utf-8")
-        os.replace(tmp, out)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise UsageError(f"--out {out}: cannot be written ({err.strerror or err})") from None
+    write_out(out, json.dumps(document, indent=4) + "\n")
