@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repo", type=Path, default=Path("."), help="the checkout the device calls send")
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "te-wheel-cache")
     p.add_argument(
-        "--part-mib", type=int, default=60, help="part size; a call carries ≤ 64 MiB with the tree"
+        "--part-mib", type=int, default=50, help="part size; a call carries ≤ 64 MiB with the tree (60 left too little room once the tree grew)"
     )
     i = sub.add_parser("install", help="there: join, install, build the torch extension")
     i.add_argument("--parts", type=Path, default=Path("/root/te"))

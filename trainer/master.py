@@ -5,7 +5,7 @@ grouped GEMMs read their weights as they are. The optimizer (fused AdamW) update
 writes them back to the bf16 weights once per step. Gradients are accumulated over micro-batches either
 in fp32 "main grads" (Megatron's default for bf16: a post-accumulate hook adds each micro-batch's bf16
 gradient into an fp32 buffer) or in bf16 on the parameters (a precision-aware optimizer's "bf16
-gradients"), chosen by `optimizer.main_grads`.
+gradients", which `trainer.adamw_pa` reads in place), chosen by `optimizer.main_grads`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainer.adamw_pa import PrecisionAwareAdamW
 from trainer.optim import build_optimizer
 from trainer.recipe import OptimizerConfig
 
@@ -24,9 +25,14 @@ class MasterWeights:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.master = [nn.Parameter(p.detach().float().clone()) for p in self.params]
         self.fp32_main_grads = fp32_main_grads
-        holder = nn.Module()
-        holder.params = nn.ParameterList(self.master)
-        self.optimizer = build_optimizer(holder, cfg)
+        if fp32_main_grads and cfg.moments == "fp32":
+            holder = nn.Module()
+            holder.params = nn.ParameterList(self.master)
+            self.optimizer = build_optimizer(holder, cfg)
+        else:  # bf16 gradients read where they are, or bf16 moments: the precision-aware optimizer
+            sources = self.master if fp32_main_grads else self.params
+            moments = torch.bfloat16 if cfg.moments == "bf16" else torch.float32
+            self.optimizer = PrecisionAwareAdamW(self.master, sources, cfg, moments)
         if fp32_main_grads:
             for param, master in zip(self.params, self.master, strict=True):
                 master.grad = torch.zeros_like(master)
@@ -44,11 +50,9 @@ class MasterWeights:
         model.to(torch.bfloat16)
 
     def grads_by_param(self) -> list[tuple[nn.Parameter, torch.Tensor | None]]:
-        """(model parameter, its master weight's fp32 gradient) pairs, in parameter order."""
+        """(model parameter, its gradient: the fp32 main grad, or the bf16 gradient itself) in parameter order."""
         if not self.fp32_main_grads:
-            grads = [p.grad for p in self.params]
-            for master, grad in zip(self.master, grads, strict=True):
-                master.grad = None if grad is None else grad.float()
+            return [(p, p.grad) for p in self.params]
         return [(p, m.grad) for p, m in zip(self.params, self.master, strict=True)]
 
     def finish_step(self) -> None:
@@ -58,6 +62,5 @@ class MasterWeights:
         if self.fp32_main_grads:
             torch._foreach_zero_([m.grad for m in self.master])
         else:
-            for param, master in zip(self.params, self.master, strict=True):
+            for param in self.params:
                 param.grad = None
-                master.grad = None

@@ -7,15 +7,20 @@ import math
 import torch
 from torch import nn
 
+from trainer.adamw_pa import PrecisionAwareAdamW
 from trainer.recipe import OptimizerConfig
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW | PrecisionAwareAdamW:
     """AdamW with weight decay on matrices only (not on norms), as Megatron.
 
     fused=True (CUDA and CPU kernels): one multi-tensor kernel per step, and it honours
-    `optimizer.found_inf`, which lets a non-finite step be skipped without a host sync.
+    `optimizer.found_inf`, which lets a non-finite step be skipped without a host sync. With
+    `optimizer.moments: bf16` the precision-aware AdamW (trainer/adamw_pa.py) instead, over the parameters.
     """
+    if cfg.moments == "bf16":
+        params = [p for p in model.parameters() if p.requires_grad]
+        return PrecisionAwareAdamW(params, params, cfg, torch.bfloat16)
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -44,7 +49,13 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Global L2 norm of the gradients, as a device tensor (no sync)."""
+    """Global L2 norm of the gradients, as a device tensor (no sync); bf16 gradients are summed in fp32."""
+    if any(g.dtype != torch.float32 for g in grads):
+        if grads[0].device.type == "cuda":
+            norms = list(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
+        else:
+            norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads]
+        return torch.linalg.vector_norm(torch.stack(norms), 2.0)
     # foreach=None: multi-tensor kernels on CUDA, a per-tensor loop on CPU (which has no foreach kernels).
     return torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None)
 

@@ -172,7 +172,13 @@ class OptimizerConfig(_Strict):
     main_grads: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="With master weights: accumulate micro-batch gradients in fp32 main grads (Megatron's "
-        "default) or in bf16 on the weights (a precision-aware optimizer's bf16 gradients; less memory traffic).",
+        "default) or in bf16 on the weights (a precision-aware optimizer's bf16 gradients, read by the optimizer "
+        "where the backward left them: no fp32 copy of every gradient).",
+    )
+    moments: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="dtype the Adam moments are stored in (Megatron --exp-avg-dtype / --exp-avg-sq-dtype); the "
+        "update math stays fp32. bf16 saves 4 bytes per parameter.",
     )
 
 
