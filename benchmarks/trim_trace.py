@@ -1,4 +1,5 @@
-"""Cut a torch.profiler Chrome trace down to its GPU events (kernels, copies, sets, step annotations), gzipped.
+"""Cut a torch.profiler Chrome trace down to what the kernel classifier reads, gzipped: GPU events, the CPU ranges
+around each launch (ops, annotations) and the launches with their correlation ids; other args dropped.
 
     python benchmarks/trim_trace.py RUN_DIR/profile-trace.json OUT.json.gz [--top 25]
 
@@ -15,16 +16,21 @@ import json
 from collections import Counter
 from pathlib import Path
 
-KEEP = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
+GPU = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
+CPU = {"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"}
+ARGS = ("correlation", "stream", "device", "grid", "block")
 
 
 def trim(events: list[dict]) -> list[dict]:
-    """GPU events, the process/thread name records, and the ProfilerStep# annotations."""
+    """GPU events, CPU ranges and launches (args cut to the correlation id and launch shape), metadata."""
     kept = []
     for event in events:
-        cat, name = event.get("cat", ""), str(event.get("name", ""))
-        if cat in KEEP or event.get("ph") == "M" or name.startswith("ProfilerStep#"):
-            event = {k: v for k, v in event.items() if k != "args" or cat in KEEP}
+        cat = event.get("cat", "")
+        if cat in GPU or cat in CPU or event.get("ph") == "M":
+            args = {k: v for k, v in (event.get("args") or {}).items() if k in ARGS}
+            event = {k: v for k, v in event.items() if k != "args"}
+            if args:
+                event["args"] = args
             kept.append(event)
     return kept
 

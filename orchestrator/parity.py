@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.errors import ConfigError
+from orchestrator.parity_noise import noise_floors, within_noise
 from orchestrator.store import CellRow
 from reports.numerics import MetricParity, metric_parity
 
@@ -230,6 +231,7 @@ class PairVerdict:
     reason: str = ""
     metrics: list[MetricParity] = field(default_factory=list)
     tolerances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    noise: dict[str, float] = field(default_factory=dict)  # metric → A/A |Δ| between repeats (with repeats)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -278,13 +280,15 @@ def judge_pair(
     off: CellRow | None,
     on: CellRow | None,
     rows_of: RowsOf,
+    noise: Mapping[str, float] | None = None,
 ) -> PairVerdict:
-    """The verdict of one pair; `rows_of(cell)` gives (its completed attempt's metrics rows, or None, and why)."""
+    """The verdict of one pair; `rows_of(cell)` gives (its completed attempt's metrics rows, or None, and why);
+    `noise`: the run-to-run floor per metric (a failure within it is inconclusive)."""
     tolerances = {m: parity.tolerance(m).model_dump() if pairing.kind != "eval" else Tolerance().model_dump()
                   for m in pairing.metrics}  # fmt: skip
     verdict = PairVerdict(f"{pairing.kind}:{off.cell_id if off else '-'}:{on.cell_id if on else '-'}", pairing.kind,
                           pairing.title, label, repeat, off.cell_id if off else None, on.cell_id if on else None,
-                          tolerances=tolerances)  # fmt: skip
+                          tolerances=tolerances, noise=dict(noise or {}))  # fmt: skip
     sides: list[list[dict[str, Any]]] = []
     for name, cell in (("off", off), ("on", on)):
         rows, why = rows_of(cell) if cell is not None else (None, "is not in the campaign")
@@ -294,9 +298,9 @@ def judge_pair(
         sides.append(rows)
     for metric in pairing.metrics:
         tol = tolerances[metric]
-        verdict.metrics.append(metric_parity(metric, sides[0], sides[1], exact=tol["exact"],
-                                             max_abs=tol["max_abs"] or 0.0, max_rel=tol["max_rel"] or 0.0,
-                                             trend=tol["trend"]))  # fmt: skip
+        judged = metric_parity(metric, sides[0], sides[1], exact=tol["exact"], max_abs=tol["max_abs"] or 0.0,
+                               max_rel=tol["max_rel"] or 0.0, trend=tol["trend"])  # fmt: skip
+        verdict.metrics.append(within_noise(judged, verdict.noise.get(metric)))
     decided = [m for m in verdict.metrics if m.verdict != "n/a"]
     failed = [m for m in decided if m.verdict == "fail"]
     undecided = [m for m in decided if m.verdict == "inconclusive"]
@@ -317,8 +321,10 @@ def judge_parity(
     for pairing in pairings(parity, eval_interval):
         if pairing.kind == "eval":
             pairing = _eval_pairing(pairing, cells)
-        for label, repeat, off, on in match_cells(pairing, cells):
-            verdicts.append(judge_pair(parity, pairing, label, repeat, off, on, rows_of))
+        matched = match_cells(pairing, cells)
+        floors = noise_floors(matched, pairing.metrics, rows_of)
+        for label, repeat, off, on in matched:
+            verdicts.append(judge_pair(parity, pairing, label, repeat, off, on, rows_of, floors.get(label)))
     return verdicts
 
 

@@ -202,3 +202,63 @@ def test_a_missing_side_is_inconclusive_never_a_pass():
     assert verdicts["training.seed=1"].reason == "the on side did not complete: failed"
     assert verdicts["training.seed=2"].verdict == "inconclusive"
     assert verdicts["training.seed=2"].reason == "the on side is not in the campaign"
+
+
+def test_gaps_within_the_repeats_noise_are_inconclusive_and_larger_ones_fail():
+    """GPU runs are not bitwise reproducible: with repeats, the A/A gap between repeats of one point is the floor."""
+    from dataclasses import replace
+
+    from orchestrator.parity import judge_parity
+
+    parity = Parity.model_validate({"toggle": {"precision": ["bf16", "fp8"]}, "metrics": {"loss": {"max_abs": 0.01}}})
+    base = [3.0 - 0.01 * i for i in range(20)]
+    series = {
+        "off0": base,
+        "off1": [v + (0.05 if i == 7 else 0.0) for i, v in enumerate(base)],  # A/A: 0.05 at step 8
+        "on0": [v + (0.03 if i == 9 else 0.0) for i, v in enumerate(base)],  # outside 0.01, inside the noise
+        "on1": [v + (0.2 if i == 12 else 0.0) for i, v in enumerate(base)],  # beyond the noise
+    }
+    cells = [replace(_cell(name, {"precision": "bf16" if name.startswith("off") else "fp8"}), repeat=int(name[-1]))
+             for name in series]  # fmt: skip
+
+    def rows_of(cell: CellRow):
+        return rows(series[cell.cell_id]), ""
+
+    verdicts = {v.repeat: v for v in judge_parity(parity, cells, rows_of)}
+    within, beyond = verdicts[0], verdicts[1]
+    assert within.noise["loss"] == pytest.approx(0.2)  # the on side's repeats differ by 0.2 too: the floor
+    # the floor is the largest A/A gap on either side, so with on1 at 0.2 both pairs sit inside it
+    assert within.verdict == beyond.verdict == "inconclusive"
+    assert "run-to-run noise" in within.metrics[0].reason
+
+    quiet = {**series, "on1": series["on0"]}  # on repeats agree: the floor is the off side's 0.05
+
+    def quiet_rows(cell: CellRow):
+        return rows(quiet[cell.cell_id]), ""
+
+    verdicts = {v.repeat: v for v in judge_parity(parity, cells, quiet_rows)}
+    assert verdicts[0].noise["loss"] == pytest.approx(0.05)
+    assert verdicts[0].verdict == "inconclusive"  # 0.03 ≤ 0.05
+
+    loud = {**quiet, "on0": [v + (0.3 if i == 9 else 0.0) for i, v in enumerate(base)],
+            "on1": [v + (0.3 if i == 9 else 0.0) for i, v in enumerate(base)]}  # fmt: skip
+
+    def loud_rows(cell: CellRow):
+        return rows(loud[cell.cell_id]), ""
+
+    verdicts = {v.repeat: v for v in judge_parity(parity, cells, loud_rows)}
+    assert verdicts[0].verdict == verdicts[1].verdict == "fail"  # 0.3 > the 0.05 floor
+    assert "beyond the run-to-run noise" in verdicts[0].metrics[0].reason
+
+
+def test_without_repeats_there_is_no_floor():
+    from orchestrator.parity import judge_parity
+
+    parity = Parity.model_validate({"toggle": {"precision": ["bf16", "fp8"]}})
+    cells = [_cell("a", {"precision": "bf16"}), _cell("b", {"precision": "fp8"})]
+
+    def rows_of(cell: CellRow):
+        return rows([1.0, 0.9 + (1e-3 if cell.cell_id == "b" else 0.0)]), ""
+
+    (verdict,) = judge_parity(parity, cells, rows_of)
+    assert verdict.noise == {} and verdict.verdict == "fail"
