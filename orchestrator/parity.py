@@ -198,6 +198,7 @@ def with_parity_axes(campaign: Any, campaign_file: Path | None = None) -> Any:
         wanted.append(
             ("parity.eval_check", {EVAL_KEY: [_eval_interval(campaign, campaign_file, file), None]})
         )
+    cells = _crossed_cells(campaign.sweep.cells, [factor for _, factor in wanted])
     for where, factor in wanted:
         if (
             len(factor) == 1 and axes.get(next(iter(factor))) == next(iter(factor.values()))
@@ -211,8 +212,23 @@ def with_parity_axes(campaign: Any, campaign_file: Path | None = None) -> Any:
             axes.update(factor)
         else:
             groups.append(factor)
-    sweep = campaign.sweep.model_copy(update={"axes": axes, "zip": groups})
+    sweep = campaign.sweep.model_copy(update={"axes": axes, "zip": groups, "cells": cells})
     return campaign.model_copy(update={"sweep": sweep})
+
+
+def _crossed_cells(cells: list[dict[str, Any]], factors: list[dict[str, list[Any]]]) -> list[dict[str, Any]]:
+    """Explicit sweep cells crossed with every parity side (a cell that already sets a factor's keys, as a
+    stored campaign's do, keeps its value for that factor)."""
+    for factor in factors:
+        sides = [{k: values[i] for k, values in factor.items()} for i in range(len(next(iter(factor.values()))))]
+        crossed = []
+        for cell in cells:
+            if set(factor) <= set(cell):
+                crossed.append(cell)
+            else:
+                crossed += [{**cell, **side} for side in sides]
+        cells = crossed
+    return cells
 
 
 @dataclass

@@ -262,3 +262,20 @@ def test_without_repeats_there_is_no_floor():
 
     (verdict,) = judge_parity(parity, cells, rows_of)
     assert verdict.noise == {} and verdict.verdict == "fail"
+
+
+def test_explicit_sweep_cells_are_crossed_with_the_toggle_and_eval_twin():
+    from orchestrator.campaign import Campaign
+    from orchestrator.parity import with_parity_axes
+
+    spec = Campaign.model_validate({
+        "name": "x", "trainer": {"recipe": {"training": {"eval_interval": 2}}},
+        "sweep": {"axes": {"training.seed": [1]}, "cells": [{"training.seed": 5}]},
+        "parity": {"toggle": {"model.moe.expert_weights": ["single", "discrete"]}, "eval_check": True},
+    })  # fmt: skip
+    expanded = with_parity_axes(spec)
+    sides = {(c["model.moe.expert_weights"], c["training.eval_interval"]) for c in expanded.sweep.cells}
+    assert sides == {("single", 2), ("discrete", 2), ("single", None), ("discrete", None)}
+    assert all(c["training.seed"] == 5 for c in expanded.sweep.cells)
+    again = with_parity_axes(Campaign.model_validate(expanded.model_dump(mode="json")))
+    assert again.sweep.cells == expanded.sweep.cells  # a stored campaign is not crossed twice
