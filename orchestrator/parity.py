@@ -220,7 +220,9 @@ def _crossed_cells(cells: list[dict[str, Any]], factors: list[dict[str, list[Any
     """Explicit sweep cells crossed with every parity side (a cell that already sets a factor's keys, as a
     stored campaign's do, keeps its value for that factor)."""
     for factor in factors:
-        sides = [{k: values[i] for k, values in factor.items()} for i in range(len(next(iter(factor.values()))))]
+        sides = [
+            {k: values[i] for k, values in factor.items()} for i in range(len(next(iter(factor.values()))))
+        ]
         crossed = []
         for cell in cells:
             if set(factor) <= set(cell):

@@ -53,7 +53,12 @@ def noise_floors(matched: Matched, metrics: Iterable[str], rows_of: RowsOf) -> d
 def within_noise(metric: MetricParity, floor: float | None) -> MetricParity:
     """A failed metric whose largest gap is no larger than the A/A floor becomes inconclusive (with both
     figures); a non-finite mismatch stays a failure."""
-    if metric.verdict != "fail" or floor is None or metric.max_abs is None or not math.isfinite(metric.max_abs):
+    if (
+        metric.verdict != "fail"
+        or floor is None
+        or metric.max_abs is None
+        or not math.isfinite(metric.max_abs)
+    ):
         return metric
     if metric.max_abs > floor:
         return replace(metric, reason=f"{metric.reason} (beyond the run-to-run noise: A/A |Δ| {floor:.3g})")

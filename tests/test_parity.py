@@ -210,7 +210,9 @@ def test_gaps_within_the_repeats_noise_are_inconclusive_and_larger_ones_fail():
 
     from orchestrator.parity import judge_parity
 
-    parity = Parity.model_validate({"toggle": {"precision": ["bf16", "fp8"]}, "metrics": {"loss": {"max_abs": 0.01}}})
+    parity = Parity.model_validate(
+        {"toggle": {"precision": ["bf16", "fp8"]}, "metrics": {"loss": {"max_abs": 0.01}}}
+    )
     base = [3.0 - 0.01 * i for i in range(20)]
     series = {
         "off0": base,
