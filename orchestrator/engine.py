@@ -18,6 +18,7 @@ from orchestrator.fingerprint import login_fingerprint
 from orchestrator.inflight import InFlight, Pending
 from orchestrator.requeue import record_requeues
 from orchestrator.retry import decide
+from orchestrator.software import record as software_record
 from orchestrator.store import ACTIVE_STATES, AttemptRow, CellRow, Store
 from reports.gates import evaluate
 from reports.window import Summary
@@ -258,6 +259,7 @@ class Engine:
             ranks_per_node=spec.resources.gpus_per_node, env_set=sorted(spec.env),
             env_passed_by_name=sorted(spec.env_pass), fingerprint=login_fingerprint(self.campaign),
             try_number=attempt.try_number, steps_before=attempt.steps_before,
+            **({"software": found} if (found := software_record(spec.env)) else {}),
         ))  # fmt: skip
 
     # following a running attempt -------------------------------------------------------------------------

@@ -83,6 +83,8 @@ def test_worktree_per_ref_built_once_and_reused(tmp_path, mbx, write_campaign):
         assert str(tree) in echo["env"]["PYTHONPATH"].split(os.pathsep)
         seen[echo["env"]["MBX_SOFTWARE_LIB_SHA"]] = (tree / "VERSION").read_text().strip()
     assert seen == {shas["v1"]: "v1", shas["v2"]: "v2"}
+    launched = [json.loads(p.read_text()) for p in (workspace / "refs").glob("*/*/launch.json")]
+    assert sorted(rec["software"]["repos"]["lib"] for rec in launched) == sorted([shas["v1"], shas["v2"]])
     built = {p: p.with_name(".mbx-built").stat().st_mtime_ns for p in trees}
 
     data["name"] = "refs-again"  # another campaign over the same SHAs reuses the worktrees
