@@ -32,6 +32,7 @@ class Point:
     env: dict[str, str] = field(default_factory=dict)
     label: str = ""
     trainer_kind: str = "bundled"  # the trainer kind that runs it (orchestrator.trainers)
+    infeasible: tuple[str, ...] = ()  # layout problems (`point [..]: key: problem`): it cannot run as asked
 
     @property
     def world_size(self) -> int:
@@ -125,6 +126,7 @@ class ResolvedPoint:
     resources: dict[str, Any]
     env: dict[str, str]
     identity: dict[str, Any]  # the input of the cell id: everything that changes what runs
+    infeasible: tuple[str, ...] = ()  # layout problems: a valid point that cannot run on its world as asked
 
 
 class PointProblems(ValueError):
@@ -144,7 +146,9 @@ class PointResolver(Protocol):
         """`where: problem` for sweep keys this kind cannot address."""
         ...
 
-    def resolver(self, campaign: Campaign, campaign_file: Path | None) -> Callable[[dict[str, Any], str], ResolvedPoint]:
+    def resolver(
+        self, campaign: Campaign, campaign_file: Path | None
+    ) -> Callable[[dict[str, Any], str], ResolvedPoint]:
         """A function resolving one assignment (`where`: the point's prefix for problems); work every point
         shares (the base recipe, a recipe file) is done once. It raises PointProblems."""
         ...
@@ -182,9 +186,12 @@ def expand_points(
     campaign_file: Path | None,
     kind: PointResolver,
     max_cells: int | None = None,
+    strict: bool = True,
 ) -> list[Point]:
     """All cells of a campaign, each point resolved by `kind`. Raises ConfigError listing every invalid point,
-    for a sweep of more than `max_cells` cells (checked before expanding) and for one that excludes every point."""
+    for a sweep of more than `max_cells` cells (checked before expanding) and for one that excludes every point.
+    A point with layout problems is invalid with `strict`; without, it is kept with `Point.infeasible` set
+    (orchestrator/feasibility.py records and skips it)."""
     file = str(campaign_file) if campaign_file else None
     check_size(campaign, max_cells, file)
     problems = kind.key_problems(campaign, key_locations(campaign))
@@ -203,6 +210,9 @@ def expand_points(
         except PointProblems as err:
             found.update(dict.fromkeys(err.problems))
             continue
+        if strict and resolved.infeasible:
+            found.update(dict.fromkeys(resolved.infeasible))
+            continue
         point_id = point_digest(resolved.identity)
         if point_id in seen:
             continue  # the same point listed twice (e.g. an explicit cell equal to a product point)
@@ -220,7 +230,12 @@ def expand_points(
 
 
 def _repeats(
-    campaign: Campaign, point_id: str, assignment: dict[str, Any], resolved: ResolvedPoint, label: str, kind: str
+    campaign: Campaign,
+    point_id: str,
+    assignment: dict[str, Any],
+    resolved: ResolvedPoint,
+    label: str,
+    kind: str,
 ) -> list[Point]:
     """The cells of one point: one per repeat (they share the resolved recipe: read-only)."""
     return [
@@ -234,6 +249,7 @@ def _repeats(
             env=dict(resolved.env),
             label=label,
             trainer_kind=kind,
+            infeasible=tuple(resolved.infeasible),
         )
         for repeat in range(campaign.sweep.repeats)
     ]

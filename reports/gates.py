@@ -35,6 +35,18 @@ class GateSpec(BaseModel):
     peak_reserved_gib_max: float | None = Field(
         None, gt=0, description="Peak reserved memory must be at most this (GiB)."
     )
+    headroom_gib_min: float | None = Field(
+        None,
+        ge=0,
+        description="GPU memory − peak allocated memory must be at least this (GiB); the GPU memory is "
+        "gpu_memory_gib, else that of the campaign's GPU (resources.gpu or `--gpu`).",
+    )
+    gpu_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        description="Memory of one GPU in GiB for headroom_gib_min (default: from the campaign's GPU, e.g. H200 "
+        "139.8 as torch reports it).",
+    )
     loss_finite: bool = Field(True, description="Every logged training loss must be finite.")
     nan_iterations_max: int | None = Field(None, ge=0, description="At most this many NaN iterations.")
     skipped_iterations_max: int | None = Field(
@@ -243,11 +255,27 @@ def _figure_checks(spec: GateSpec, summaries: list[Summary]) -> list[Check]:
         if figure in ("nan_iterations", "skipped_iterations") and values:
             values = [max(values)]
         checks.append(_bound(gate, values, limit, upper, unit))
+    if spec.headroom_gib_min is not None:
+        checks.append(headroom_check(spec.headroom_gib_min, spec.gpu_memory_gib, summaries))
     if spec.loss_finite:
         ok = all(s.loss_finite for s in summaries)
         message = "every loss finite" if ok else "a non-finite loss was logged"
         checks.append(Check("loss_finite", None, None, ok, f"loss_finite: {message}"))
     return checks
+
+
+def headroom_check(limit: float, gpu_gib: float | None, summaries: list[Summary]) -> Check:
+    """headroom_gib_min: GPU memory − peak allocated memory ≥ limit, per repeat (over repeats on the interval
+    of the mean); without the GPU's memory it cannot be decided."""
+    gate = "headroom_gib_min"
+    if gpu_gib is None:
+        return Check(gate, None, limit, None, f"{gate}: the GPU's memory is not known (set resources.gpu, "
+                     "`mbx campaign run --gpu`, or gates.gpu_memory_gib)")  # fmt: skip
+    peaks = [v for v in _values(summaries, "peak_alloc_gib") if v > 0]  # 0: nothing measured (a CPU run)
+    if len(peaks) < len(summaries):
+        return Check(gate, None, limit, None, f"{gate}: no GPU peak allocated memory was measured "
+                     f"({len(summaries) - len(peaks)} of {len(summaries)} run(s); CPU runs have none)")  # fmt: skip
+    return _bound(gate, [gpu_gib - v for v in peaks], limit, False, " GiB")
 
 
 def _baseline_checks(spec: GateSpec, summaries: list[Summary], baseline: Summary | None) -> list[Check]:

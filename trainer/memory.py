@@ -4,7 +4,8 @@
 loss.py, master.py, loop.py, parallelize.py, expert_parallel.py), as PyTorch's `max_memory_allocated` counts it:
 
 - model states: parameters in the model dtype (bf16 with master weights, else fp32), fp32 master weights, the
-  Adam moments (two fp32 tensors per optimizer parameter, plus fused AdamW's 4-byte `step` per tensor), fp32
+  Adam moments (two fp32 or bf16 (`optimizer.moments`) tensors per optimizer parameter, plus fused AdamW's
+  4-byte `step` per tensor; the precision-aware AdamW of trainer/adamw_pa.py keeps one step counter), fp32
   main grads (`optimizer.main_grads: fp32` on one rank: allocated once, kept) or bf16 gradients (kept across the
   micro-batches of a step), DDP's gradient buckets (DP > 1: kept for the whole run);
 - per micro-batch, what autograd keeps for the backward, tensor by tensor (attention, MLP / experts, the MoE
@@ -12,8 +13,8 @@ loss.py, master.py, loop.py, parallelize.py, expert_parallel.py), as PyTorch's `
 - logits and cross entropy: native keeps the fp32 log-softmax [N, V] and its backward holds three fp32 [N, V]
   buffers at once; fused holds ≤ 1 GiB chunks plus an fp32 [V, h] weight gradient; TE's kernel one [N, V];
 - the peak: the larger of the forward/backward of the last micro-batch (walked layer by layer backwards: the
-  cross-entropy backward, then each layer with the gradients made so far) and the optimizer step (bf16
-  gradients cast to fp32 beside everything else).
+  cross-entropy backward, then each layer with the gradients made so far) and the optimizer step (every
+  gradient beside everything else; bf16 gradients are read in place, trainer/adamw_pa.py).
 
 Sharding as the trainer implements it: EP divides the expert parameters, their gradients and their optimizer
 state (each rank still computes ~N·k rows under balanced routing); DP replicates everything (no ZeRO, no
@@ -24,6 +25,8 @@ reasoning instead (Korthikanti et al. 2022 activations, the distributed optimize
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -36,6 +39,15 @@ CUBLAS_WORKSPACE = (
     32 * MIB
 )  # torch's default cuBLAS workspace on Hopper (":4096:8"), one per (thread, stream)
 FUSED_CHUNK_BYTES = 1 << 30  # trainer/loss.py: budget of one fp32 logits chunk of the fused cross entropy
+
+
+MAX_LAYERS = 2_000  # more is no real model: the estimate, which walks every layer, refuses it
+
+
+def check_layers(layers: int) -> None:
+    """ValueError for a layer count the estimate will not walk (more than MAX_LAYERS, or none)."""
+    if not 0 < layers <= MAX_LAYERS:
+        raise ValueError(f"{layers} layers: the memory estimate models 1 to {MAX_LAYERS:,} layers")
 
 
 @dataclass(frozen=True)
@@ -185,10 +197,24 @@ class Precision:
     master: bool  # bf16 weights + fp32 master weights
     fp32_main_grads: bool  # persistent fp32 main grads (one rank only: DDP disables the hooks)
     ddp: bool
+    bf16_moments: bool = False  # optimizer.moments: bf16
 
     @property
     def param_bytes(self) -> int:
         return 2 if self.master else 4
+
+    @property
+    def precision_aware(self) -> bool:
+        """trainer/master.py and optim.py: fused AdamW only over fp32 main grads (or fp32 weights) with fp32
+        moments; otherwise trainer/adamw_pa.py, which reads bf16 gradients in place (no fp32 copy)."""
+        return self.bf16_moments or (self.master and not self.fp32_main_grads)
+
+    def optimizer_state_bytes(self, params: int, tensors: int) -> int:
+        """Adam m and v (fp32 or bf16) plus fused AdamW's 4-byte `step` per tensor (one step counter for the
+        precision-aware optimizer)."""
+        if self.precision_aware:
+            return 2 * params * (2 if self.bf16_moments else 4) + 4
+        return 8 * params + 4 * tensors
 
     @property
     def act_bytes(self) -> int:
@@ -201,7 +227,8 @@ def precision_of(recipe: Recipe, world_size: int, gpu: bool) -> Precision:
     opt = recipe.optimizer
     master = opt.master_weights if opt.master_weights is not None else autocast
     ddp = world_size > 1
-    return Precision(gpu, autocast, master, master and opt.main_grads == "fp32" and not ddp, ddp)
+    fp32_main = master and opt.main_grads == "fp32" and not ddp
+    return Precision(gpu, autocast, master, fp32_main, ddp, opt.moments == "bf16")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +380,7 @@ def static_parts(recipe: Recipe, params: Params, prec: Precision) -> dict[str, i
     parts = {
         "parameters": p * prec.param_bytes,
         "master weights (fp32)": 4 * p if prec.master else 0,
-        "optimizer state (Adam m, v)": 8 * p + 4 * params.tensors,
+        "optimizer state (Adam m, v)": prec.optimizer_state_bytes(p, params.tensors),
         "gradients": 0,
     }
     if prec.fp32_main_grads:
@@ -399,6 +426,18 @@ class Step:
     copies: int  # bf16 casts of fp32 linear weights alive through the whole micro-batch
     expert_copies: list[int]  # per layer: bf16 casts of fp32 expert weights (freed in that layer's backward)
 
+    @functools.cached_property
+    def sums(self) -> dict[str, list[int]]:
+        """Prefix sums over the layers (sums[name][k]: layers 0..k-1), so the backward walk is linear."""
+        series = {
+            "expert_copies": self.expert_copies,
+            "kept": self.kept,
+            "attention": [la.attention for la in self.layers],
+            "mlp": [la.mlp for la in self.layers],
+            "dispatch": [la.dispatch for la in self.layers],
+        }
+        return {name: [0, *itertools.accumulate(values)] for name, values in series.items()}
+
 
 def micro_batch(recipe: Recipe, params: Params, prec: Precision) -> Step:
     m, t = recipe.model, recipe.training
@@ -415,14 +454,15 @@ def micro_batch(recipe: Recipe, params: Params, prec: Precision) -> Step:
 
 def _acts(step: Step, upto: int, full: bool) -> dict[str, int]:
     """Activations kept by layers 0..upto-1, by part (with the experts' bf16 weight casts of fp32 weights)."""
-    copies = {"weight copies (bf16, autocast)": step.copies + sum(step.expert_copies[:upto])}
+    sums = step.sums
+    copies = {"weight copies (bf16, autocast)": step.copies + sums["expert_copies"][upto]}
     if full:
-        return {**copies, "activations: layer inputs (full recompute)": sum(step.kept[:upto])}
+        return {**copies, "activations: layer inputs (full recompute)": sums["kept"][upto]}
     return {
         **copies,
-        "activations: attention": sum(la.attention for la in step.layers[:upto]),
-        "activations: MLP / experts": sum(la.mlp for la in step.layers[:upto]),
-        "activations: MoE dispatch buffers": sum(la.dispatch for la in step.layers[:upto]),
+        "activations: attention": sums["attention"][upto],
+        "activations: MLP / experts": sums["mlp"][upto],
+        "activations: MoE dispatch buffers": sums["dispatch"][upto],
     }
 
 
@@ -448,10 +488,12 @@ def fwd_bwd_moments(
         },
     }
     best: dict[str, int] | None = None
+    layers_from = [*itertools.accumulate(params.layer(j) for j in reversed(range(count)))][::-1]  # j ≥ i
+    experts_from = [*itertools.accumulate(reversed(params.experts))][::-1]
     for i in reversed(range(count)):
-        made = params.output + sum(params.layer(j) for j in range(i, count))
+        made = params.output + layers_from[i]
         if prec.ddp:  # DDP's buckets exist already: only the sharded experts' gradients are new
-            made = sum(params.experts[i:])
+            made = experts_from[i]
         la = step.layers[i]
         buffers = 2 * la.largest + 2 * step.token_bytes
         if not new_grads:  # gradients persist: the layer's largest fresh gradient exists beside them
@@ -468,25 +510,26 @@ def fwd_bwd_moments(
 
 
 def optimizer_moment(recipe: Recipe, params: Params, prec: Precision, base: dict[str, int]) -> dict[str, int]:
-    """optimizer.step(): every gradient, plus fp32 casts of bf16 gradients (master weights without fp32 main
-    grads); with EP over several expert-data-parallel ranks, the flat copy of the expert gradients first."""
+    """optimizer.step(): every gradient (bf16 gradients are read in place by the precision-aware optimizer: no
+    fp32 copies); with EP over several expert-data-parallel ranks, the flat copy of the expert gradients first."""
     p, experts = params.total, sum(params.experts)
     parts = dict(base)
     if not prec.fp32_main_grads:
         parts["gradients"] = p * prec.param_bytes
-    cast = 4 * p if prec.master and not prec.fp32_main_grads else 0
     ep_flat = experts * prec.param_bytes if recipe.parallel.expert > 1 and prec.ddp else 0
-    parts["gradient fp32 casts (optimizer step)"] = max(cast, ep_flat)
+    parts["expert gradients, flat copy (optimizer step)"] = ep_flat
     return parts
 
 
 def estimate(recipe: Recipe, world_size: int = 1, *, gpu: bool | None = None) -> MemoryEstimate:
     """Peak allocated bytes per GPU of `recipe` on `world_size` ranks (gpu None: a GPU unless device: cpu).
 
-    Raises ValueError for a layout the bundled trainer refuses (TP/PP/CP > 1, DP or EP not tiling the world)."""
+    Raises ValueError for a layout the bundled trainer refuses (TP/PP/CP > 1, DP or EP not tiling the world)
+    and for more than MAX_LAYERS layers (the model walks every layer)."""
     problems = layout_problems(recipe, world_size)
     if problems:
         raise ValueError("; ".join(problems))
+    check_layers(recipe.model.num_layers)
     on_gpu = recipe.device != "cpu" if gpu is None else gpu
     prec = precision_of(recipe, world_size, on_gpu)
     params = count_params(recipe)
@@ -525,7 +568,7 @@ def model_state_bytes(params: Params, prec: Precision) -> dict[str, int]:
     return {
         "parameter bytes": p * prec.param_bytes,
         "gradient bytes": 4 * p if prec.fp32_main_grads else p * prec.param_bytes,
-        "optimizer bytes": (4 * p if prec.master else 0) + 8 * p + 4 * params.tensors,
+        "optimizer bytes": (4 * p if prec.master else 0) + prec.optimizer_state_bytes(p, params.tensors),
     }
 
 
@@ -616,6 +659,7 @@ def megatron_shape(args: dict) -> MegatronShape:
     """The model and layout of Megatron flags (defaults as Megatron's: ffn 4h, top-k 2, ETP = TP)."""
     h, heads = int(_flag(args, "hidden-size")), int(_flag(args, "num-attention-heads"))
     layers, kv_ch = int(_flag(args, "num-layers")), int(_flag(args, "kv-channels", h // heads))
+    check_layers(layers)
     groups = (
         int(_flag(args, "num-query-groups", heads)) if _flag(args, "group-query-attention", False) else heads
     )

@@ -9,8 +9,9 @@ from orchestrator.sweep import Point
 from orchestrator.trainers.base import Follower, TrainerKind
 from orchestrator.trainers.bundled import BundledKind
 from orchestrator.trainers.command import CommandKind
+from trainer.memory import MemoryEstimate
 
-__all__ = ["Follower", "TrainerKind", "expand", "for_campaign", "get", "kinds"]
+__all__ = ["Follower", "TrainerKind", "expand", "for_campaign", "get", "kinds", "memory_estimate"]
 
 _KINDS: dict[str, TrainerKind] = {kind.name: kind for kind in (BundledKind(), CommandKind())}
 
@@ -33,8 +34,14 @@ def for_campaign(campaign: Campaign) -> TrainerKind:
 
 
 def expand(
-    campaign: Campaign, campaign_file: Path | None = None, max_cells: int | None = None
+    campaign: Campaign, campaign_file: Path | None = None, max_cells: int | None = None, strict: bool = True
 ) -> list[Point]:
     """All cells of a campaign (its kind resolves each point). Raises ConfigError listing every invalid point,
-    and for a sweep of more than `max_cells` cells (counted before anything is expanded)."""
-    return for_campaign(campaign).expand(campaign, campaign_file, max_cells)
+    and for a sweep of more than `max_cells` cells (counted before anything is expanded); without `strict`,
+    points with layout problems are kept, marked `infeasible` (orchestrator/feasibility.py skips them)."""
+    return for_campaign(campaign).expand(campaign, campaign_file, max_cells, strict)
+
+
+def memory_estimate(point: Point, on_gpu: bool) -> MemoryEstimate | None:
+    """The memory estimate of one point by its trainer kind (orchestrator/feasibility.py's estimator)."""
+    return get(point.trainer_kind).memory_estimate(point, on_gpu)

@@ -26,6 +26,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.sweep import Point, PointProblems, ResolvedPoint, expand_points
 from orchestrator.yamlio import dump_yaml
 from trainer import rundir
+from trainer.memory import MemoryEstimate
 
 if TYPE_CHECKING:
     from orchestrator.store import AttemptRow, CellRow
@@ -73,11 +74,22 @@ class TrainerKind(abc.ABC):
 
     # ---- expansion (sweep.expand_points calls key_problems and resolve) ----------------------------------
     def expand(
-        self, campaign: Campaign, campaign_file: Path | None = None, max_cells: int | None = None
+        self,
+        campaign: Campaign,
+        campaign_file: Path | None = None,
+        max_cells: int | None = None,
+        strict: bool = True,
     ) -> list[Point]:
         """All cells of a campaign of this kind. Raises ConfigError listing every invalid point (and for a
-        sweep of more than `max_cells` cells, before expanding it)."""
-        return expand_points(campaign, campaign_file, self, max_cells)
+        sweep of more than `max_cells` cells, before expanding it); without `strict`, points with layout
+        problems are kept, marked `infeasible` (orchestrator/feasibility.py skips them)."""
+        return expand_points(campaign, campaign_file, self, max_cells, strict)
+
+    def memory_estimate(self, point: Point, on_gpu: bool) -> MemoryEstimate | None:
+        """The point's peak memory per GPU before it runs (trainer/memory.py), None when this kind cannot tell;
+        `on_gpu`: estimate it as on a GPU whatever the recipe's device. Raises ValueError when the point's
+        settings do not give an estimate."""
+        return None
 
     def resolver(
         self, campaign: Campaign, campaign_file: Path | None
