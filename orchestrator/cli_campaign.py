@@ -34,6 +34,23 @@ InconclusiveOkOpt = Annotated[
 ]
 
 
+GpuOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu",
+        help="Target GPU (H200, H100-80GB, GB200, B200, A100-80GB, ... or a size like 80GiB): points whose "
+        "memory estimate does not fit are infeasible and skipped. Default: the campaign's resources.gpu.",
+    ),
+]
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="Refuse the whole campaign (exit 2) if any point is infeasible, instead of skipping those points.",
+    ),
+]
+
+
 @app.command()
 def validate(
     file: CampaignFileArg,
@@ -65,8 +82,22 @@ def validate(
 
 
 @app.command()
-def plan(file: CampaignFileArg, as_json: JsonOpt = False, max_cells: MaxCellsOpt = None) -> None:
-    """Show the expanded points with their cell ids and world sizes; nothing is run."""
+def plan(
+    file: CampaignFileArg,
+    as_json: JsonOpt = False,
+    max_cells: MaxCellsOpt = None,
+    gpu: GpuOpt = None,
+    strict: StrictOpt = False,
+) -> None:
+    """Show the expanded points with their cell ids, world sizes, memory estimates and feasibility; nothing
+    is run.
+
+    Each point's peak memory per GPU is estimated before submission (the bundled trainer's recipe, or the
+    Megatron-LM flags of a command trainer); with a GPU (--gpu or resources.gpu) the headroom is shown and
+    points that do not fit, or that break a parallel-layout rule, are marked INFEASIBLE with the reason:
+    `mbx campaign run` skips them (--strict refuses the campaign instead).
+    """
+    from orchestrator.feasibility import check_points
     from orchestrator.loader import load_campaign
     from orchestrator.parity import with_parity_axes
     from orchestrator.plan_view import plan_text
@@ -74,8 +105,10 @@ def plan(file: CampaignFileArg, as_json: JsonOpt = False, max_cells: MaxCellsOpt
     from orchestrator.trainers import expand
 
     campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
-    points = expand(campaign, file, max_cells)
+    points = expand(campaign, file, max_cells, strict=strict)
+    assessment = check_points(points, gpu, strict, str(file))
     if as_json:
+        rows = assessment.by_point()
         payload = [
             {
                 "cell_id": p.cell_id,
@@ -85,12 +118,13 @@ def plan(file: CampaignFileArg, as_json: JsonOpt = False, max_cells: MaxCellsOpt
                 "world_size": p.world_size,
                 "resources": p.resources,
                 "recipe": p.recipe,
+                "estimate": rows[p.point_id].to_dict(),
             }
             for p in points
         ]
         typer.echo(json.dumps(payload, indent=2))
         return
-    typer.echo(plan_text(campaign.name, points, swept_keys(campaign)))
+    typer.echo(plan_text(campaign.name, points, swept_keys(campaign), assessment))
 
 
 @app.command()
@@ -117,8 +151,20 @@ def run(
     ] = False,
     inconclusive_ok: InconclusiveOkOpt = False,
     max_cells: MaxCellsOpt = None,
+    gpu: GpuOpt = None,
+    strict: StrictOpt = False,
 ) -> None:
     """Run every cell of a campaign; cells already completed in the workspace are skipped.
+
+    With `sweep.search` (grid | random | halving | optuna, a budget and an objective) only the points the
+    search picks run, rung by rung; every trial, the best point with its evidence and the Pareto front go to
+    the store and the report. Running the same file again (or `mbx campaign resume NAME`) resumes a killed
+    search without repeating finished trials. Exit 0 when a best point was found, 1 when none qualified.
+
+    Before anything is submitted, every point's peak memory per GPU is estimated; a point that breaks a
+    parallel-layout rule, or whose estimate does not fit the GPU (--gpu, else resources.gpu), is infeasible:
+    recorded in the store with its reason and skipped, while the rest run. `--strict` refuses the whole
+    campaign instead (exit 2, nothing written). `mbx campaign plan` shows the estimates first.
 
     Every stored result, skipped cells' too, is judged again with the campaign's current gates; a point's
     verdict comes from all its repeats (mean and confidence interval). A second run of a campaign that is
@@ -139,7 +185,13 @@ def run(
     from orchestrator.trainers import expand
 
     campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
-    points = expand(campaign, file, max_cells)
+    points = expand(campaign, file, max_cells, strict=strict)
+    if campaign.sweep.search is not None and not dry_run:  # a budgeted search: orchestrator/search_run.py
+        from orchestrator.search_run import run_search
+
+        searched = run_search(workspace, campaign, points, file, make_report=report, launcher=launcher,
+                              parallel=parallel, log_wandb=wandb, gpu=gpu, strict=strict)  # fmt: skip
+        raise typer.Exit(searched.exit_code)
     finished = runner.run_campaign(
         workspace,
         campaign,
@@ -150,6 +202,8 @@ def run(
         make_report=report,
         log_wandb=wandb,
         dry_run=dry_run,
+        gpu=gpu,
+        strict=strict,
     )
     raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
 
@@ -172,7 +226,11 @@ def resume(
     turns 3 into 0.
     """
     from orchestrator import runner
+    from orchestrator.search_run import resume_search
 
+    searched = resume_search(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
+    if searched is not None:  # a campaign with sweep.search: the search goes on (orchestrator/search_run.py)
+        raise typer.Exit(searched.exit_code)
     finished = runner.resume_campaign(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
     raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
 

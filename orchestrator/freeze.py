@@ -26,7 +26,7 @@ class Rejected:
     point_id: str
     label: str
     why: str
-    kind: str  # slower | tie | gate | failed | oom | unstable | unfinished
+    kind: str  # slower | tie | gate | failed | oom | unstable | unfinished | infeasible
 
 
 @dataclass
@@ -100,6 +100,21 @@ def _excluded(store: Store, name: str, points: list[Point]) -> dict[str, Rejecte
     return out
 
 
+def infeasible_rejected(store: Store, name: str) -> list[Rejected]:
+    """Points skipped before submission (the store's `estimates` table, orchestrator/feasibility.py): a layout
+    rule broken or a memory estimate over the GPU's memory, with that reason."""
+    return [
+        Rejected(
+            row["point_id"],
+            row.get("label") or "",
+            f"infeasible: {row.get('reason') or 'not run'}",
+            "infeasible",
+        )
+        for row in store.estimates(name)
+        if not row["feasible"]
+    ]
+
+
 def _versus(winner: Point, other: Point, metric: Metric, min_effect: float) -> stats.Decision:
     return compare_pair(winner, other, (metric,), min_effect).decisions[metric.name]
 
@@ -111,7 +126,7 @@ def _fmt_decision(d: stats.Decision) -> str:
     return f"{change}{ci} ({d.decision.upper()}{p}, {d.n_a} vs {d.n_b} repeats)"
 
 
-def _pick_best(
+def pick_best(
     eligible: list[Point], objective: Metric, tie_break: Metric, min_effect: float
 ) -> tuple[Point, str, set[str]]:
     """(winner, how, ids of the points tied with the leader): the leader by mean, then every point not
@@ -169,6 +184,7 @@ def freeze(
     with Store(workspace, create=False) as store:
         points = load_points(store, campaign)
         excluded = _excluded(store, campaign, points)
+        infeasible = [r for r in infeasible_rejected(store, campaign) if r.point_id not in excluded]
         record = store.campaign(campaign) or {}
         cells = {c.point_id: c for c in store.cells(campaign)}
     eligible = [p for p in points if p.point_id not in excluded and p.repeats]
@@ -181,12 +197,12 @@ def freeze(
             raise UsageError(f"--point {point!r} cannot be frozen: {excluded[chosen.point_id].why}")
         winner, how, tied = chosen, "chosen with --point", set()
     elif not eligible:
-        lines = "; ".join(f"{r.point_id} [{r.label}]: {r.why}" for r in excluded.values())
+        lines = "; ".join(f"{r.point_id} [{r.label}]: {r.why}" for r in [*excluded.values(), *infeasible])
         raise RunError(f"{campaign}: no point can be frozen: {lines or 'no completed point'}")
     else:
-        winner, how, tied = _pick_best(eligible, goal, breaker, min_effect)
+        winner, how, tied = pick_best(eligible, goal, breaker, min_effect)
     rejected = [_reason(winner, p, goal, breaker, tied, min_effect) for p in eligible if p is not winner]
-    rejected += list(excluded.values())
+    rejected += [*excluded.values(), *infeasible]
     cell = cells[winner.point_id]
     return Frozen(campaign, record.get("spec") or {}, record.get("source_file"), winner, how, goal, rejected,
                   recipe=cell.recipe, resources=cell.resources, trainer_kind=cell.trainer_kind)  # fmt: skip

@@ -14,6 +14,8 @@ Tables (schema 2; `_migrate_1_to_2` upgrades a store written by schema 1)::
                failure_class, submitted_at, ended_at, try_number (which try of its cell, 1-based),
                steps_before (steps the previous try made)
     results    (campaign, cell_id, attempt), summary_json, gate_json, verdict, collected_at
+    estimates  (campaign, point_id), ordinal, feasible, detail_json: each point's memory estimate and feasibility
+               (additive, no schema bump; orchestrator/feasibility.py; `record_estimates` / `estimates`)
 
 The store also owns `<workspace>/<campaign>/campaign.json` (MANIFEST): the campaign row and every cell, written
 with each registration so that `mbx store rebuild` (orchestrator/rebuild.py) can rebuild a lost or damaged
@@ -113,6 +115,35 @@ CREATE TABLE IF NOT EXISTS parity (
     detail_json TEXT NOT NULL,
     judged_at REAL NOT NULL,
     PRIMARY KEY (campaign, pair_id)
+)
+"""
+# Additive (no schema bump): the memory estimate and feasibility of every point of a campaign (orchestrator/
+# feasibility.py), one JSON record per point, written each time it is run; infeasible points have no cells.
+# Derived data: a rebuilt store starts without them (the next run or plan makes them again).
+_ESTIMATES_TABLE = """
+CREATE TABLE IF NOT EXISTS estimates (
+    campaign TEXT NOT NULL,
+    point_id TEXT NOT NULL,
+    ordinal INTEGER NOT NULL,
+    feasible INTEGER NOT NULL,
+    detail_json TEXT NOT NULL,
+    estimated_at REAL NOT NULL,
+    PRIMARY KEY (campaign, point_id)
+)
+"""
+# Additive (no schema bump): the trials of a budgeted search (`sweep.search`, orchestrator/search_run.py), one row
+# per point and run length (rung), upserted as the search goes; the best point and the Pareto front are flagged.
+_TRIALS_TABLE = """
+CREATE TABLE IF NOT EXISTS trials (
+    campaign TEXT NOT NULL,
+    trial INTEGER NOT NULL,
+    rung INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    best INTEGER NOT NULL DEFAULT 0,
+    pareto INTEGER NOT NULL DEFAULT 0,
+    detail_json TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (campaign, trial, rung)
 )
 """
 
@@ -338,6 +369,8 @@ class Store:
             elif version == 1:
                 _migrate_1_to_2(db)
             db.execute(_PARITY_TABLE)
+            db.execute(_ESTIMATES_TABLE)
+            db.execute(_TRIALS_TABLE)
         if version == 1:
             for name in self.campaign_names():
                 self._write_manifest(self._db, name)
@@ -600,6 +633,49 @@ class Store:
         """The stored parity pair verdicts of a campaign, in their order."""
         rows = self._rows("SELECT detail_json FROM parity WHERE campaign=? ORDER BY ordinal", (campaign,))
         return [json.loads(r["detail_json"]) for r in rows]
+
+    # memory estimates and feasibility (additive table) -------------------------------------------------
+    def record_estimates(self, campaign: str, rows: list[dict[str, Any]], replace: bool = False) -> None:
+        """Per-point estimates of a campaign (dicts with point_id, label, params, estimate_gib, gpu, gpu_gib,
+        feasible, reason, ...; orchestrator/feasibility.py) in one transaction: each point's row replaces its
+        earlier one, other points' rows stay (a search records its points rung by rung); `replace` drops them."""
+        now = time.time()
+        with self._transaction() as db:
+            if replace:
+                db.execute("DELETE FROM estimates WHERE campaign=?", (campaign,))
+            known = {r[0]: r[1] for r in db.execute("SELECT point_id, ordinal FROM estimates WHERE campaign=?",
+                                                    (campaign,))}  # fmt: skip
+            start = max(known.values(), default=-1) + 1
+            for index, row in enumerate(rows):
+                ordinal = known.get(row["point_id"], start + index)
+                db.execute("INSERT OR REPLACE INTO estimates VALUES (?, ?, ?, ?, ?, ?)",
+                           (campaign, row["point_id"], ordinal, int(bool(row["feasible"])), json.dumps(row), now))  # fmt: skip
+
+    def estimates(self, campaign: str) -> list[dict[str, Any]]:
+        """The stored per-point estimates of a campaign, in point order (empty: none recorded)."""
+        sql = "SELECT detail_json, feasible FROM estimates WHERE campaign=? ORDER BY ordinal"
+        rows = self._rows(sql, (campaign,))
+        return [{**json.loads(r["detail_json"]), "feasible": bool(r["feasible"])} for r in rows]
+
+    # search trials (additive table) --------------------------------------------------------------------
+    def record_trials(self, campaign: str, rows: list[dict[str, Any]], replace: bool = False) -> None:
+        """Trials of a budgeted search (dicts with at least trial, rung, state; `best` and `pareto` flags
+        optional; orchestrator/search_run.py), upserted by (trial, rung), in one transaction; `replace` first
+        deletes the campaign's stored trials."""
+        now = time.time()
+        with self._transaction() as db:
+            if replace:
+                db.execute("DELETE FROM trials WHERE campaign=?", (campaign,))
+            for row in rows:
+                db.execute("INSERT OR REPLACE INTO trials VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           (campaign, int(row["trial"]), int(row["rung"]), row["state"], int(bool(row.get("best"))),
+                            int(bool(row.get("pareto"))), json.dumps(row), now))  # fmt: skip
+
+    def trials(self, campaign: str) -> list[dict[str, Any]]:
+        """The stored trials of a campaign's search, by trial and rung (empty: not a search)."""
+        sql = "SELECT detail_json, state, best, pareto FROM trials WHERE campaign=? ORDER BY trial, rung"
+        return [{**json.loads(r["detail_json"]), "state": r["state"], "best": bool(r["best"]),
+                 "pareto": bool(r["pareto"])} for r in self._rows(sql, (campaign,))]  # fmt: skip
 
     # ingested runs and rebuilds ------------------------------------------------------------------------
     def record_ingested(

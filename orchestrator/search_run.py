@@ -1,0 +1,177 @@
+"""Runs a budgeted search (`sweep.search`, orchestrator/search.py): grid, random, successive halving, Optuna TPE.
+
+A search sees the sweep's points as candidates (their swept values, without the run length) and an `Evaluator`
+that runs a set of them at a run length and returns each one's `Evidence`: the completed repeats as an
+orchestrator.compare `Point`, or why it is infeasible or failed. `CampaignEvaluator` drives the real engine
+through orchestrator/runner.py's `run_campaign` with the rung's points (the run length set through
+`search.steps_key`); benchmarks/search_budget.py replays a recorded table through the same strategies.
+
+Decisions between points are orchestrator/compare.py's verdicts, not raw means: a rung keeps its points that
+are not DIFFERENT (worse) than the leader first, a pruned Optuna trial must be DIFFERENT (worse) than the best
+short run, and the best point is orchestrator/freeze.py's pick (a tie is said and broken by memory). Every
+trial (one row per point and run length) goes to the store's `trials` table as the search goes, with the
+best point and the Pareto front (objective vs peak memory) flagged at the end. The search is deterministic
+for its seed and its evidence, and the engine skips completed cells, so a killed search run again replays
+its finished trials without running them; infeasible and failed trials are read back, never retried.
+
+This module is the command (run, resume, the outcome); search_rank.py ranks evidence, search_ledger.py keeps
+the budget and trial rows, search_strategies.py holds the methods and search_evaluators.py the evaluators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+
+from orchestrator.campaign import Campaign
+from orchestrator.collect import campaign_view
+from orchestrator.errors import MbxError
+from orchestrator.feasibility import check_points
+from orchestrator.lock import CampaignLock
+from orchestrator.runner import cell_rows, write_report
+from orchestrator.search import Search
+from orchestrator.search_evaluators import CampaignEvaluator, console
+from orchestrator.search_ledger import Ledger
+from orchestrator.search_rank import Best, Candidate, Evidence, mean_of, memory_of
+from orchestrator.search_strategies import product_space, run_strategy
+from orchestrator.store import Store, check_workspace
+from orchestrator.sweep import Point as SweepPoint
+from orchestrator.trainers import expand
+
+
+# ---- the command ------------------------------------------------------------------------------------------
+@dataclass
+class SearchFinished:
+    """How a search ended: the best point (None: none qualified), what it spent, and why it stopped."""
+
+    best: Best
+    ledger: Ledger
+    grid_steps: int
+    candidates: int
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.best.evidence is not None else 1
+
+
+def candidates_of(evaluator: CampaignEvaluator, points: list[SweepPoint], ledger: Ledger) -> list[Candidate]:
+    """The search's candidates in sweep order. Points infeasible by orchestrator/feasibility.py (a layout rule,
+    the estimate over the GPU's memory; `strict` refuses the campaign instead) or whose estimate exceeds
+    `constraints.peak_memory_gib_max` are recorded (trial rows, state infeasible) and left out."""
+    options = evaluator.options
+    file = str(evaluator.file) if evaluator.file else None
+    rows = check_points(points, options.get("gpu"), bool(options.get("strict")), file).by_point()
+    limit = evaluator.search.constraints.peak_memory_gib_max
+    out = []
+    for key, cells in evaluator.expanded[evaluator.full_steps].items():
+        cand = Candidate(key, cells[0].label, dict(cells[0].params))
+        row = rows.get(cells[0].point_id)
+        why = None if row is None or row.feasible else row.reason
+        if why is None and row is not None and limit is not None and (row.estimate_gib or 0) > limit:
+            why = f"memory estimate {row.estimate_gib:.3g} GiB > constraints.peak_memory_gib_max {limit:g}"
+        if why:
+            ledger.record(Evidence(cand, evaluator.full_steps, "infeasible", reason=why), 0)
+        else:
+            out.append(cand)
+    return out
+
+
+def run_search(workspace: Path, campaign: Campaign, points: list[SweepPoint], file: Path | None, *,
+               make_report: bool = True, **options: Any) -> SearchFinished:  # fmt: skip
+    """Run `campaign.sweep.search` over `points` (options: run_campaign's launcher, parallel, log_wandb, gpu,
+    strict); trials go to the store as they are decided; the report covers every cell the search ran."""
+    search = campaign.sweep.search or Search()
+    workspace = check_workspace(workspace)
+    evaluator = CampaignEvaluator(workspace, campaign, points, file, options)
+    with Store(workspace) as store:
+        stored = store.trials(campaign.name)
+    for row in stored:  # infeasible and failed trials of an earlier run: never run again
+        if row["state"] in ("infeasible", "failed"):
+            cand = Candidate(row["key"], row["label"], row["params"])
+            evaluator.known[(row["key"], row["steps"])] = Evidence(
+                cand, row["steps"], row["state"], reason=row["reason"]
+            )
+
+    def save(rows: list[dict[str, Any]]) -> None:
+        with Store(workspace) as store:
+            store.record_trials(campaign.name, rows, replace=True)
+
+    ledger = Ledger(search, save)
+    cands = candidates_of(evaluator, points, ledger)
+    console.print(Text(f"{campaign.name}: search {search.method} over {len(cands)} feasible point(s) "
+                       f"({len(points) // max(1, evaluator.repeats) - len(cands)} infeasible), "
+                       f"{evaluator.full_steps} steps each at full length"))  # fmt: skip
+    space = (
+        None
+        if campaign.sweep.cells or search.method != "optuna"
+        else product_space(campaign.sweep.axes, campaign.sweep.zip)
+    )
+    best = run_strategy(evaluator, cands, search, ledger, space, search.steps_key)
+    finished = SearchFinished(best, ledger, len(cands) * evaluator.full_steps * evaluator.repeats, len(cands))
+    finish(workspace, campaign, evaluator, finished, file, make_report)
+    return finished
+
+
+def finish(workspace: Path, campaign: Campaign, evaluator: CampaignEvaluator, finished: SearchFinished,
+           file: Path | None, make_report: bool) -> None:  # fmt: skip
+    """Every cell the search ran becomes the campaign's active cells (for status, report, freeze); print the
+    outcome and write the report."""
+    ran = list(evaluator.ran.values())
+    if ran:
+        with CampaignLock(workspace / campaign.name), Store(workspace) as store:
+            record = store.campaign(campaign.name) or {}
+            store.register_campaign(campaign.name, str(file) if file else None, campaign.model_dump(mode="json"),
+                                    record.get("launcher") or campaign.launcher, cell_rows(campaign, ran))  # fmt: skip
+    for line in outcome_lines(finished):
+        console.print(Text(line), soft_wrap=True)
+    if make_report and ran:
+        try:
+            with Store(workspace, create=False) as store:
+                page = write_report(workspace, campaign_view(store, campaign.name), None)
+            console.print(Text(f"report: {page}"))
+        except MbxError as err:
+            console.print(Text(f"warning: {err}"), soft_wrap=True)
+
+
+def outcome_lines(finished: SearchFinished) -> list[str]:
+    """What the search found, in lines that paste into a PR."""
+    ledger, best = finished.ledger, finished.best
+    share = ledger.steps / finished.grid_steps if finished.grid_steps else 0.0
+    rows = list(ledger.rows.values())
+    states = ", ".join(
+        f"{sum(r['state'] == s for r in rows)} {s}" for s in dict.fromkeys(r["state"] for r in rows)
+    )
+    lines = [f"search {ledger.search.method}: {len(ledger.numbers)} trial(s) ({states}); {ledger.steps} steps spent "
+             f"= {share:.1%} of the grid's {finished.grid_steps}, {ledger.gpu_hours:.3g} GPU-hours"
+             + (f"; stopped: {ledger.stop_reason}" if ledger.stop_reason else "")]  # fmt: skip
+    if best.evidence is None:
+        return [*lines, f"NO BEST POINT: {best.how}"]
+    e = best.evidence
+    value = mean_of(e.point, ledger.search.objective)
+    lines.append(
+        f"BEST [{e.candidate.label}] {ledger.search.objective} {value:.4g} at {e.steps} steps: {best.how}"
+    )
+    front = "; ".join(f"[{p.candidate.label}] {mean_of(p.point, ledger.search.objective) or 0:.4g} / "
+                      f"{memory_of(p.point) or 0:.3g} GiB" for p in best.pareto)  # fmt: skip
+    lines.append(f"Pareto front ({ledger.search.objective} vs peak memory): {front}")
+    return lines
+
+
+def resume_search(workspace: Path, name: str, **options: Any) -> SearchFinished | None:
+    """`mbx campaign resume NAME` of a campaign with `sweep.search`: the search run again from its stored spec
+    (finished trials are read back, not rerun); None for a campaign without a search (or not in the store)."""
+    workspace = check_workspace(workspace, create=False)
+    with Store(workspace, create=False) as store:
+        record = store.campaign(name)
+    spec = (record or {}).get("spec") or {}
+    if not isinstance(spec.get("sweep"), dict) or not spec["sweep"].get("search"):
+        return None
+    campaign = Campaign.model_validate(spec)
+    source = Path(record["source_file"]) if record and record.get("source_file") else None
+    file = source if source is not None and source.exists() else None  # a recipe_file is relative to it
+    make_report = bool(options.pop("make_report", True))
+    return run_search(workspace, campaign, expand(campaign, file, None, strict=False), file, make_report=make_report,
+                      launcher=record["launcher"] if record else None, **options)  # fmt: skip
