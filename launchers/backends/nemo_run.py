@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import shlex
@@ -14,15 +15,35 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from launchers.base import LaunchSpec, Rendered, Submitted
 from launchers.command import here_python, node_entry_argv, node_python
 from launchers.registry import register
 from launchers.safety import check_plain, plain_problem, shell_word
 from launchers.slurm.launcher import SlurmLauncher
+from launchers.slurm.pack import (
+    OVERLAP_ARGS,
+    PackLayout,
+    describe,
+    pack_file,
+    pack_minutes,
+    packs,
+    point_info,
+    point_job_id,
+    runner_argv,
+    runner_python,
+)
 from launchers.slurm.query import Scheduler, SchedulerState
-from launchers.slurm.render import batch_key, job_request, safe_name, shape_of, task_table
+from launchers.slurm.render import (
+    JobRequest,
+    batch_key,
+    group_by_shape,
+    job_request,
+    safe_name,
+    shape_of,
+    task_table,
+)
 from launchers.slurm.settings import SlurmSettings
 
 INSTALL_HINT = (
@@ -63,6 +84,14 @@ class NemoRunSettings(SlurmSettings):
         description="Where NeMo-Run keeps experiments on the cluster (SSH: required; local: "
         "<workspace>/<campaign>/nemo-run/experiments). With SSH the workspace must have the same path on both sides.",
     )
+
+    @model_validator(mode="after")
+    def _pack_needs_slurm(self) -> NemoRunSettings:
+        if self.pack > 1 and self.executor != "slurm":
+            raise ValueError(
+                "pack > 1 needs executor 'slurm' (the points of a pack are srun steps of one allocation)"
+            )
+        return self
 
     @field_validator("host", "user", "job_dir", "identity")
     @classmethod
@@ -184,15 +213,16 @@ class NemoRunLauncher(SlurmLauncher):
         # packaging jobs, and NeMo-Run serializes it with each task (quadratic in the number of tasks)
         return run.LocalTunnel(job_dir=s.job_dir or str(self._base_dir(spec) / "experiments"))
 
-    def executor(self, spec: LaunchSpec) -> Any:
-        """run.SlurmExecutor (or run.LocalExecutor) for one attempt, from the profile's job request."""
+    def executor(self, spec: LaunchSpec, request: JobRequest | None = None) -> Any:
+        """run.SlurmExecutor (or run.LocalExecutor) for one attempt, from the profile's job request (a pack's
+        own request: its runner is one task on the first node, outside any container, overlapping its steps)."""
         run = import_nemo_run()
         if self.settings.executor == "local":
             ranks = spec.resources.gpus_per_node
             return run.LocalExecutor(ntasks_per_node=ranks, launcher="torchrun" if ranks > 1 else None)
-        req = job_request([spec], self.profile, self.settings, self.workspace)
+        req = request or job_request([spec], self.profile, self.settings, self.workspace)
         word = srun_word()
-        srun_args = [word(arg) for arg in req.srun_args]
+        srun_args = [word(arg) for arg in (OVERLAP_ARGS if request else req.srun_args)]
         if req.container_workdir:  # NeMo-Run sets its own workdir first; the last one wins
             srun_args.append(word(f"--container-workdir={req.container_workdir}"))
         image = word(req.container_image) if req.container_image else None
@@ -220,7 +250,7 @@ class NemoRunLauncher(SlurmLauncher):
                           entrypoint=shlex.join(argv[:2]))  # fmt: skip
 
     def experiment(self, specs: list[LaunchSpec]) -> Any:
-        """The batch's Experiment: deterministic id (campaign + batch key), one task per attempt."""
+        """The batch's Experiment: deterministic id (campaign + batch key), one task per attempt (or per pack)."""
         run = import_nemo_run()
         title = safe_name(f"mbx-{specs[0].campaign}")
         table = self._table(specs)
@@ -229,10 +259,37 @@ class NemoRunLauncher(SlurmLauncher):
             enable_goodbye_message=False, skip_status_at_exit=True, log_level="WARN",
         )  # fmt: skip
         with inside_experiment(experiment):
+            if self.settings.pack > 1:
+                self._add_packs(experiment, specs, table)
+                return experiment
             for index, spec in enumerate(specs):
                 name = safe_name(f"{spec.cell_id}-a{spec.attempt}")
                 experiment.add(self.script(table, index), executor=self.executor(spec), name=name)
         return experiment
+
+    def _packs(self, specs: list[LaunchSpec]) -> list[list[LaunchSpec]]:
+        """Packs of `pack` same-shape attempts, in the order their points appear in the task table."""
+        return [chunk for group in group_by_shape(specs) for chunk in packs(group, self.settings.pack)]
+
+    def pack_text(self, specs: list[LaunchSpec], table: Path) -> str:
+        """The pack file of a batch (launchers/node/pack.py reads it), its points indexing the task table."""
+        cut = self._packs(specs)
+        requests = [job_request(chunk, self.profile, self.settings, self.workspace) for chunk in cut]
+        return pack_file(cut, PackLayout(table.parent), table, requests, node_python(self.profile), self.settings)
+
+    def _add_packs(self, experiment: Any, specs: list[LaunchSpec], table: Path) -> None:
+        run = import_nemo_run()
+        layout = PackLayout(table.parent)
+        for number, chunk in enumerate(self._packs(specs)):
+            req = job_request(chunk, self.profile, self.settings, self.workspace)
+            req = dataclasses.replace(req, time_min=pack_minutes(chunk, self.settings), container_image=None)
+            argv = runner_argv(
+                runner_python(self.profile, self.settings, req.container_image), layout.file, number
+            )
+            script = run.Script(path=shlex.quote(argv[2]), args=[shlex.quote(a) for a in argv[3:]],
+                                entrypoint=shlex.join(argv[:2]))  # fmt: skip
+            name = safe_name(f"pack{number}-{chunk[0].cell_id}-a{chunk[0].attempt}")
+            experiment.add(script, executor=self.executor(chunk[0], req), name=name)
 
     # the Launcher hooks ----------------------------------------------------------------------------------
     def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
@@ -243,7 +300,16 @@ class NemoRunLauncher(SlurmLauncher):
             return []
         local = self.settings.executor == "local"
         python = here_python() if local else node_python(self.profile)
-        files = {self._table(specs): task_table(specs, self.profile, self.settings, python)}
+        notes: list[str] = []
+        if self.settings.pack > 1:  # the task table in pack order: each pack's points side by side
+            cut = self._packs(specs)
+            specs = [spec for chunk in cut for spec in chunk]
+            minutes = [pack_minutes(chunk, self.settings) for chunk in cut]
+            notes.append(describe(cut, None if None in minutes else max(m or 0 for m in minutes)))
+        table = self._table(specs)
+        files = {table: task_table(specs, self.profile, self.settings, python)}
+        if self.settings.pack > 1:
+            files[PackLayout(table.parent).file] = self.pack_text(specs, table)
         if local:
             note = f"NeMo-Run local executor: {len(specs)} task(s), started with {here_python()}"
             return [Rendered(list(specs), files, notes=[note])]
@@ -258,7 +324,7 @@ class NemoRunLauncher(SlurmLauncher):
             scripts[path] = job._dryrun_info.request.materialize()
             remote = os.path.join(executor.tunnel.job_dir, f"{executor.job_name}_sbatch.sh")
             commands.append(["sbatch", "--requeue", "--parsable", remote])
-        return [Rendered(list(specs), files, scripts, commands)]
+        return [Rendered(list(specs), files, scripts, commands, notes)]
 
     def launch(self, rendered: Rendered) -> list[Submitted]:
         # A fresh Experiment: reusing the dry-run one would make NeMo-Run serialize its shared tunnel (with every
@@ -269,18 +335,18 @@ class NemoRunLauncher(SlurmLauncher):
         now = time.time()
         table = next(iter(rendered.files))
         scripts = list(rendered.scripts.items())
-        submitted = []
-        for index, (spec, job) in enumerate(zip(rendered.specs, experiment.jobs, strict=True)):
+        tasks = self._packs(rendered.specs) if self.settings.pack > 1 else [[spec] for spec in rendered.specs]
+        submitted, index = [], 0
+        for number, (chunk, job) in enumerate(zip(tasks, experiment.jobs, strict=True)):
             if not job.launched or not job.handle:
                 raise RuntimeError(f"NeMo-Run did not launch {job.id} (state {job.state})")
             job_id = _job_id(job.handle)
-            info: dict[str, Any] = {"run_dir": str(spec.run_dir), "tasks": str(table), "index": index,
-                                    "handle": job.handle, "time_min": shape_of(spec)[2], "submitted_at": now,
-                                    "experiment": experiment._id}  # fmt: skip
+            common: dict[str, Any] = {"tasks": str(table), "handle": job.handle, "submitted_at": now,
+                                      "experiment": experiment._id}  # fmt: skip
             if scripts:
-                path, text = scripts[index]
-                info.update(argv=rendered.commands[index], script=str(path))
-                info["slurm_output"] = str(job.executor.job_details.stdout).replace("%j", job_id)
+                path, text = scripts[number]
+                common.update(argv=rendered.commands[number], script=str(path))
+                common["slurm_output"] = str(job.executor.job_details.stdout).replace("%j", job_id)
                 if path.exists() and path.read_text() != text:
                     print(
                         f"warning: NeMo-Run submitted {path}, which differs from the rendered script",
@@ -288,7 +354,14 @@ class NemoRunLauncher(SlurmLauncher):
                     )
             else:
                 self.query.jobs[job_id] = (experiment, job)  # type: ignore[attr-defined]
-            submitted.append(Submitted(spec.cell_id, spec.attempt, job_id, info))
+            for pos, spec in enumerate(chunk):
+                info = {"run_dir": str(spec.run_dir), "index": index, "time_min": shape_of(spec)[2], **common}
+                ident = job_id
+                if self.settings.pack > 1:
+                    info.update(point_info(PackLayout(Path(table).parent), job_id, number, pos, len(chunk)))
+                    ident = point_job_id(job_id, pos)
+                submitted.append(Submitted(spec.cell_id, spec.attempt, ident, info))
+                index += 1
         return submitted
 
     @contextlib.contextmanager

@@ -12,6 +12,10 @@ How `poll` decides a job's state, in order:
    resolution calls for is written with `rundir.settle` (writer `rundir.SCHEDULER`);
 4. a job the scheduler no longer knows: the run dir's status after `settle_s`, else failed after `gone_after_s`
    (accounting disabled: squeue forgets finished jobs after MinJobAge).
+
+A packed point (launchers/slurm/pack.py) is asked about through its allocation's job id; once its runner
+recorded the end of its srun step, the step's word (completed, failed, stopped by mbx, past its deadline) stands
+in for Slurm's, so one point of a pack ends, is collected and retried exactly as one job per point would be.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, ClassVar
 from launchers.base import JobState, Launcher, Submitted
 from launchers.node.attempt import tail
 from launchers.profile import SlurmProfile
+from launchers.slurm.pack import ALLOCATION, cancel_points, read_record, scheduler_id, step_state
 from launchers.slurm.query import Scheduler, SchedulerState, SlurmQuery, run_local
 from launchers.slurm.render import check_profile
 from launchers.slurm.settings import SlurmSettings
@@ -130,11 +135,13 @@ class SlurmLauncher(Launcher):
         return run_local(argv)
 
     def cancel(self, jobs: list[Submitted]) -> None:
-        self.query.cancel([job.job_id for job in jobs])
+        """scancel the jobs; a packed point is stopped alone (its runner goes on), its allocation once no
+        other point of it is left to run."""
+        self.query.cancel([job.job_id for job in jobs if ALLOCATION not in job.info] + cancel_points(jobs))
 
     def poll(self, jobs: list[Submitted]) -> dict[str, JobState]:
         facts = {job.job_id: RunFacts.of(job) for job in jobs}
-        ask = [job.job_id for job in jobs if not facts[job.job_id].final]
+        ask = sorted({scheduler_id(job) for job in jobs if not facts[job.job_id].final})
         if ask:
             self.query.refresh(ask)
         states: dict[str, JobState] = {}
@@ -146,14 +153,23 @@ class SlurmLauncher(Launcher):
 
     def _with_scheduler(self, job: Submitted, run: RunFacts) -> JobState:
         now = time.time()
-        sched = self.query.states.get(job.job_id)
+        record = read_record(job)
+        step = step_state(record)
+        if step is not None:  # a packed point whose step ended: the step's word, not the allocation's
+            return self._settle(job, run, step)
+        sched = self.query.states.get(scheduler_id(job))
         if sched is None:
             return self._unknown(job, run, now)
         self._missing_since.pop(job.job_id, None)
         if sched.state in PENDING:
             return JobState.PENDING
         if sched.state not in FINAL:
-            return JobState.RUNNING
+            waiting = ALLOCATION in job.info and record is None  # a packed point waiting for its turn
+            return JobState.PENDING if waiting else JobState.RUNNING
+        if ALLOCATION in job.info and record is None:
+            sched = dataclasses.replace(
+                sched, reason=f"{sched.reason}; the pack ended before this point started".lstrip("; ")
+            )
         if run.status is None or run.exit_info is None:  # the node may still be writing its files
             first = self._final_since.setdefault(job.job_id, now)
             if now - first < self.settle_s:

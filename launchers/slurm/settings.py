@@ -36,13 +36,24 @@ class SlurmSettings(LauncherSettings):
     container_auto_mounts: bool = Field(
         True, description="Mount the mbx checkout and the workspace at their own paths inside the container."
     )
+    pack: int = Field(
+        1,
+        ge=1,
+        description="Points per allocation: each allocation runs its points back to back, one srun step per point "
+        "(warm JIT caches, a per-point time limit, a crashed point does not stop the others); 1: one job per point.",
+    )
+    pack_python: str = Field(
+        "python3",
+        description="With pack > 1 and a container image: the interpreter that runs the pack runner on the node, "
+        "outside the container (it starts one srun step per point).",
+    )
     gone_after_s: float = Field(
         120.0,
         gt=0,
         description="A job Slurm no longer knows, with no status file for this long, counts as failed.",
     )
 
-    @field_validator("mem", "srun_args")
+    @field_validator("mem", "srun_args", "pack_python")
     @classmethod
     def _no_control(cls, value: Any) -> Any:
         return refuse_control(value)
