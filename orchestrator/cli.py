@@ -17,6 +17,7 @@ from orchestrator import (
     cli_freeze,
     cli_golden,
     cli_ingest,
+    cli_profile,
     cli_report,
     cli_store,
 )
@@ -44,6 +45,7 @@ app.add_typer(cli_store.app, name="store")
 app.add_typer(cli_golden.app, name="golden")
 app.add_typer(cli_card.app, name="card")
 app.command("freeze")(cli_freeze.freeze)
+app.add_typer(cli_profile.app, name="profile")
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 MAX_ERRORS = 50  # problems printed per error; MBX_MAX_ERRORS=N prints more (0: all)

@@ -105,8 +105,42 @@ def step_history(rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, float 
     return out
 
 
+JOB_TYPE_MAX = 64  # W&B's limit on job_type
+
+
+def point_job_type(cell: CellView) -> str:
+    """The run's job_type: its point (the knob values, `key=value` by the last key segment, when they fit
+    W&B's 64 characters; else the point id), so the runs of one point group together in a campaign's group."""
+    short = ",".join(f"{str(k).rsplit('.', 1)[-1]}={v}" for k, v in cell.params.items())
+    if not short:
+        return "base"
+    return short if len(short) <= JOB_TYPE_MAX else cell.point_id[:JOB_TYPE_MAX]
+
+
+def window_extras(cell: CellView) -> dict[str, Any]:
+    """Window figures the summary does not carry: mean `energy_j` (J per step per GPU) over the window's steps,
+    and the profiled steps' ms per kernel class (reports/profile_view.py) under profile/."""
+    import numpy as np
+
+    from reports.profile_view import breakdown
+
+    out: dict[str, Any] = {}
+    first = cell.summary.window_first_step if cell.summary else None
+    last = cell.summary.window_last_step if cell.summary else None
+    if first is not None and last is not None:
+        joules = [r["energy_j"] for r in cell.rows if first <= r.get("step", -1) <= last
+                  and isinstance(r.get("energy_j"), (int, float)) and math.isfinite(r["energy_j"])]  # fmt: skip
+        if joules:
+            out["window/energy_j"] = float(np.mean(joules))
+    shares = breakdown(Path(cell.run_dir)) if cell.run_dir else None
+    for cls, ms in (shares or {}).items():
+        out[f"profile/{cls}_ms"] = ms
+    return out
+
+
 def run_summary(cell: CellView) -> dict[str, Any]:
-    """Run summary: state, verdict, failed-gate messages and the window figures under window/."""
+    """Run summary: state, verdict, failed-gate messages, the window figures under window/ (energy included)
+    and the profiled time per kernel class under profile/."""
     summary: dict[str, Any] = {"state": cell.state, "attempt": cell.attempt}
     if cell.reason:
         summary["failure/reason"] = cell.reason
@@ -123,6 +157,7 @@ def run_summary(cell: CellView) -> dict[str, Any]:
             summary[f"window/{key}"] = value
         if cell.summary.step_time_cv is not None:
             summary["window/step_time_cv"] = cell.summary.step_time_cv
+    summary.update(window_extras(cell))
     return summary
 
 
@@ -223,7 +258,8 @@ def log_attempt(
     *,
     on_warning: Callable[[str], None] | None = None,
 ) -> str | None:
-    """Log one attempt as one W&B run; the local run folder (offline) or the run id (online).
+    """Log one attempt as one W&B run (group = campaign, job_type = point, history = step rows, summary =
+    window figures and verdicts); the local run folder (offline) or the run id (online).
 
     `config` is the resolved recipe and swept parameters; values of secret-looking keys are redacted
     and nothing is read from the environment. Returns None when mode is disabled, or when W&B failed:
@@ -276,7 +312,9 @@ def log_attempt(
                 pass
 
 
-def _online_recently_failed(settings: WandbSettings, what: str, on_warning: Callable[[str], None] | None) -> bool:
+def _online_recently_failed(
+    settings: WandbSettings, what: str, on_warning: Callable[[str], None] | None
+) -> bool:
     """Whether an online run failed to start less than ONLINE_RETRY_S ago (then skip at once, with a warning)."""
     if settings.mode != "online" or not _online_failure:
         return False
@@ -313,7 +351,7 @@ def _init_run(
         entity=settings.entity,
         group=campaign,
         name=f"{campaign}/{cell.cell_id}/a{cell.attempt}",
-        job_type="benchmark",
+        job_type=point_job_type(cell),
         tags=list(settings.tags),
         config=run_config,
         mode=settings.mode,

@@ -20,6 +20,7 @@ from reports.wandb_log import (
     WandbLogWarning,
     WandbSettings,
     log_attempt,
+    point_job_type,
     read_run_file,
     scrub,
     step_history,
@@ -113,7 +114,8 @@ def test_offline_run_is_written_and_reads_back(wandb_env: Path) -> None:
     got = _read_run(folder_path)
     run = got["run"]
     assert run.display_name == "moe-dispatch/c2b0/a1"
-    assert run.run_group == "moe-dispatch" and run.job_type == "benchmark"
+    assert run.run_group == "moe-dispatch" and run.job_type == point_job_type(cell)
+    assert run.job_type == ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in cell.params.items())
     assert list(run.tags) == ["ci"]
     assert got["config"]["model"] == config["model"]
     assert got["config"]["hf_token"] == REDACTED
@@ -276,3 +278,26 @@ def test_scrub_and_history_helpers() -> None:
 def test_import_does_not_load_wandb() -> None:
     code = "import sys, reports.wandb_log; assert 'wandb' not in sys.modules, 'wandb imported eagerly'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_summary_has_window_energy_and_profile(wandb_env: Path) -> None:
+    """energy_j rows average over the window into window/energy_j; a profiled run dir adds profile/<class>_ms."""
+    import dataclasses
+
+    from reports.profile_view import breakdown
+
+    cell = campaign_view().cells[2]
+    rows = [dict(r, energy_j=100.0 + r["step"]) for r in cell.rows]
+    run_dir = wandb_env / "run"
+    run_dir.mkdir()
+    trace = Path(__file__).parent / "data" / "traces" / "cpu_quickstart_steps2-3.pt.trace.json.gz"
+    (run_dir / "profile-trace.json.gz").write_bytes(trace.read_bytes())
+    cell = dataclasses.replace(cell, rows=rows, run_dir=str(run_dir))
+    folder = log_attempt(WandbSettings(), "moe-dispatch", cell, {}, wandb_env / "ws")
+    assert folder is not None
+    summary = _read_run(Path(folder))["summary"]
+    first, last = cell.summary.window_first_step, cell.summary.window_last_step
+    assert summary["window/energy_j"] == pytest.approx(100.0 + (first + last) / 2)
+    shares = breakdown(run_dir)
+    assert shares and summary["profile/GEMM_ms"] == pytest.approx(shares["GEMM"])
+    assert set(k for k in summary if k.startswith("profile/")) == {f"profile/{c}_ms" for c in shares}

@@ -22,6 +22,7 @@ import torch
 from trainer import expert_parallel
 from trainer.data import MockData
 from trainer.distributed import Dist, all_reduce_sum
+from trainer.energy import StepEnergy
 from trainer.flops import padded_vocab_size, step_flops, tflops_per_gpu
 from trainer.green import dispatcher_stream
 from trainer.master import MasterWeights
@@ -257,11 +258,14 @@ class Trainer:
     def run(self, on_row: Callable[[dict], None], out_dir: Path | None = None) -> None:
         t = self.recipe.training
         profiler = StepProfiler(out_dir, self.dist.rank)
+        energy = StepEnergy(self.device)  # NVML energy_j per step on a GPU; nothing on CPU
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # SYNC: start the first step's clock on an idle GPU
         for step in range(1, t.steps + 1):
             profiler.before_step(step)
+            energy.start()
             row = self.train_step(step)
+            row.update(energy.stop())
             profiler.after_step(step)
             if t.eval_interval and step % t.eval_interval == 0:
                 row["eval_loss"] = self.evaluate()

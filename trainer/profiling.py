@@ -27,17 +27,26 @@ class StepProfiler:
         self.window = profile_window() if rank == 0 and out_dir is not None else None
         self.out_dir = out_dir
         self._profiler: torch.profiler.profile | None = None
+        self._range: torch.profiler.record_function | None = None
 
     def before_step(self, step: int) -> None:
-        if self.window is None or step != self.window[0]:
+        if self.window is None or not self.window[0] <= step <= self.window[1]:
             return
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._profiler = torch.profiler.profile(activities=activities, record_shapes=True)
-        self._profiler.__enter__()
+        if step == self.window[0]:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._profiler = torch.profiler.profile(activities=activities, record_shapes=True)
+            self._profiler.__enter__()
+        # One range per step, named as torch.profiler's own schedule names them (reports/profile_trace.py,
+        # HolisticTraceAnalysis): the report's window and step count.
+        self._range = torch.profiler.record_function(f"ProfilerStep#{step}")
+        self._range.__enter__()
 
     def after_step(self, step: int) -> None:
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
         if self._profiler is None or self.window is None or step != self.window[1]:
             return
         self._profiler.__exit__(None, None, None)
@@ -50,7 +59,9 @@ class StepProfiler:
         assert self.out_dir is not None
         (self.out_dir / "profile.txt").write_text(
             f"# torch.profiler over steps {self.window[0]}..{self.window[1]} ({steps} steps), sorted by {sort}\n"
-            + table + "\n\n# by input shape\n" + grouped
+            + table
+            + "\n\n# by input shape\n"
+            + grouped
         )
         self._profiler.export_chrome_trace(str(self.out_dir / "profile-trace.json"))
         self._profiler = None

@@ -8,17 +8,22 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from orchestrator import software
+from orchestrator import profile_spec, software
 from orchestrator.campaign import Campaign, Resources
 from orchestrator.keys import set_path, split_namespace, unknown_key_problem
 from orchestrator.loader import validation_problems
-from orchestrator.sweep import PointProblems, ResolvedPoint, canonical_json
+from orchestrator.sweep import Point, PointProblems, ResolvedPoint, canonical_json
 from orchestrator.trainers.base import TrainerKind, software_env
 from trainer import rundir
-from trainer.recipe import Recipe, launch_problems
+from trainer.memory import MemoryEstimate, estimate
+from trainer.recipe import Recipe, launch_problems, layout_problems
+
+# A validated point: recipe, resources, their identities, layout problems (infeasible when not empty).
+Validated = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any], tuple[str, ...]]
 
 if TYPE_CHECKING:
-    from orchestrator.store import CellRow
+    from launchers.base import LaunchSpec
+    from orchestrator.store import AttemptRow, CellRow
 
 
 class BundledKind(TrainerKind):
@@ -57,7 +62,7 @@ class BundledKind(TrainerKind):
             "resources": campaign.resources.model_dump(),
             "env": dict(campaign.env.values),
         }
-        valid: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+        valid: dict[str, Validated] = {}
         versions = software.SoftwareResolver(campaign.software, campaign_file)
         own = ("recipe", "resources")  # the resolved recipe and resources depend only on these swept keys
 
@@ -70,19 +75,59 @@ class BundledKind(TrainerKind):
                 key = ""
             if not key or key not in valid:
                 valid[key] = _validate(docs, where)
-            recipe, resources, recipe_id, resources_id = valid[key]
+            recipe, resources, recipe_id, resources_id, infeasible = valid[key]
+            steps = (recipe.get("training") or {}).get("steps")
+            if problem := profile_spec.window_problem(campaign.profile, steps, campaign.collect.window):
+                raise PointProblems([f"{where}{problem}"])  # profiled steps would spoil the measured window
             identity = {"trainer": "bundled", "recipe": recipe_id, "resources": resources_id,
                         "env": software.identity_env(docs["env"])}  # fmt: skip
-            return ResolvedPoint(recipe, resources, docs["env"], identity)
+            return ResolvedPoint(recipe, resources, docs["env"], identity, infeasible)
 
         return resolve
 
     def args(self, cell: CellRow, run_dir: Path, attempt: int) -> list[str]:
         return ["--recipe", str(run_dir / rundir.RECIPE), "--out", str(run_dir)]
 
+    def launch_spec(self, campaign: Campaign, cell: CellRow, attempt: AttemptRow) -> LaunchSpec:
+        """The base spec, plus the campaign's `profile:` switch (orchestrator/profile_spec.py; not identity)."""
+        spec = super().launch_spec(campaign, cell, attempt)
+        spec.env.update(profile_spec.trainer_env(campaign.profile))
+        return spec
+
     def planned_steps(self, cell: CellRow) -> int | None:
         steps = (cell.recipe.get("training") or {}).get("steps")
         return int(steps) if isinstance(steps, int) else None
+
+    def memory_estimate(self, point: Point, on_gpu: bool) -> MemoryEstimate | None:
+        """trainer/memory.py's model of what the bundled trainer allocates (ValueError for a refused layout);
+        points that differ only in fields the model never reads (seed, steps, learning rates) share one."""
+        reduced = {**point.recipe}
+        for section, names in NOT_MEMORY.items():
+            reduced[section] = {k: v for k, v in (reduced.get(section) or {}).items() if k not in names}
+        # the recipe is a model_dump (fields in schema order): its repr is a key, much cheaper than sorted JSON
+        return _estimate(repr(reduced), reduced, point.world_size, True if on_gpu else None)
+
+
+# Recipe fields trainer/memory.py never reads: points that differ only in them share one estimate.
+NOT_MEMORY = {
+    "training": ("seed", "steps", "eval_interval", "log_interval"),
+    "optimizer": ("lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "clip_grad"),
+}
+
+
+_ESTIMATES: dict[tuple[str, int, bool | None], MemoryEstimate] = {}
+
+
+def _estimate(key: str, recipe: dict[str, Any], world_size: int, gpu: bool | None) -> MemoryEstimate:
+    """The estimate of a recipe, computed once per distinct (recipe key, world, device) in a process."""
+    cached = _ESTIMATES.get((key, world_size, gpu))
+    if cached is None:
+        if len(_ESTIMATES) >= 4096:
+            _ESTIMATES.clear()
+        cached = _ESTIMATES[(key, world_size, gpu)] = estimate(
+            Recipe.model_validate(recipe), world_size, gpu=gpu
+        )
+    return cached
 
 
 def _apply(base: dict[str, dict[str, Any]], assignment: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -99,24 +144,42 @@ def _apply(base: dict[str, dict[str, Any]], assignment: dict[str, Any]) -> dict[
     return docs
 
 
-def _validate(
-    docs: dict[str, dict[str, Any]], where: str
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(recipe, resources, and their identities) of a valid point; PointProblems naming `where` otherwise."""
+def _validate(docs: dict[str, dict[str, Any]], where: str) -> Validated:
+    """(recipe, resources, their identities, layout problems) of a point; PointProblems naming `where` for
+    anything but its parallel layout. A point whose only problems are its layout (the checks of
+    trainer.recipe.layout_problems, or a recipe that validates once its `parallel` section is reset) is
+    returned with those problems: infeasible, not invalid (orchestrator/feasibility.py)."""
+    recipe: Recipe | None = None
     try:
         recipe = Recipe.model_validate(docs["recipe"])
     except ValidationError as err:
-        raise PointProblems(validation_problems(err, Recipe, f"{where}trainer.recipe.")) from None
+        layout = validation_problems(err, Recipe, f"{where}trainer.recipe.")
+        if not _layout_only(docs["recipe"]):
+            raise PointProblems(layout) from None
     try:
         resources = Resources.model_validate(docs["resources"])
     except ValidationError as err:
         raise PointProblems(validation_problems(err, Resources, f"{where}resources.")) from None
-    problems = launch_problems(recipe, resources.nodes * resources.gpus_per_node)
-    if problems:
-        raise PointProblems([f"{where}{p}" for p in problems])
-    return (
-        recipe.model_dump(mode="json"),
-        resources.model_dump(mode="json"),
-        recipe.model_dump(mode="json", exclude_defaults=True),
-        resources.model_dump(mode="json", exclude_defaults=True),
-    )
+    res, res_id = resources.model_dump(mode="json"), resources.model_dump(mode="json", exclude_defaults=True)
+    if recipe is None:  # only its layout is wrong: kept as given, never run
+        return docs["recipe"], res, docs["recipe"], res_id, tuple(layout)
+    world = resources.nodes * resources.gpus_per_node
+    problems = launch_problems(recipe, world)
+    in_layout = set(layout_problems(recipe, world))
+    invalid = [f"{where}{p}" for p in problems if p not in in_layout]
+    if invalid:
+        raise PointProblems(invalid)
+    return (recipe.model_dump(mode="json"), res, recipe.model_dump(mode="json", exclude_defaults=True), res_id,
+            tuple(f"{where}{p}" for p in problems if p in in_layout))  # fmt: skip
+
+
+def _layout_only(recipe: dict[str, Any]) -> bool:
+    """Whether a recipe that fails validation is valid with its `parallel` section at the defaults (so its
+    problem is how it is split over ranks, e.g. experts not divisible by EP)."""
+    if "parallel" not in recipe:
+        return False
+    try:
+        Recipe.model_validate({k: v for k, v in recipe.items() if k != "parallel"})
+    except ValidationError:
+        return False
+    return True

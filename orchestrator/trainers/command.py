@@ -7,21 +7,23 @@ it ends `finalize_command_attempt` turns them into metrics.jsonl and status.json
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchers.base import LaunchSpec
-from orchestrator import software
+from orchestrator import profile_spec, software
 from orchestrator.campaign import Campaign
 from orchestrator.command import attempt_argv, key_problems, resolve_point
-from orchestrator.sweep import ResolvedPoint
+from orchestrator.megatron_layout import estimate_args, layout_problems, megatron_args
+from orchestrator.sweep import Point, ResolvedPoint
 from orchestrator.trainers.base import Follower, TrainerKind, software_env, workspace_of, world_size
 from reports.parsers.follow import LogFollower, logged_last_step
 from trainer import rundir
+from trainer.memory import MemoryEstimate, estimate_megatron
 
 if TYPE_CHECKING:
-    from orchestrator.store import CellRow
+    from orchestrator.store import AttemptRow, CellRow
 
 STOPPED = ("timeout", "cancelled", "preempted")
 _CLASS_OF_STOP = {"timeout": "timeout", "preempted": "preempted"}
@@ -44,18 +46,35 @@ class CommandKind(TrainerKind):
     def resolver(
         self, campaign: Campaign, campaign_file: Path | None
     ) -> Callable[[dict[str, Any], str], ResolvedPoint]:
-        """Resolve points with each distinct software ref resolved once."""
+        """Resolve points with each distinct software ref resolved once; Megatron's layout rules checked on
+        the point's argv (orchestrator/megatron_layout.py: problems make it infeasible, not invalid)."""
         versions = software.SoftwareResolver(campaign.software, campaign_file)
 
         def resolve(assignment: dict[str, Any], where: str) -> ResolvedPoint:
             env = software_env(versions, assignment, where)
-            return resolve_point(campaign, assignment, campaign_file, where, env)
+            point = resolve_point(campaign, assignment, campaign_file, where, env)
+            args, spelled = megatron_args(point.recipe["argv"])
+            world = int(point.resources["nodes"]) * int(point.resources["gpus_per_node"])
+            problems = tuple(f"{where}{p}" for p in layout_problems(args, spelled, world))
+            return replace(point, infeasible=problems) if problems else point
 
         return resolve
+
+    def memory_estimate(self, point: Point, on_gpu: bool) -> MemoryEstimate | None:
+        """trainer.memory.estimate_megatron of the point's Megatron flags; None when they do not give the
+        model's shape (hidden size, layers, heads, sequence length, vocabulary)."""
+        args = estimate_args(megatron_args(point.recipe["argv"])[0], point.world_size)
+        return estimate_megatron(args) if args is not None else None
 
     def args(self, cell: CellRow, run_dir: Path, attempt: int) -> list[str]:
         paths = software.placeholder_paths(cell.env, workspace_of(run_dir))
         return attempt_argv(cell.recipe["argv"], run_dir, cell.cell_id, attempt, paths)
+
+    def launch_spec(self, campaign: Campaign, cell: CellRow, attempt: AttemptRow) -> LaunchSpec:
+        """The base spec; under `profile:` a Megatron-style argv runs inside `nsys profile` where nsys is found."""
+        spec = super().launch_spec(campaign, cell, attempt)
+        spec.args = profile_spec.command_argv(campaign.profile, spec.args, spec.run_dir)
+        return spec
 
     def recipe_record(self, cell: CellRow, spec: LaunchSpec) -> dict[str, Any]:
         return {**cell.recipe, "argv": spec.args, "env": dict(cell.env)}

@@ -12,7 +12,8 @@ size × seq_length / step time / GPUs, only when seq_length and GPU count are kn
 (`mem_allocated_gib`, `mem_max_allocated_gib`, `mem_reserved_gib`, `mem_max_reserved_gib`: Megatron-LM
 "MB" = MiB → / 1024, Bridge "GB" = 1e9 bytes → × 1e9 / 2**30; the largest over ranks), `skipped` and
 `nan` (True when Megatron counted a skipped / NaN iteration in the logging interval ending here, or
-the loss is not finite), `eval_loss` on steps with a validation line, and `extra` with every other
+the loss is not finite), `eval_loss` on steps with a validation line, `energy_j` (J per step per GPU,
+"energy per GPU (J/iter/GPU)" of `--log-energy`; absent without it), and `extra` with every other
 field as printed ("consumed samples", "global batch size", "loss scale", "num zeros", other losses
 such as "mtp_1 loss" or "load_balancing_loss", the raw "number of skipped/nan iterations", "train
 iters", "timestamp", Bridge's "Step Time (s)", "validation lm loss PPL", ...). What the log does not

@@ -34,7 +34,7 @@ ITERATION_FIELDS: dict[str, tuple[str | None, bool]] = {
     "skipped samples": (None, True),
     "elapsed time per iteration (ms)": ("step_time_ms", False),
     "throughput per GPU (TFLOP/s/GPU)": ("tflops_per_gpu", False),
-    "energy per GPU (J/iter/GPU)": (None, False),
+    "energy per GPU (J/iter/GPU)": ("energy_j", False),  # Megatron --log-energy: J per step per GPU
     "power per GPU (W/GPU)": (None, False),
     "learning rate": ("lr", False),
     "global batch size": (None, True),
