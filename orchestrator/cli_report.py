@@ -23,7 +23,11 @@ def report(
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Directory for the page; default <workspace>/<name>/report."),
+        typer.Option(
+            "--out",
+            "-o",
+            help="Directory for the site (index.html, cells/, compare/, summary.md); default <workspace>/<name>/report.",
+        ),
     ] = None,
     markdown: Annotated[
         bool,
@@ -43,16 +47,20 @@ def report(
         ),  # fmt: skip
     ] = False,
 ) -> None:
-    """Write the campaign's HTML report page (works offline from disk) and print its path."""
+    """Write the campaign's report site and print its index's path: it opens offline from disk (index.html: the
+    point table, the TFLOP/s heatmap of any two swept axes, TFLOP/s vs peak memory with its Pareto frontier,
+    per-step curves, the rejected points and why; cells/: one page per cell; compare/: the comparison with the
+    campaign's baseline) and summary.md, the Markdown summary in a performance PR's shape.
+
+    Example: `mbx report moe-dispatch --markdown > pr.md` (the page's path goes to stderr).
+    """
     from orchestrator import runner
 
     view = runner.view(workspace, name)
     page = runner.write_report(workspace, view, out)
-    from reports.markdown import markdown_summary
-
-    summary = markdown_summary(view)
+    summary = (page.parent / "summary.md").read_text(encoding="utf-8")
     if markdown:
-        typer.echo(summary)
+        typer.echo(summary, nl=False)
     where = err_console if markdown else console
     where.print(Text(f"report: {page}"))
     if wandb_report:

@@ -15,8 +15,10 @@ from orchestrator.baseline import baseline_summaries
 from orchestrator.campaign import Campaign
 from orchestrator.collect import campaign_view, cell_view, parity_verdicts
 from orchestrator.engine import Engine, Event, Outcome
-from orchestrator.errors import ConfigError, MbxError, RunError, UsageError
+from orchestrator.errors import ConfigError, MbxError, RunError, UsageError, printable
+from orchestrator.feasibility import Assessment, check_points, summary_lines, with_gpu_memory
 from orchestrator.lock import CampaignLock
+from orchestrator.plan_view import estimate_text
 from orchestrator.progress import ProgressReporter, print_changes, print_outcome
 from orchestrator.regate import PointVerdict, Regated, regate
 from orchestrator.store import ACTIVE_STATES, STORE_FILE, CellRow, Store, check_workspace, manifest_path
@@ -91,20 +93,31 @@ def run_campaign(
     make_report: bool = True,
     log_wandb: bool = True,
     dry_run: bool = False,
+    gpu: str | None = None,
+    strict: bool = False,
 ) -> Finished:
-    """Register a campaign's cells in the store and drive them to completion (a dry run records nothing)."""
+    """Register a campaign's cells in the store and drive them to completion (a dry run records nothing).
+
+    Feasibility first (orchestrator/feasibility.py): points with layout problems (`Point.infeasible`) or whose
+    memory estimate exceeds `gpu` (else each point's resources.gpu) are recorded in the store's `estimates`
+    table and skipped; `strict` refuses the campaign instead (exit 2, nothing written)."""
     workspace = Path(workspace).expanduser().resolve()
     launcher_name = launcher or campaign.launcher
+    campaign = with_gpu_memory(campaign, gpu)  # the headroom gate's GPU memory, stored with the campaign
     backend = make_launcher(campaign, launcher_name, workspace, parallel)  # before any state is written
-    cells = cell_rows(campaign, points)
+    assessment = check_points(points, gpu, strict, str(source_file) if source_file else None)
+    cells = cell_rows(campaign, assessment.runnable)
     check_plan(campaign, backend, workspace, cells)
     if dry_run:
-        return Finished(_dry_run(workspace, campaign, backend, cells))
+        return Finished(_dry_run(workspace, campaign, backend, cells, assessment))
     workspace = check_workspace(workspace)  # a workspace of the wrong kind: one line, before the lock
     check_baseline(workspace, campaign, source_file)
     with CampaignLock(workspace / campaign.name), Store(workspace) as store:  # refused before any write
         source = str(source_file) if source_file else None
         store.register_campaign(campaign.name, source, campaign.model_dump(mode="json"), launcher_name, cells)
+        store.record_estimates(campaign.name, assessment.records())
+        for line in summary_lines(assessment, limit=20):
+            console.print(Text(printable(line)), soft_wrap=True)
         return _drive(store, campaign, backend, cells, make_report, log_wandb, parallel)
 
 
@@ -135,8 +148,11 @@ def check_plan(campaign: Campaign, backend: Launcher, workspace: Path, cells: li
         raise ConfigError([f"launchers.{backend.name}: {err}"]) from None
 
 
-def _dry_run(workspace: Path, campaign: Campaign, backend: Launcher, cells: list[CellRow]) -> Outcome:
-    """Print what a real run would submit now, rendered by the campaign's own launcher; write nothing."""
+def _dry_run(
+    workspace: Path, campaign: Campaign, backend: Launcher, cells: list[CellRow], assessment: Assessment | None = None
+) -> Outcome:
+    """Print what a real run would submit now, rendered by the campaign's own launcher, and each point's
+    memory estimate, headroom and feasibility; write nothing."""
     latest = {}
     if (workspace / STORE_FILE).exists():
         with Store(workspace) as store:
@@ -147,6 +163,8 @@ def _dry_run(workspace: Path, campaign: Campaign, backend: Launcher, cells: list
     console.print(Text.assemble((campaign.name, "bold"), ": dry run with launcher ", (backend.name, "bold")))
     for item in rendered:
         print(item.describe(), flush=True)
+    if assessment is not None:
+        print(estimate_text(assessment), flush=True)
     skipped = f"; {outcome.skipped} cell(s) already completed" if outcome.skipped else ""
     console.print(Text(f"dry run: nothing submitted ({outcome.total - outcome.skipped} attempt(s) rendered){skipped}"))
     return outcome
@@ -338,7 +356,7 @@ def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Reg
         loaded = load_campaign(file)
         if loaded.name != name:
             raise UsageError(f"name: the file defines campaign {loaded.name!r}, not {name!r}", file=str(file))
-        gates = loaded.gates
+        gates = with_gpu_memory(loaded, None).gates  # headroom_gib_min: the GPU memory of resources.gpu
     workspace = check_workspace(workspace, create=False)
     with Store(workspace, create=False) as store:
         _record(store, name)  # before the lock: an unknown name makes no directory
@@ -347,19 +365,51 @@ def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Reg
 
 
 def write_report(workspace: Path, campaign: CampaignView, out: Path | None) -> Path:
-    """Write the HTML report (and its Markdown twin, summary.md) and return the page's path.
+    """Write the report site (index, a page per cell, the comparison with the baseline, summary.md) and return
+    the index's path. Beside the view it passes the site what the store knows: the winner and the rejected
+    points by the verdicts (orchestrator/freeze.py), baseline summaries, estimates, search trials, GPU-hours.
 
     A directory that cannot hold it → UsageError (the path and what to do); a full disk or another write
     error → RunError saying what to free and how to write it again.
     """
+    from orchestrator.baseline import baseline_for
+    from orchestrator.compare import write_baseline_page
+    from orchestrator.freeze import freeze
     from reports.markdown import markdown_summary
-    from reports.page import write_report as write_page
+    from reports.site import write_site
+    from reports.site_data import SiteExtras, attempt_gpu_hours
 
-    out_dir = Path(out) if out else Path(workspace) / campaign.name / "report"
+    workspace = Path(workspace)
+    out_dir = Path(out) if out else workspace / campaign.name / "report"
+    extras = SiteExtras()
     try:
-        return write_page(campaign, out_dir, {"summary.md": markdown_summary(campaign)})
+        frozen = freeze(workspace, campaign.name)
+        extras.winner, extras.how = frozen.winner.point_id, frozen.how
+        extras.rejected = [dict(vars(r)) for r in frozen.rejected]
+    except (MbxError, KeyError, ValueError) as err:  # e.g. nothing eligible yet: the report says why
+        extras.freeze_note = f"No winner picked by the verdicts: {err}"
+    with Store(workspace, create=False) as store:
+        cells = {c.cell_id: c for c in store.cells(campaign.name, active_only=False)}
+        base = baseline_summaries(store, campaign.baseline)
+        found = {cell_id: baseline_for(base, cell) for cell_id, cell in cells.items()} if base else {}
+        extras.baselines = {k: v for k, v in found.items() if v is not None}
+        extras.estimates, extras.trials = store.estimates(campaign.name), store.trials(campaign.name)
+        attempts = store.attempts(campaign.name)
+
+    def gpus(cell_id: str) -> int:
+        res = cells[cell_id].resources if cell_id in cells else {}
+        return int(res.get("nodes") or 1) * int(res.get("gpus_per_node") or 1)
+
+    if attempts:
+        extras.gpu_hours = sum(attempt_gpu_hours(a.run_dir, gpus(a.cell_id), a.submitted_at, a.ended_at)
+                               for a in attempts)  # fmt: skip
+        extras.gpu_hours_note = f"{len(attempts)} attempt(s), run time × ranks; CPU runs count process-hours"
+    try:
+        if write_baseline_page(workspace, campaign.name, out_dir / "compare") is not None:
+            extras.compare_href = "compare/index.html"
+        return write_site(campaign, out_dir, extras, {"summary.md": markdown_summary(campaign, extras)})
     except OSError as err:
-        raise report_error(err, out_dir, campaign.name, Path(workspace)) from None
+        raise report_error(err, out_dir, campaign.name, workspace) from None
 
 
 _WRONG_PLACE = (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)

@@ -4,11 +4,11 @@ plain data of a comparison (orchestrator/compare.py's `to_json`), user text esca
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from reports.site_format import atomic_write
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "compare.html.j2"
@@ -103,13 +103,5 @@ def write_compare_page(data: dict[str, Any], out_dir: Path, generated_at: str | 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / PAGE
-    text = render_compare_page(data, generated_at)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".compare-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as handle:  # lone surrogates
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(target, render_compare_page(data, generated_at))
     return target

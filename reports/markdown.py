@@ -13,9 +13,12 @@ from reports.page import (
     fmt_number,
     fmt_param,
     parity_rows,
+    pick_best,
     point_name,
     unchecked_messages,
 )
+from reports.site_data import SiteExtras, point_baseline, point_memory, relative, short_axis_names
+from reports.site_format import code_spans
 from reports.views import CampaignView, PointView
 
 VERDICT_TEXT = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive", "none": DASH}
@@ -51,10 +54,19 @@ def md_code(value: Any, table: bool = False) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def _short_axis_names(axes: list[str]) -> list[str]:
-    """Last dotted component of each axis where that is unambiguous, else the full key."""
-    last = [a.rsplit(".", 1)[-1] for a in axes]
-    return [short if last.count(short) == 1 else full for short, full in zip(last, axes, strict=True)]
+def _plain(text: str) -> str:
+    """md_text keeping one space where `text` starts or ends with whitespace (text between code spans)."""
+    inner = md_text(text)
+    if not inner:
+        return " " if text else ""
+    return (" " if text[0].isspace() else "") + inner + (" " if text[-1].isspace() else "")
+
+
+def md_description(value: Any) -> str:
+    """A description as one paragraph: its `code spans` kept as code (they render their content literally),
+    everything else as plain text; no escaped backticks."""
+    parts = code_spans(_one_line(value))
+    return "".join(md_code(text) if code else _plain(text) for code, text in parts).strip()
 
 
 def _loss(point: PointView) -> str:
@@ -81,9 +93,9 @@ def _points_table(view: CampaignView, best: PointView | None) -> list[str]:
     """One row per point: a point of several repeats shows their count and the means of the completed ones."""
     with_repeats = any(len(p.repeats) > 1 for p in view.points)
     head = (
-        ["point"] + (["repeats"] if with_repeats else []) + [md_text(a) for a in _short_axis_names(view.axes)]
+        ["point"] + (["repeats"] if with_repeats else []) + [md_text(a) for a in short_axis_names(view.axes)]
     )
-    head += ["state", "TFLOP/s/GPU", "step ms", "peak alloc GiB", "loss first → last", "verdict"]
+    head += ["state", "TFLOP/s/GPU", "step ms", "peak mem GiB", "loss first → last", "verdict"]
     align = ["---"] * (1 + with_repeats + len(view.axes)) + ["---", "--:", "--:", "--:", "---", "---"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for point in view.points:
@@ -96,7 +108,7 @@ def _points_table(view: CampaignView, best: PointView | None) -> list[str]:
             md_text(point.state),
             fmt_number(point.mean("tflops_per_gpu"), 1),
             fmt_number(point.mean("step_time_ms"), 1),
-            fmt_number(point.mean("peak_alloc_gib"), 2),
+            _memory(point),
             _loss(point),
             VERDICT_TEXT.get(point.verdict, md_text(point.verdict)),
         ]
@@ -200,12 +212,86 @@ def _environment(view: CampaignView) -> list[str]:
     return out
 
 
-def markdown_summary(view: CampaignView) -> str:
-    """The campaign as GFM: header, point table, best point, failed gates and the environment fingerprint."""
-    best = view.best_point()
+def _memory(point: PointView) -> str:
+    value, kind = point_memory(point)
+    return fmt_number(value, 2) + (" RSS" if kind == "rss" and value is not None else "")
+
+
+def _frozen(view: CampaignView, best: PointView | None, how: str, extras: SiteExtras) -> list[str]:
+    """Frozen configuration: the winner, how it was picked (with its confidence), its swept knobs."""
+    out = ["### Frozen configuration", ""]
+    if best is None:
+        note = extras.freeze_note or "no completed point passed its gates with a TFLOP/s figure"
+        return out + [f"None yet: {md_text(note)}"]
+    knobs = ", ".join(md_text(f"{a}={fmt_param(best.params[a])}") for a in view.axes if a in best.params)
+    out += [f"- Point: **{md_code(point_name(best))}**" + (f" ({md_text(best.label)})" if best.label else ""),
+            f"- Picked: {md_text(how)}", f"- Swept knobs: {knobs or 'the base recipe'}"]  # fmt: skip
+    out.append(f"- Freeze it: {md_code('mbx freeze ' + view.name + ' --point ' + best.point_id)}")
+    return out
+
+
+def _performance(view: CampaignView, best: PointView | None, extras: SiteExtras) -> list[str]:
+    """Performance result of the winner: window, averages, peak memory, loss range, skipped/NaN, baseline."""
+    out = ["", "### Performance result", ""]
+    if best is None or not best.completed:
+        return out + ["No completed point to report."]
+    first = best.completed[0].summary
+    skipped = sum(c.summary.skipped_iterations for c in best.completed)  # type: ignore[union-attr]
+    nans = sum(c.summary.nan_iterations for c in best.completed)  # type: ignore[union-attr]
+    mean = f", means of {len(best.completed)} repeats" if len(best.completed) > 1 else ""
+    value, kind = point_memory(best)
+    memory = (f"peak RSS {fmt_number(value, 2)} GiB (CPU run)" if kind == "rss" else
+              f"allocated {fmt_number(value, 2)} GiB, reserved {fmt_number(best.mean('peak_reserved_gib'), 2)} GiB")  # fmt: skip
+    out += [
+        f"- Window: steps {first.window_first_step}–{first.window_last_step} ({first.window_steps} steps; the first "
+        f"step never counts){mean}",  # type: ignore[union-attr]
+        f"- Step time {fmt_number(best.mean('step_time_ms'), 1)} ms, **{fmt_number(best.mean('tflops_per_gpu'), 1)} "
+        f"TFLOP/s/GPU**, {fmt_number(best.mean('tokens_per_s_per_gpu'), 0)} tokens/s/GPU",
+        f"- Peak memory: {memory}",
+        f"- Loss: {_loss(best)}; skipped={skipped}, NaN={nans}",
+    ]  # fmt: skip
+    base = point_baseline(best, extras.baselines)
+    if base is not None:
+        tf, st = (
+            relative(best.mean("tflops_per_gpu"), base.tflops_per_gpu),
+            relative(best.mean("step_time_ms"), base.step_time_ms),
+        )
+        out.append(f"- Against the baseline {md_code(view.baseline or '')}: TFLOP/s/GPU "
+                   f"{fmt_number(base.tflops_per_gpu, 1)} → {'—' if tf is None else f'{tf:+.2%}'}, step time "
+                   f"{fmt_number(base.step_time_ms, 1)} ms → {'—' if st is None else f'{st:+.2%}'}")  # fmt: skip
+    if extras.gpu_hours is not None:
+        out.append(f"- GPU-hours for the campaign: {fmt_number(extras.gpu_hours, 2)}")
+    return out
+
+
+def _validation(view: CampaignView) -> list[str]:
+    gates = ", ".join(md_code(f"{k}={fmt_param(v)}") for k, v in view.gates.items()) or "none configured"
+    verdicts = md_text(_counts([p.verdict for p in view.points]))
+    return [
+        "",
+        "### Validation",
+        "",
+        f"- Gates: {gates}",
+        f"- Verdicts (per point, from all its repeats): {verdicts}",
+    ]
+
+
+def _rejected(extras: SiteExtras) -> list[str]:
+    out = ["", "### Rejected experiments", ""]
+    if not extras.rejected:
+        return out + ["None recorded."]
+    return out + [f"- {md_code(r.get('point_id', ''))} [{md_text(r.get('label', ''))}] ({md_text(r.get('kind', ''))}): "
+                  f"{md_text(r.get('why', ''))}" for r in extras.rejected]  # fmt: skip
+
+
+def markdown_summary(view: CampaignView, extras: SiteExtras | None = None) -> str:
+    """The campaign as GFM in a performance PR's shape: Frozen configuration, Performance result, Validation
+    (gates, failed and inconclusive points), Rejected experiments; then the point table, parity, environment."""
+    extras = extras or SiteExtras()
+    best, how = pick_best(view, extras)
     out = [f"## mbx campaign {md_code(view.name)}", ""]
     if view.description.strip():
-        out += [md_text(view.description), ""]
+        out += [md_description(view.description), ""]
     meta = [f"window: last {view.window} steps"]
     if view.source_file:
         meta.insert(0, f"source: {md_code(view.source_file)}")
@@ -214,24 +300,16 @@ def markdown_summary(view: CampaignView) -> str:
     if view.baseline:
         meta.append(f"baseline: {md_code(view.baseline)}")
     out.append(" · ".join(meta) + "\\")  # a backslash at the end of a line is a GFM hard break
-    out.append(
-        f"cells: {len(view.cells)} ({md_text(_counts([c.state for c in view.cells]))}) · "
-        f"points: {len(view.points)} · verdicts: {md_text(_counts([p.verdict for p in view.points]))}\\"
-    )
-    gates = ", ".join(md_code(f"{k}={fmt_param(v)}") for k, v in view.gates.items()) or "none configured"
-    out += [f"gates: {gates}", ""]
-    if best is not None:
-        mean = " (means of its repeats)" if len(best.repeats) > 1 else ""
-        out.append(
-            f"**Best:** {_point_ref(best)}: **{fmt_number(best.mean('tflops_per_gpu'), 1)} TFLOP/s/GPU**, "
-            f"{fmt_number(best.mean('step_time_ms'), 1)} ms/step, peak {fmt_number(best.mean('peak_alloc_gib'), 2)} "
-            f"GiB allocated{mean}"
-        )
-    else:
-        out.append("**Best:** none (no completed point passed its gates with a TFLOP/s figure)")
-    out.append("")
-    out += _points_table(view, best)
+    out += [
+        f"cells: {len(view.cells)} ({md_text(_counts([c.state for c in view.cells]))}) · points: {len(view.points)}",
+        "",
+    ]
+    out += _frozen(view, best, how, extras)
+    out += _performance(view, best, extras)
+    out += _validation(view)
     out += _gate_sections(view)
+    out += _rejected(extras)
+    out += ["", "### Points", ""] + _points_table(view, best)
     out += _parity_section(view)
     out += _damaged_section(view)
     out += _environment(view)

@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
-import html
-import json
-import math
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from reports import site_figures
 from reports.gates import CONFIDENCE
 from reports.metrics import finite
+from reports.site_data import SiteExtras, estimate_index, knob_label, short_axis_names
+from reports.site_figures import PALETTE, axis_kind, figure, layout, series, t
+from reports.site_format import (
+    DASH,
+    TEMPLATE_DIR,
+    atomic_copy,
+    atomic_write,
+    code_spans,
+    environment,
+    failed_messages,
+    fmt_number,
+    fmt_param,
+    point_name,
+    unchecked_messages,
+)
+from reports.site_rows import point_row
 from reports.views import CampaignView, CellView, PointView
 from trainer import rundir
 
-TEMPLATE_DIR = Path(__file__).parent / "templates"
+__all__ = ["DASH", "failed_messages", "fmt_number", "fmt_param", "point_name", "unchecked_messages"]
 PLOTLY_ASSET = "assets/plotly.min.js"
 
 # Environment facts that must agree across cells for their numbers to compare: the run directory's one
@@ -27,54 +38,7 @@ FINGERPRINT_KEYS: tuple[str, ...] = tuple(
     k for k in rundir.FINGERPRINT_KEYS if k not in ("hostname", "gpu_count")
 )
 
-# Trace colours, one per cell, the same in every figure.
-_PALETTE = (
-    "#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #7f7f7f #bcbd22 #17becf "
-    "#393b79 #637939 #8c6d31 #843c39 #7b4173 #3182bd #e6550d #31a354 #756bb1 #636363"
-).split()
 _VERDICT_COLOURS = {"pass": "#2ca02c", "fail": "#d62728", "inconclusive": "#ff7f0e", "none": "#7f7f7f"}
-
-
-# ---------------------------------------------------------------- formatting shared with markdown.py
-
-DASH = "—"
-
-
-def fmt_number(value: Any, digits: int = 1, thousands: bool = True) -> str:
-    """A finite number with fixed decimals ('—' for None, NaN, inf or a non-number).
-
-    Values too small to show at that precision (CPU-sized TFLOP/s) get 3 significant digits instead of 0.0.
-    """
-    if not finite(value):
-        return DASH
-    if value != 0 and abs(value) < 0.5 * 10**-digits:
-        return f"{value:.3g}"
-    return f"{value:,.{digits}f}" if thousands else f"{value:.{digits}f}"
-
-
-def fmt_param(value: Any) -> str:
-    """A swept value as the user wrote it: strings bare, everything else as JSON (true, null, 1.25)."""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, sort_keys=True, default=str)
-    except (TypeError, ValueError):  # e.g. a circular structure
-        return str(value)
-
-
-def failed_messages(point: PointView) -> list[str]:
-    """Messages of the checks the point failed (over all its repeats)."""
-    return [c.message for c in point.gate.failed] if point.gate is not None else []
-
-
-def unchecked_messages(point: PointView) -> list[str]:
-    """Messages of the checks that could not decide (why a point's verdict is inconclusive)."""
-    return [c.message for c in point.gate.unchecked] if point.gate is not None else []
-
-
-def point_name(point: PointView) -> str:
-    """A point of one repeat by its cell id, else by its point id."""
-    return point.repeats[0].cell_id if len(point.repeats) == 1 else point.point_id
 
 
 @dataclass
@@ -111,199 +75,90 @@ def differing_keys(groups: list[FingerprintGroup], keys: list[str]) -> list[str]
 
 # ---------------------------------------------------------------- figures
 
-
-def _t(text: Any) -> str:
-    """User text for a plotly label: plotly renders a few HTML tags in labels, so show them literally."""
-    return html.escape(str(text), quote=False)
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if finite(value) else None
+AXIS_MARKERS_MAX = 300  # cells drawn one marker each in the TFLOP/s-by-axis figures; more: a box per value
+EAGER_ROWS = 100  # table rows laid out with the page; the rest join it from a <template> once it has loaded
+CURVE_CELLS_MAX = 20  # cells drawn in the index's per-step figures (every cell's curves are on its own page)
 
 
-def _is_numeric_axis(values: list[Any]) -> bool:
-    return bool(values) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
-    )
-
-
-def _figure_json(fig: Any) -> str:
-    """Figure JSON that is safe inside a <script> element (no '<', '>' or '&' left unescaped)."""
-    text = fig.to_json()
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def _layout(title: str, xtitle: str, ytitle: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "title": {"text": title},
-        "xaxis": {"title": {"text": xtitle}, **extra.pop("xaxis", {})},
-        "yaxis": {"title": {"text": ytitle}, **extra.pop("yaxis", {})},
-        "template": "plotly_white",
-        "height": 420,
-        "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
-        "legend": {"font": {"size": 11}},
-        **extra,
-    }
-
-
-def _axis_figures(view: CampaignView, best: PointView | None) -> list[dict[str, Any]]:
-    """TFLOP/s/GPU against each swept axis; one marker per cell (repeats separate), grouped by their point's
-    verdict."""
-    import plotly.graph_objects as go
-
+def _axis_figures(view: CampaignView, best: PointView | None, text: Any = None) -> list[dict[str, Any]]:
+    """TFLOP/s/GPU against each swept axis (discrete knobs as categories); one marker per cell (repeats
+    separate), grouped by their point's verdict."""
     verdicts = {c.cell_id: p.verdict for p in view.points for c in p.repeats}
-
-    def verdict_of(cell: CellView) -> str:
-        return verdicts.get(cell.cell_id, "none")
-
     measured = [c for c in view.cells if c.summary is not None and finite(c.summary.tflops_per_gpu)]
     if not measured:
         return []
     axes = view.axes or []
     figures = []
     for index, axis in enumerate(axes or ["cell"]):
-        if axis == "cell" and not axes:
-            xs_all: list[Any] = [c.label or c.cell_id for c in measured]
-        else:
-            xs_all = [c.params.get(axis) for c in measured]
-        numeric = _is_numeric_axis(xs_all)
-        xs = xs_all if numeric else [_t(fmt_param(x)) for x in xs_all]
-        order = list(dict.fromkeys(xs)) if not numeric else None
-        fig = go.Figure()
+        raw = [c.label or c.cell_id for c in measured] if not axes else [c.params.get(axis) for c in measured]
+        categorical, order = axis_kind(raw)
+        xs = [t(fmt_param(x)) for x in raw] if categorical else raw
+        data: list[dict[str, Any]] = []
         for verdict in ("pass", "inconclusive", "fail", "none"):
-            members = [i for i, c in enumerate(measured) if verdict_of(c) == verdict]
-            if not members:
-                continue
-            fig.add_trace(
-                go.Scatter(
-                    x=[xs[i] for i in members],
-                    y=[measured[i].summary.tflops_per_gpu for i in members],  # type: ignore[union-attr]
-                    mode="markers",
-                    name=verdict,
-                    marker={"size": 11, "color": _VERDICT_COLOURS[verdict], "opacity": 0.85},
-                    text=[
-                        f"{_t(measured[i].cell_id)} (repeat {measured[i].repeat})<br>{_t(measured[i].label)}"
-                        for i in members
-                    ],
-                    hovertemplate="%{text}<br>%{y:.1f} TFLOP/s/GPU<extra>%{fullData.name}</extra>",
-                )
-            )
+            members = [i for i, c in enumerate(measured) if verdicts.get(c.cell_id, "none") == verdict]
+            if members and len(measured) > AXIS_MARKERS_MAX:  # a box per axis value: a few shapes, not 1000s
+                data.append({"type": "box", "name": verdict, "x": [xs[i] for i in members], "boxpoints": False,
+                             "y": [measured[i].summary.tflops_per_gpu for i in members],  # type: ignore[union-attr]
+                             "marker": {"color": _VERDICT_COLOURS[verdict]}})  # fmt: skip
+            elif members:
+                data.append({"type": "scatter", "mode": "markers", "name": verdict, "x": [xs[i] for i in members],
+                             "y": [measured[i].summary.tflops_per_gpu for i in members],  # type: ignore[union-attr]
+                             "marker": {"size": 11, "color": _VERDICT_COLOURS[verdict], "opacity": 0.85},
+                             "text": [f"{t(measured[i].cell_id)} (repeat {measured[i].repeat})<br>{t(measured[i].label)}"
+                                      for i in members],
+                             "hovertemplate": "%{text}<br>%{y:.1f} TFLOP/s/GPU<extra>%{fullData.name}</extra>"})  # fmt: skip
         stars = [i for i, c in enumerate(measured) if best is not None and c in best.repeats]
         if stars:
-            fig.add_trace(
-                go.Scatter(
-                    x=[xs[i] for i in stars],
-                    y=[measured[i].summary.tflops_per_gpu for i in stars],  # type: ignore[union-attr]
-                    mode="markers",
-                    name="best",
-                    marker={"size": 20, "symbol": "star-open", "color": "#111", "line": {"width": 2}},
-                    hoverinfo="skip",
-                )
-            )
-        xaxis: dict[str, Any] = (
-            {"type": "linear"}
-            if numeric
-            else {
+            data.append({"type": "scatter", "mode": "markers", "name": "best", "x": [xs[i] for i in stars],
+                         "y": [measured[i].summary.tflops_per_gpu for i in stars],  # type: ignore[union-attr]
+                         "marker": {"size": 20, "symbol": "star-open", "color": "#111", "line": {"width": 2}},
+                         "hoverinfo": "skip"})  # fmt: skip
+        xaxis: dict[str, Any] = {"type": "linear"}
+        if categorical:
+            xaxis = {
                 "type": "category",
                 "categoryorder": "array",
-                "categoryarray": order,
+                "categoryarray": [t(fmt_param(x)) for x in order],
             }
-        )
         title = "TFLOP/s/GPU by cell" if not axes else f"TFLOP/s/GPU vs {axis}"
-        fig.update_layout(_layout(_t(title), _t(axis) if axes else "cell", "TFLOP/s/GPU", xaxis=xaxis))
-        figures.append({"id": f"fig-axis-{index}", "axis": axis, "title": title, "json": _figure_json(fig)})
+        fig_layout = layout(t(title), t(axis) if axes else "cell", "TFLOP/s/GPU", xaxis=xaxis)
+        figures.append(figure(f"fig-axis-{index}", title, data, fig_layout, axis=axis))
     return figures
 
 
-def _curve_figure(
-    view: CampaignView, key: str, fig_id: str, title: str, ytitle: str, clip_first: bool = False
+def grad_norm_figure(
+    cells: list[CellView], names: dict[str, str], spikes: bool = True, fig_id: str = "fig-grad-norm"
 ) -> dict[str, Any] | None:
-    """One line per cell of `key` against the step; non-finite values leave gaps."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    tail: list[float] = []  # values after each cell's first step
-    heads: list[float] = []  # each cell's first step
-    for index, cell in enumerate(view.cells):
-        by_step: dict[int, dict[str, Any]] = {}
-        for row in cell.rows:
-            if isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool):
-                by_step[row["step"]] = row
-        steps = sorted(by_step)
-        ys = [_num(by_step[s].get(key)) for s in steps]
-        if not any(y is not None for y in ys):
-            continue
-        fig.add_trace(
-            go.Scatter(
-                x=steps,
-                y=ys,
-                mode="lines+markers",
-                name=_t(cell.cell_id),
-                line={"color": _PALETTE[index % len(_PALETTE)], "width": 1.5},
-                marker={"size": 4},
-                meta=_t(cell.label),  # once per trace, not once per point
-                hovertemplate="%{meta}<br>step %{x}: %{y:.4g}<extra>%{fullData.name}</extra>",
-            )
-        )
-        tail.extend(y for y in ys[1:] if y is not None)
-        heads.extend(y for y in ys[:1] if y is not None)
-    if not fig.data:
-        return None
-    yaxis: dict[str, Any] = {}
-    if clip_first and tail:
-        # Each cell's first step (compile, warm-up) is often several times slower; scale to the rest.
-        low, high = min(tail), max(tail)
-        pad = max((high - low) * 0.15, abs(high) * 0.05)
-        yaxis = {"range": [max(0.0, low - pad), high + pad]}
-        if any(h > high + pad or h < low - pad for h in heads):
-            title += " (first steps off scale)"
-    fig.update_layout(_layout(title, "step", ytitle, yaxis=yaxis))
-    return {"id": fig_id, "title": title, "json": _figure_json(fig)}
-
-
-def _by_step(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float | None]]:
-    """Steps and values of `key` (the last row of a step wins; non-finite values as None)."""
-    by_step: dict[int, Any] = {}
-    for row in rows:
-        if isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool):
-            by_step[row["step"]] = row.get(key)
-    steps = sorted(by_step)
-    return steps, [_num(by_step[s]) for s in steps]
-
-
-def _grad_norm_figure(view: CampaignView) -> dict[str, Any] | None:
-    """Grad norm per step, one line per cell, each spike (reports/numerics.py) marked with what preceded it."""
-    import plotly.graph_objects as go
-
+    """Grad norm per step, one line per cell; with `spikes`, each spike (reports/numerics.py) marked with what
+    preceded it (the search costs ~0.2 s per 100 steps: done where the campaign gates on spikes or has parity)."""
     from reports.numerics import grad_norm_spikes
 
-    fig = go.Figure()
+    data: list[dict[str, Any]] = []
     marks: list[tuple[int, float, str]] = []
-    for index, cell in enumerate(view.cells):
-        steps, ys = _by_step(cell.rows, "grad_norm")
+    for index, cell in enumerate(cells):
+        steps, ys = series(cell.rows, "grad_norm")
         if not any(y is not None for y in ys):
             continue
-        colour = _PALETTE[index % len(_PALETTE)]
-        fig.add_trace(go.Scatter(x=steps, y=ys, mode="lines", name=_t(cell.cell_id), line={"color": colour, "width": 1.5},
-                                 meta=_t(cell.label), hovertemplate="%{meta}<br>step %{x}: %{y:.4g}<extra>%{fullData.name}</extra>"))  # fmt: skip
-        for spike in grad_norm_spikes(cell.rows):
+        data.append({"type": "scatter", "x": steps, "y": ys, "mode": "lines", "name": t(names.get(cell.cell_id, cell.cell_id)),
+                     "line": {"color": PALETTE[index % len(PALETTE)], "width": 1.5}, "meta": t(cell.cell_id),
+                     "hovertemplate": "%{meta}<br>step %{x}: %{y:.4g}<extra>%{fullData.name}</extra>"})  # fmt: skip
+        for spike in grad_norm_spikes(cell.rows) if spikes else []:
             after = f", after {'; '.join(spike.preceded_by)}" if spike.preceded_by else ""
             marks.append(
                 (
                     spike.step,
                     spike.value,
-                    _t(f"{cell.cell_id}: spike at step {spike.step} (z {spike.score:.3g}{after})"),
+                    t(f"{cell.cell_id}: spike at step {spike.step} (z {spike.score:.3g}{after})"),
                 )
             )
-    if not fig.data:
+    if not data:
         return None
     if marks:
-        fig.add_trace(go.Scatter(x=[m[0] for m in marks], y=[m[1] for m in marks], mode="markers", name="spike",
-                                 marker={"symbol": "x", "size": 12, "color": "#d62728"}, text=[m[2] for m in marks],
-                                 hovertemplate="%{text}<extra></extra>"))  # fmt: skip
-    title = f"Grad norm per step ({len(marks)} spike(s) marked)"
-    fig.update_layout(_layout(title, "step", "grad norm"))
-    return {"id": "fig-grad-norm", "title": title, "json": _figure_json(fig), "spikes": len(marks)}
+        data.append({"type": "scatter", "x": [m[0] for m in marks], "y": [m[1] for m in marks], "mode": "markers",
+                     "name": "spike", "marker": {"symbol": "x", "size": 12, "color": "#d62728"},
+                     "text": [m[2] for m in marks], "hovertemplate": "%{text}<extra></extra>"})  # fmt: skip
+    title = f"Grad norm per step ({len(marks)} spike(s) marked)" if spikes else "Grad norm per step"
+    return figure(fig_id, title, data, layout(title, "step", "grad norm"), spikes=len(marks))
 
 
 PARITY_FIGURES_MAX = 12  # overlaid-curve figures of parity pairs (failed pairs first)
@@ -311,8 +166,6 @@ PARITY_FIGURES_MAX = 12  # overlaid-curve figures of parity pairs (failed pairs 
 
 def _parity_figures(view: CampaignView) -> list[dict[str, Any]]:
     """Per pair: the off and on loss curves overlaid, and their differences (loss, grad norm) on a second axis."""
-    import plotly.graph_objects as go
-
     rows = {c.cell_id: c.rows for c in view.cells}
     order = {"fail": 0, "inconclusive": 1, "pass": 2}
     pairs = sorted(view.parity, key=lambda p: order.get(p["verdict"], 3))[:PARITY_FIGURES_MAX]
@@ -321,39 +174,20 @@ def _parity_figures(view: CampaignView) -> list[dict[str, Any]]:
         off, on = rows.get(pair.get("off_cell") or "", []), rows.get(pair.get("on_cell") or "", [])
         if not off or not on:
             continue
-        fig = go.Figure()
+        data: list[dict[str, Any]] = []
         for side, side_rows, dash in (("off", off, "solid"), ("on", on, "dot")):
-            steps, ys = _by_step(side_rows, "loss")
-            fig.add_trace(
-                go.Scatter(
-                    x=steps, y=ys, mode="lines", name=f"loss {side}", line={"dash": dash, "width": 1.5}
-                )
-            )
+            steps, ys = series(side_rows, "loss")
+            data.append({"type": "scatter", "x": steps, "y": ys, "mode": "lines", "name": f"loss {side}",
+                         "line": {"dash": dash, "width": 1.5}})  # fmt: skip
         for metric, colour in (("loss", "#d62728"), ("grad_norm", "#9467bd")):
-            a, b = (
-                dict(zip(*_by_step(off, metric), strict=True)),
-                dict(zip(*_by_step(on, metric), strict=True)),
-            )
+            a, b = dict(zip(*series(off, metric), strict=True)), dict(zip(*series(on, metric), strict=True))
             common = [s for s in sorted(set(a) & set(b)) if a[s] is not None and b[s] is not None]
-            fig.add_trace(go.Scatter(x=common, y=[b[s] - a[s] for s in common], mode="lines", yaxis="y2",  # type: ignore[operator]
-                                     name=f"Δ {metric} (on − off)", line={"color": colour, "width": 1}))  # fmt: skip
+            data.append({"type": "scatter", "x": common, "y": [b[s] - a[s] for s in common], "mode": "lines",  # type: ignore[operator]
+                         "yaxis": "y2", "name": f"Δ {metric} (on − off)", "line": {"color": colour, "width": 1}})  # fmt: skip
         title = f"{pair['verdict']}: {pair['title']} [{pair['label']}]"
-        fig.update_layout(
-            _layout(
-                _t(title),
-                "step",
-                "loss",
-                yaxis2={"title": {"text": "on − off"}, "overlaying": "y", "side": "right"},
-            )
-        )
-        figures.append(
-            {
-                "id": f"fig-parity-{index}",
-                "title": title,
-                "verdict": pair["verdict"],
-                "json": _figure_json(fig),
-            }
-        )
+        fig_layout = layout(t(title), "step", "loss",
+                            yaxis2={"title": {"text": "on − off"}, "overlaying": "y", "side": "right"})  # fmt: skip
+        figures.append(figure(f"fig-parity-{index}", title, data, fig_layout, verdict=pair["verdict"]))
     return figures
 
 
@@ -398,127 +232,110 @@ def parity_rows(view: CampaignView) -> tuple[list[str], list[dict[str, Any]]]:
     return columns, table
 
 
-# ---------------------------------------------------------------- table rows
-
-
-def _value_attr(value: Any) -> str | None:
-    return repr(float(value)) if finite(value) else None
-
-
-_COUNTS = ("nan_iterations", "skipped_iterations")
-
-
-def _row(point: PointView, axes: list[str], best: PointView | None) -> dict[str, Any]:
-    """A point's table row: its cell's figures (one repeat), or the means over its completed repeats (the
-    worst for counts) with the repeats listed under its id."""
-    several = len(point.repeats) > 1
-    cell = point.repeats[0]
-    s = cell.summary
-
-    def get(name: str) -> Any:
-        if several:
-            values = [getattr(c.summary, name) for c in point.completed]
-            return max(values, default=None) if name in _COUNTS else point.mean(name)
-        return getattr(s, name) if s is not None else None
-
-    metrics = [
-        ("step_time_ms", fmt_number(get("step_time_ms"), 1)),
-        ("tflops_per_gpu", fmt_number(get("tflops_per_gpu"), 1)),
-        ("tokens_per_s_per_gpu", fmt_number(get("tokens_per_s_per_gpu"), 0)),
-        ("peak_alloc_gib", fmt_number(get("peak_alloc_gib"), 2)),
-        ("peak_reserved_gib", fmt_number(get("peak_reserved_gib"), 2)),
-        ("first_loss", fmt_number(get("first_loss"), 4, thousands=False)),
-        ("last_loss", fmt_number(get("last_loss"), 4, thousands=False)),
-        ("nan_iterations", DASH if get("nan_iterations") is None else str(get("nan_iterations"))),
-        ("skipped_iterations", DASH if get("skipped_iterations") is None else str(get("skipped_iterations"))),
-    ]
-    if several:
-        window = f"mean of {len(point.completed)} completed repeat(s)"
-    else:
-        window = (f"steps {s.window_first_step}–{s.window_last_step} ({s.window_steps})"
-                  if s is not None and s.window_steps else "no window")  # fmt: skip
-    return {
-        "point": point,
-        "id": point_name(point),
-        "cell": None if several else cell,
-        "state": point.state,
-        "repeats": point.repeats if several else [],
-        "repeat_count": point.repeat_count,
-        "best": best is point,
-        "params": [(axis, fmt_param(point.params[axis]) if axis in point.params else DASH) for axis in axes],
-        "metrics": [(name, text, _value_attr(get(name))) for name, text in metrics],
-        "text": dict(metrics),
-        "std": DASH if several else fmt_number(get("step_time_ms_std"), 1),
-        "window": window,
-        "verdict": point.verdict,
-        "failed": failed_messages(point),
-        "unchecked": unchecked_messages(point),
-    }
-
-
 # ---------------------------------------------------------------- page
 
+SITE_ASSETS = ("site.js", "site.css")  # copied from templates/ to assets/ beside plotly
 
-def _environment() -> Any:
-    import jinja2
 
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
+def index_cells(view: CampaignView, best: PointView | None) -> list[CellView]:
+    """The cells drawn in the index's per-step figures: all of them, or the best point's and the fastest up to
+    CURVE_CELLS_MAX (each cell's page draws its own)."""
+    with_rows = [c for c in view.cells if c.rows]
+    if len(with_rows) <= CURVE_CELLS_MAX:
+        return with_rows
+    first = [c for c in with_rows if best is not None and c in best.repeats]
+    speed = sorted(
+        with_rows,
+        key=lambda c: (
+            -(c.summary.tflops_per_gpu or 0.0) if c.summary and finite(c.summary.tflops_per_gpu) else 0.0
+        ),
     )
+    chosen = set(list(dict.fromkeys(c.cell_id for c in first + speed))[:CURVE_CELLS_MAX])
+    return [c for c in with_rows if c.cell_id in chosen]
 
 
-def render_report(view: CampaignView, plotly_src: str = PLOTLY_ASSET) -> str:
-    """The report page as HTML text; `plotly_src` is where the page loads plotly.js from (relative path)."""
-    best = view.best_point()
+def pick_best(view: CampaignView, extras: SiteExtras) -> tuple[PointView | None, str]:
+    """The best point and how it was picked: the verdicts' winner (mbx freeze) when given, else the highest mean."""
+    if extras.winner is not None:
+        chosen = next((p for p in view.points if p.point_id == extras.winner), None)
+        if chosen is not None:
+            return chosen, extras.how or "picked by the verdicts"
+    return view.best_point(), (
+        "highest mean TFLOP/s/GPU among completed points that did not fail; not compared with confidence "
+        "(mbx freeze compares)"
+    )  # fmt: skip
+
+
+def _counts(items: list[str]) -> list[tuple[str, int]]:
+    counted: dict[str, int] = {}
+    for item in items:
+        counted[item] = counted.get(item, 0) + 1
+    return sorted(counted.items())
+
+
+def _trials(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """A generic table of search trials: every key any row has, values as written; the best and the Pareto
+    trials flagged."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    return columns, [{"values": [DASH if row.get(k) is None else fmt_param(row.get(k)) for k in columns],
+                      "best": bool(row.get("best")), "pareto": bool(row.get("pareto"))} for row in rows]  # fmt: skip
+
+
+def spike_marks(view: CampaignView) -> bool:
+    """Whether the grad-norm figures mark spikes: when the campaign gates on them or compares parity pairs."""
+    return "grad_norm_spikes_max" in view.gates or bool(view.parity)
+
+
+def index_context(view: CampaignView, extras: SiteExtras, hrefs: dict[str, str]) -> dict[str, Any]:
+    """What report.html.j2 shows: the table, figures, rejected list, estimates, trials and environment."""
+    best, how = pick_best(view, extras)
     groups, fp_keys = fingerprint_groups(view.cells)
-    states: dict[str, int] = {}
-    verdicts: dict[str, int] = {}
-    for cell in view.cells:
-        states[cell.state] = states.get(cell.state, 0) + 1
-    for point in view.points:
-        verdicts[point.verdict] = verdicts.get(point.verdict, 0) + 1
-    figures_axes = _axis_figures(view, best)
-    parity_columns, parity_table = parity_rows(view)
-    curves = [
-        f
-        for f in (
-            _curve_figure(
-                view, "step_time_ms", "fig-step-time", "Step time per step", "step time (ms)", True
-            ),
-            _curve_figure(view, "loss", "fig-loss", "Training loss per step", "loss"),
-            _grad_norm_figure(view) if "grad_norm_spikes_max" in view.gates or view.parity else None,
-        )
-        if f is not None
-    ]
-    context = {
-        "view": view,
+    estimates = estimate_index(extras.estimates)
+    names = {c.cell_id: knob_label(c, view.axes, fmt_param) for c in view.cells}
+    point_names = {
+        p.point_id: knob_label(p.repeats[0], view.axes, fmt_param).split(" (repeat")[0] for p in view.points
+    }
+    shown = index_cells(view, best)
+    grad = grad_norm_figure(shown, names, spike_marks(view))
+    curves = site_figures.curves(shown, names)
+    curves[2:2] = [grad] if grad is not None else []
+    pareto = site_figures.pareto(view.points, point_names, best)
+    heat = site_figures.heatmap_data(view.points, view.axes, fmt_param)
+    trial_columns, trial_rows = _trials(extras.trials)
+    known = {p.point_id for p in view.points}
+    row_of = {p.point_id: point_row(p, view.axes, best, extras, estimates, hrefs) for p in view.points}
+    return {
+        "view": view, "extras": extras, "how": how, "description": code_spans(view.description),
+        "point_hrefs": {p.point_id: hrefs[p.repeats[0].cell_id] for p in view.points if p.repeats[0].cell_id in hrefs},
         "generated_at": view.generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "gates": [(k, fmt_param(v)) for k, v in view.gates.items()],
-        "rows": [_row(p, view.axes, best) for p in view.points],
-        "best": _row(best, view.axes, best) if best is not None else None,
-        "completed": states.get("completed", 0),
-        "states": sorted(states.items()),
-        "verdicts": sorted(verdicts.items()),
-        "axis_figures": figures_axes,
-        "curve_figures": curves,
-        "fp_groups": groups,
-        "fp_keys": fp_keys,
-        "fp_differs": differing_keys(groups, fp_keys),
+        "rows": list(row_of.values()), "best": row_of.get(best.point_id) if best is not None else None,
+        "completed": sum(1 for c in view.cells if c.state == "completed"),
+        "states": _counts([c.state for c in view.cells]), "verdicts": _counts([p.verdict for p in view.points]),
+        "axis_figures": _axis_figures(view, best), "curve_figures": curves,
+        "curve_note": f"{len(shown)} of {len(view.cells)} cells drawn (the best and the fastest); every cell's "
+                      "curves are on its page" if len(shown) < len([c for c in view.cells if c.rows]) else "",
+        "heatmap": heat,
+        "heatmap_json": site_figures.safe_json(heat) if heat else "",
+        "pareto": pareto, "short_axes": short_axis_names(view.axes),
+        "estimates": bool(estimates), "infeasible": [r for r in extras.estimates if r.get("feasible") is False
+                                                     and r.get("point_id") not in known],
+        "trial_columns": trial_columns, "trial_rows": trial_rows,
+        "fp_groups": groups, "fp_keys": fp_keys, "fp_differs": differing_keys(groups, fp_keys),
         "fp_missing": [c.cell_id for c in view.cells if not c.fingerprint and c.state != "pending"],
-        "plotly_src": plotly_src,
         "fmt_number": fmt_number,
-        "confidence": f"{CONFIDENCE:.0%}",
+        "eager_rows": EAGER_ROWS, "confidence": f"{CONFIDENCE:.0%}",
         "damaged": [c for c in view.cells if c.damaged],
-        "parity_columns": parity_columns,
-        "parity_rows": parity_table,
-        "parity_figures": _parity_figures(view) if view.parity else [],
-    }
-    return _environment().get_template("report.html.j2").render(**context)
+        "parity": parity_rows(view), "parity_figures": _parity_figures(view) if view.parity else [],
+    }  # fmt: skip
+
+
+def render_report(view: CampaignView, extras: SiteExtras | None = None, hrefs: dict[str, str] | None = None,
+                  asset_dir: str = "assets") -> str:  # fmt: skip
+    """The index page as HTML text; `hrefs` maps cell ids to their pages (relative), `asset_dir` is where the
+    page loads plotly.js, site.js and site.css from (relative)."""
+    context = index_context(view, extras or SiteExtras(), hrefs or {})
+    return environment().get_template("report.html.j2").render(asset_dir=asset_dir, **context)
 
 
 def _plotly_js_source() -> Path | None:
@@ -528,53 +345,37 @@ def _plotly_js_source() -> Path | None:
     return path if path.is_file() else None
 
 
-def write_plotly_asset(out_dir: Path) -> Path:
-    """Copy the installed plotly package's plotly.min.js to out_dir/assets/ so the page works offline."""
+def _copy_if_changed(source: Path, target: Path) -> None:
+    src, dst = source.stat(), target.stat() if target.is_file() else None
+    if dst is None or (dst.st_size, dst.st_mtime_ns) != (src.st_size, src.st_mtime_ns):
+        atomic_copy(source, target)  # keeps the mtime: an unchanged asset is not copied again
+
+
+def write_assets(out_dir: Path) -> Path:
+    """Copy the installed plotly package's plotly.min.js, site.js and site.css to out_dir/assets/ so the pages
+    work offline; returns the plotly asset's path."""
     target = Path(out_dir) / PLOTLY_ASSET
     target.parent.mkdir(parents=True, exist_ok=True)
     source = _plotly_js_source()
     if source is not None:
-        src, dst = source.stat(), target.stat() if target.is_file() else None
-        if dst is None or (dst.st_size, dst.st_mtime_ns) != (src.st_size, src.st_mtime_ns):
-            _atomic_copy(source, target)  # keeps the mtime: an unchanged asset is not copied again
+        _copy_if_changed(source, target)
     else:
         from plotly.offline import get_plotlyjs
 
-        _atomic_write(target, get_plotlyjs())
+        atomic_write(target, get_plotlyjs())
+    for name in SITE_ASSETS:
+        _copy_if_changed(TEMPLATE_DIR / name, target.parent / name)
     return target
 
 
-def _atomic_copy(source: Path, target: Path) -> None:
-    """copy2 through a temporary file: a full disk leaves the old asset (or none), never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(fd)
-    try:
-        shutil.copy2(source, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as handle:  # lone surrogates
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_report(view: CampaignView, out_dir: Path, extra: dict[str, str] | None = None) -> Path:
-    """Write out_dir/index.html, out_dir/assets/plotly.min.js and the `extra` files (name → text), each whole
-    or not at all; returns the page's path. OSError (full disk, a path of the wrong kind) goes to the caller."""
+    """Write out_dir/index.html alone (no cell pages: reports/site.py writes the whole site), its assets and the
+    `extra` files (name → text), each whole or not at all; returns the page's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_plotly_asset(out_dir)
+    write_assets(out_dir)
     page = out_dir / "index.html"
-    _atomic_write(page, render_report(view))
+    atomic_write(page, render_report(view))
     for name, text in (extra or {}).items():
-        _atomic_write(out_dir / name, text)
+        atomic_write(out_dir / name, text)
     return page

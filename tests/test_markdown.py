@@ -18,12 +18,41 @@ GOLDEN_MISMATCHED = r"""## mbx campaign `moe-dispatch`
 Dispatcher SMs × expert capacity factor on 8×H200.
 
 source: `campaigns/moe-dispatch.yaml` · window: last 10 steps · generated: 2026-12-02T12:00:00Z\
-cells: 7 (5 completed, 1 failed, 1 pending) · points: 7 · verdicts: 3 pass, 3 fail, 1 none\
-gates: `tflops_per_gpu_min=300.0`, `peak_alloc_gib_max=70.0`, `loss_finite=true`
+cells: 7 (5 completed, 1 failed, 1 pending) · points: 7
 
-**Best:** `c2b0` (model.moe.capacity_factor=1.25, moe.dispatcher_sms=24): **455.5 TFLOP/s/GPU**, 760.0 ms/step, peak 62.00 GiB allocated
+### Frozen configuration
 
-| point | capacity_factor | dispatcher_sms | state | TFLOP/s/GPU | step ms | peak alloc GiB | loss first → last | verdict |
+- Point: **`c2b0`** (model.moe.capacity_factor=1.25, moe.dispatcher_sms=24)
+- Picked: highest mean TFLOP/s/GPU among completed points that did not fail; not compared with confidence (mbx freeze compares)
+- Swept knobs: model.moe.capacity_factor=1.25, moe.dispatcher_sms=24
+- Freeze it: `mbx freeze moe-dispatch --point c2b0`
+
+### Performance result
+
+- Window: steps 11–20 (10 steps; the first step never counts)
+- Step time 760.0 ms, **455.5 TFLOP/s/GPU**, 12,000 tokens/s/GPU
+- Peak memory: allocated 62.00 GiB, reserved 60.00 GiB
+- Loss: 10.5000 → 5.8864; skipped=0, NaN=0
+
+### Validation
+
+- Gates: `tflops_per_gpu_min=300.0`, `peak_alloc_gib_max=70.0`, `loss_finite=true`
+- Verdicts (per point, from all its repeats): 3 pass, 3 fail, 1 none
+
+### Failed gates
+
+- `c3c0` (model.moe.capacity_factor=1.5, moe.dispatcher_sms=24): peak_alloc_gib_max: 75.25 GiB is above the maximum 70 GiB
+- `c4d0` (model.moe.capacity_factor=1.5, moe.dispatcher_sms=32): tflops_per_gpu_min: 290 TFLOP/s is below the minimum 300 TFLOP/s
+- `c4d0` (model.moe.capacity_factor=1.5, moe.dispatcher_sms=32): loss_finite: a non-finite loss was logged
+- `c5e0` (model.moe.capacity_factor=2.0, moe.dispatcher_sms=32): run failed: CUDA out of memory on rank 3 (class `oom`)
+
+### Rejected experiments
+
+None recorded.
+
+### Points
+
+| point | capacity_factor | dispatcher_sms | state | TFLOP/s/GPU | step ms | peak mem GiB | loss first → last | verdict |
 |---|---|---|---|--:|--:|--:|---|---|
 | `c1a0` | 1.0 | 16 | completed | 410.0 | 820.0 | 50.00 | 10.5000 → 5.8864 | ✅ pass |
 | `c1a1` | 1.0 | 16 | completed | 405.0 | 830.0 | 50.00 | 10.5000 → 5.8864 | ✅ pass |
@@ -32,13 +61,6 @@ gates: `tflops_per_gpu_min=300.0`, `peak_alloc_gib_max=70.0`, `loss_finite=true`
 | `c4d0` | 1.5 | 32 | completed | 290.0 | 1,100.0 | 50.00 | 10.5000 → 5.8864 | ❌ fail |
 | `c5e0` | 2.0 | 32 | failed | 300.0 | 800.0 | 50.00 | 10.5000 → 9.8795 | ❌ fail |
 | `c6f0` | 2.0 | 16 | pending | — | — | — | — | — |
-
-### Failed gates
-
-- `c3c0` (model.moe.capacity_factor=1.5, moe.dispatcher_sms=24): peak_alloc_gib_max: 75.25 GiB is above the maximum 70 GiB
-- `c4d0` (model.moe.capacity_factor=1.5, moe.dispatcher_sms=32): tflops_per_gpu_min: 290 TFLOP/s is below the minimum 300 TFLOP/s
-- `c4d0` (model.moe.capacity_factor=1.5, moe.dispatcher_sms=32): loss_finite: a non-finite loss was logged
-- `c5e0` (model.moe.capacity_factor=2.0, moe.dispatcher_sms=32): run failed: CUDA out of memory on rank 3 (class `oom`)
 
 ### Environment
 
@@ -53,20 +75,36 @@ Common: gpu_name `NVIDIA H200`, cuda `13.0`, transformer_engine `2.20.2`, nccl `
 GOLDEN_EMPTY = r"""## mbx campaign `empty`
 
 window: last 10 steps · generated: 2026-12-02T12:00:00Z\
-cells: 3 (1 failed, 1 running, 1 pending) · points: 3 · verdicts: 1 fail, 2 none\
-gates: none configured
+cells: 3 (1 failed, 1 running, 1 pending) · points: 3
 
-**Best:** none (no completed point passed its gates with a TFLOP/s figure)
+### Frozen configuration
 
-| point | x | state | TFLOP/s/GPU | step ms | peak alloc GiB | loss first → last | verdict |
-|---|---|---|--:|--:|--:|---|---|
-| `e1` | 1 | failed | — | — | — | — | ❌ fail |
-| `e2` | 2 | pending | — | — | — | — | — |
-| `e3` | 3 | running | 404.0 | 792.0 | 50.00 | 10.5000 → 10.1850 | — |
+None yet: no completed point passed its gates with a TFLOP/s figure
+
+### Performance result
+
+No completed point to report.
+
+### Validation
+
+- Gates: none configured
+- Verdicts (per point, from all its repeats): 1 fail, 2 none
 
 ### Failed gates
 
 - `e1` (x=1): run failed: node failure (class `infra`)
+
+### Rejected experiments
+
+None recorded.
+
+### Points
+
+| point | x | state | TFLOP/s/GPU | step ms | peak mem GiB | loss first → last | verdict |
+|---|---|---|--:|--:|--:|---|---|
+| `e1` | 1 | failed | — | — | — | — | ❌ fail |
+| `e2` | 2 | pending | — | — | — | — | — |
+| `e3` | 3 | running | 404.0 | 792.0 | 50.00 | 10.5000 → 10.1850 | — |
 
 ### Environment
 

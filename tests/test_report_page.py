@@ -175,6 +175,20 @@ def _check_table(dom: Node, view: CampaignView) -> None:
 
 # ---------------------------------------------------------------- tests without a browser
 
+# The index's figures of campaign_view(): heatmap, Pareto, TFLOP/s per axis, per-step curves.
+FIGURES = ["fig-heatmap", "fig-pareto", "fig-axis-0", "fig-axis-1", "fig-step-time", "fig-loss", "fig-grad-norm",
+           "fig-tflops", "fig-memory"]  # fmt: skip
+
+
+def _scripts_are_ours(dom: Node) -> None:
+    """Every <script> is ours: site.js (which loads plotly) from assets/, and JSON data (figures, heatmap)."""
+    scripts = dom.find_all("script")
+    srcs = [(s.attrs["src"], s.attrs.get("data-plotly")) for s in scripts if "src" in s.attrs]
+    assert srcs == [("assets/site.js", PLOTLY_ASSET)]
+    data = [s for s in scripts if "src" not in s.attrs]
+    assert all(s.attrs.get("type") == "application/json" for s in data)
+    assert len(data) == len(dom.find_all("div", cls="figure"))
+
 
 def test_page_written_with_local_plotly(tmp_path: Path) -> None:
     page = write_report(campaign_view(), tmp_path / "report")
@@ -182,9 +196,15 @@ def test_page_written_with_local_plotly(tmp_path: Path) -> None:
     asset = tmp_path / "report" / PLOTLY_ASSET
     assert asset.stat().st_size > 1_000_000
     dom = parse(page.read_text(encoding="utf-8"))
-    srcs = [s.attrs["src"] for s in dom.find_all("script") if "src" in s.attrs]
-    assert srcs == [PLOTLY_ASSET]  # relative, no CDN
+    scripts = [s for s in dom.find_all("script") if "src" in s.attrs]
+    srcs = [s.attrs["src"] for s in scripts] + [s.attrs["data-plotly"] for s in scripts]
+    assert srcs == [
+        "assets/site.js",
+        PLOTLY_ASSET,
+    ]  # relative, no CDN; site.js loads plotly once the page has loaded
+    assert (tmp_path / "report" / "assets" / "site.js").is_file()
     hrefs = [n.attrs.get("href", "") for n in dom.find_all("link")]
+    assert hrefs == ["assets/site.css"]
     assert not [u for u in srcs + hrefs if u.startswith(("http:", "https:", "//"))]
 
 
@@ -209,7 +229,7 @@ def test_table_rows_verdicts_and_best(tmp_path: Path) -> None:
     for text in ("moe-dispatch", "campaigns/moe-dispatch.yaml", "2026-12-02T12:00:00Z", "last 10 steps"):
         assert text in header.text()
     figure_ids = [n.attrs["id"] for n in dom.find_all("div", cls="figure")]
-    assert figure_ids == ["fig-axis-0", "fig-axis-1", "fig-step-time", "fig-loss"]
+    assert figure_ids == FIGURES
 
 
 def test_fingerprint_mismatch_warns(tmp_path: Path) -> None:
@@ -240,11 +260,7 @@ def test_user_values_are_escaped(tmp_path: Path) -> None:
     assert list(rows) == ["h<1>", "h&2"]
     assert _td(rows["h<1>"], "param").text() == HOSTILE
     assert HOSTILE in _td(rows["h&2"], "failure").text()
-    # Every <script> is ours: plotly, the figure data and the page script.
-    kinds = [s.attrs.get("type", "") or s.attrs.get("src", "inline") for s in dom.find_all("script")]
-    assert kinds.count(PLOTLY_ASSET) == 1
-    assert kinds.count("inline") == 1
-    assert len(kinds) == 2 + len(dom.find_all("div", cls="figure"))
+    _scripts_are_ours(dom)
 
 
 def test_zero_completed_cells(tmp_path: Path) -> None:
@@ -285,11 +301,20 @@ def test_any_user_text_stays_text(name: str, description: str, labels: list[str]
     assert heading is not None and heading.text() == name
     assert heading is not None and not heading.children
     assert list(_summary_rows(dom)) == [c.cell_id for c in view.cells]
-    scripts = dom.find_all("script")
-    assert len(scripts) == 2 + len(dom.find_all("div", cls="figure"))
+    _scripts_are_ours(dom)
 
 
 # ---------------------------------------------------------------- in a real browser
+
+
+LEGENDS = {
+    "c1a0": "capacity_factor=1.0, dispatcher_sms=16",
+    "c1a1": "capacity_factor=1.0, dispatcher_sms=16 (repeat 1)",
+    "c2b0": "capacity_factor=1.25, dispatcher_sms=24",
+    "c3c0": "capacity_factor=1.5, dispatcher_sms=24",
+    "c4d0": "capacity_factor=1.5, dispatcher_sms=32",
+    "c5e0": "capacity_factor=2.0, dispatcher_sms=32",
+}
 
 
 @needs_chromium
@@ -299,7 +324,7 @@ def test_page_renders_offline_in_chromium(tmp_path: Path) -> None:
     dom, stderr = render_in_chromium(page, tmp_path / "profile")
     assert console_messages(stderr) == []
     figures = dom.find_all("div", cls="figure")
-    assert [f.attrs["id"] for f in figures] == ["fig-axis-0", "fig-axis-1", "fig-step-time", "fig-loss"]
+    assert [f.attrs["id"] for f in figures] == FIGURES
     for fig in figures:
         assert "js-plotly-plot" in fig.classes, f"{fig.attrs['id']} was not plotted"
         assert fig.find_all("svg", cls="main-svg"), fig.attrs["id"]
@@ -309,7 +334,7 @@ def test_page_renders_offline_in_chromium(tmp_path: Path) -> None:
     assert loss is not None
     assert len(loss.find_all("g", cls="trace")) == len(with_rows)
     legend = [t.text() for t in loss.find_all("text", cls="legendtext")]
-    assert legend == [c.cell_id for c in with_rows]
+    assert legend == [LEGENDS[c.cell_id] for c in with_rows]  # by knob values, not ids
     axis0 = dom.by_id("fig-axis-0")
     assert axis0 is not None
     points = axis0.find_all("path", cls="point")
@@ -348,7 +373,9 @@ def test_damaged_files_are_named_in_chromium(tmp_path: Path) -> None:
     """A cell whose run-dir files are damaged keeps its stored figures; the banner and its row name the files."""
     view = campaign_view()
     cell = next(c for c in view.cells if c.summary is not None)
-    cell.damaged = [f"/runs/{cell.cell_id}/1/metrics.jsonl:2: not a JSON object: b'<b>x</b>' (the file is corrupt)"]
+    cell.damaged = [
+        f"/runs/{cell.cell_id}/1/metrics.jsonl:2: not a JSON object: b'<b>x</b>' (the file is corrupt)"
+    ]
     dom, stderr = render_in_chromium(write_report(view, tmp_path / "report"), tmp_path / "profile")
     assert console_messages(stderr) == []
     banner = dom.by_id("damaged-warning")

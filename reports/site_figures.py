@@ -1,0 +1,209 @@
+"""Plotly figures of the report site as plain JSON (no plotly.graph_objects: a thousand cell pages stay fast):
+per-step curves, the TFLOP/s heatmap of two swept axes, and the Pareto plot of TFLOP/s against peak memory."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+from reports.metrics import finite
+from reports.site_data import cell_memory, point_memory
+from reports.views import CellView, PointView
+
+PALETTE = (
+    "#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #7f7f7f #bcbd22 #17becf "
+    "#393b79 #637939 #8c6d31 #843c39 #7b4173 #3182bd #e6550d #31a354 #756bb1 #636363"
+).split()
+CATEGORY_MAX = 12  # a numeric axis with at most this many distinct values is shown as categories
+
+# Per-step curves: (row key, figure id, title, y-axis title, clip the first step's outlier)
+CURVES: tuple[tuple[str, str, str, str, bool], ...] = (
+    ("step_time_ms", "fig-step-time", "Step time per step", "step time (ms)", True),
+    ("loss", "fig-loss", "Training loss per step", "loss", False),
+    ("eval_loss", "fig-eval-loss", "Eval loss", "eval loss", False),
+    ("tflops_per_gpu", "fig-tflops", "TFLOP/s/GPU per step", "TFLOP/s/GPU", True),
+    ("tokens_dropped_frac", "fig-dropped", "Dropped tokens per step", "dropped fraction", False),
+)
+MEMORY = "memory"  # the curve of mem_max_allocated_gib, or rss_gib on a CPU run
+
+
+def t(text: Any) -> str:
+    """User text for a plotly label: plotly renders a few HTML tags in labels, so show them literally."""
+    return html.escape(str(text), quote=False)
+
+
+def safe_json(data: Any) -> str:
+    """JSON that is safe inside a <script> element (no '<', '>' or '&' left unescaped)."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def layout(title: str, xtitle: str, ytitle: str, **extra: Any) -> dict[str, Any]:
+    """The house layout of every figure."""
+    return {
+        "title": {"text": title},
+        "xaxis": {"title": {"text": xtitle}, **extra.pop("xaxis", {})},
+        "yaxis": {"title": {"text": ytitle}, **extra.pop("yaxis", {})},
+        "template": {"layout": {"paper_bgcolor": "white", "plot_bgcolor": "white"}},
+        "height": 420,
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
+        "legend": {"font": {"size": 11}},
+        **extra,
+    }
+
+
+def figure(
+    fig_id: str, title: str, data: list[dict[str, Any]], fig_layout: dict[str, Any], **more: Any
+) -> dict[str, Any]:
+    return {"id": fig_id, "title": title, "json": safe_json({"data": data, "layout": fig_layout}), **more}
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if finite(value) else None
+
+
+def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float | None]]:
+    """Steps and values of `key` (the last row of a step wins; non-finite values as None); steps without the
+    key are left out (eval loss is logged every few steps)."""
+    by_step: dict[int, Any] = {}
+    for row in rows:
+        step = row.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and key in row:
+            by_step[step] = row[key]
+    steps = sorted(by_step)
+    return steps, [_num(by_step[s]) for s in steps]
+
+
+def axis_kind(values: list[Any]) -> tuple[bool, list[Any]]:
+    """(categorical, category order): discrete knobs (integers, booleans, text, few distinct values) are
+    categories, numbers in ascending order; only many distinct real numbers make a linear axis."""
+    distinct = list(dict.fromkeys(json.dumps(v, sort_keys=True, default=str) for v in values))
+    numeric = bool(values) and all(finite(v) for v in values)
+    if numeric and len(distinct) > CATEGORY_MAX and not all(float(v).is_integer() for v in values):
+        return False, []
+    if numeric:
+        return True, sorted({float(v): v for v in values}.values())
+    return True, [json.loads(d) for d in distinct]
+
+
+def _memory_key(cell: CellView) -> str:
+    return "rss_gib" if cell_memory(cell)[1] == "rss" else "mem_max_allocated_gib"
+
+
+def curve(cells: list[CellView], names: dict[str, str], key: str, fig_id: str, title: str, ytitle: str,
+          clip_first: bool = False) -> dict[str, Any] | None:  # fmt: skip
+    """One line per cell of `key` (MEMORY: peak allocated, or RSS on CPU) against the step; legends by `names`."""
+    data: list[dict[str, Any]] = []
+    tail: list[float] = []
+    heads: list[float] = []
+    for index, cell in enumerate(cells):
+        steps, ys = series(cell.rows, _memory_key(cell) if key == MEMORY else key)
+        if not any(y is not None for y in ys):
+            continue
+        data.append({"type": "scatter", "x": steps, "y": ys, "mode": "lines+markers" if len(steps) < 60 else "lines",
+                     "name": t(names.get(cell.cell_id, cell.cell_id)), "meta": t(cell.cell_id),
+                     "line": {"color": PALETTE[index % len(PALETTE)], "width": 1.5}, "marker": {"size": 4},
+                     "hovertemplate": "%{meta}<br>step %{x}: %{y:.4g}<extra>%{fullData.name}</extra>"})  # fmt: skip
+        tail.extend(y for y in ys[1:] if y is not None)
+        heads.extend(y for y in ys[:1] if y is not None)
+    if not data:
+        return None
+    yaxis: dict[str, Any] = {}
+    if clip_first and tail:  # each cell's first step (compile, warm-up) is often several times slower
+        low, high = min(tail), max(tail)
+        pad = max((high - low) * 0.15, abs(high) * 0.05)
+        yaxis = {"range": [max(0.0, low - pad), high + pad]}
+        if any(h > high + pad or h < low - pad for h in heads):
+            title += " (first steps off scale)"
+    return figure(fig_id, title, data, layout(title, "step", ytitle, yaxis=yaxis))
+
+
+def curves(cells: list[CellView], names: dict[str, str], prefix: str = "") -> list[dict[str, Any]]:
+    """The per-step figures of these cells: step time, loss, eval loss, TFLOP/s, dropped tokens, memory."""
+    out = [
+        curve(cells, names, key, prefix + fid, title, ytitle, clip)
+        for key, fid, title, ytitle, clip in CURVES
+    ]
+    rss = any(cell_memory(c)[1] == "rss" for c in cells)
+    ytitle = "peak RSS (GiB, CPU run)" if rss else "peak allocated (GiB)"
+    out.append(curve(cells, names, MEMORY, prefix + "fig-memory", "Memory per step", ytitle))
+    return [f for f in out if f is not None]
+
+
+# ---------------------------------------------------------------- heatmap of two swept axes
+
+
+def heatmap_data(
+    points: list[PointView], axes: list[str], text: Callable[[Any], str]
+) -> dict[str, Any] | None:
+    """For every pair of swept axes, the grid of TFLOP/s/GPU (the best point's mean over the other axes) with
+    category labels in axis order; None with fewer than two axes or nothing measured."""
+    measured = [(p, p.mean("tflops_per_gpu")) for p in points if p.completed]
+    measured = [(p, v) for p, v in measured if finite(v)]
+    if len(axes) < 2 or not measured:
+        return None
+    orders = {a: axis_kind([p.params[a] for p, _ in measured if a in p.params])[1] for a in axes}
+    pairs: dict[str, Any] = {}
+    for i, a in enumerate(axes):
+        for b in axes[i + 1 :]:
+            xs, ys = [text(v) for v in orders[a]], [text(v) for v in orders[b]]
+            z: list[list[float | None]] = [[None] * len(xs) for _ in ys]
+            label: list[list[str]] = [[""] * len(xs) for _ in ys]
+            for point, value in measured:
+                if a not in point.params or b not in point.params:
+                    continue
+                col, row = xs.index(text(point.params[a])), ys.index(text(point.params[b]))
+                if z[row][col] is None or value > z[row][col]:  # type: ignore[operator]
+                    z[row][col], label[row][col] = value, t(point.label)
+            pairs[f"{i}|{axes.index(b)}"] = {
+                "x": [t(x) for x in xs],
+                "y": [t(y) for y in ys],
+                "z": z,
+                "text": label,
+            }
+    return {"axes": [t(a) for a in axes], "pairs": pairs, "many": len(axes) > 2}
+
+
+# ---------------------------------------------------------------- Pareto: TFLOP/s vs peak memory
+
+
+def frontier(pairs: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both (less memory, more TFLOP/s), by memory."""
+    order = sorted(range(len(pairs)), key=lambda i: (pairs[i][0], -pairs[i][1]))
+    best, kept = -math.inf, []
+    for i in order:
+        if pairs[i][1] > best:
+            kept.append(i)
+            best = pairs[i][1]
+    return kept
+
+
+def pareto(points: list[PointView], names: dict[str, str], best: PointView | None) -> dict[str, Any] | None:
+    """TFLOP/s/GPU against peak memory per point, the frontier drawn through the non-dominated points."""
+    rows = [(p, point_memory(p), p.mean("tflops_per_gpu")) for p in points if p.completed]
+    rows = [(p, m, v) for p, m, v in rows if m[0] is not None and finite(v)]
+    if not rows:
+        return None
+    pairs = [(m[0], float(v)) for _, m, v in rows]  # type: ignore[misc]
+    front = frontier(pairs)  # type: ignore[arg-type]
+    rss = any(m[1] == "rss" for _, m, _ in rows)
+    label = [t(names.get(p.point_id, p.label)) for p, _, _ in rows]
+    data = [
+        {"type": "scatter", "mode": "markers", "name": "points", "x": [x for x, _ in pairs], "y": [y for _, y in pairs],
+         "text": label, "marker": {"size": 10, "color": "#1f77b4", "opacity": 0.8},
+         "hovertemplate": "%{text}<br>%{x:.3g} GiB, %{y:.4g} TFLOP/s/GPU<extra></extra>"},
+        {"type": "scatter", "mode": "lines+markers", "name": f"frontier ({len(front)})", "line": {"shape": "hv", "color": "#d62728"},
+         "x": [pairs[i][0] for i in front], "y": [pairs[i][1] for i in front], "text": [label[i] for i in front],
+         "marker": {"size": 12, "symbol": "diamond-open", "color": "#d62728"},
+         "hovertemplate": "%{text}<extra>frontier</extra>"},
+    ]  # fmt: skip
+    if best is not None and any(p is best for p, _, _ in rows):
+        i = next(i for i, (p, _, _) in enumerate(rows) if p is best)
+        data.append({"type": "scatter", "mode": "markers", "name": "best", "x": [pairs[i][0]], "y": [pairs[i][1]],
+                     "marker": {"size": 20, "symbol": "star-open", "color": "#111"}, "hoverinfo": "skip"})  # fmt: skip
+    xtitle = "peak memory (GiB; RSS on CPU runs)" if rss else "peak allocated memory (GiB)"
+    title = "TFLOP/s/GPU vs peak memory (Pareto frontier)"
+    return figure("fig-pareto", title, data, layout(title, xtitle, "TFLOP/s/GPU"), frontier=len(front))

@@ -1,0 +1,109 @@
+"""Formatting and file writing shared by the report site's pages and the Markdown summary: numbers, swept values,
+gate messages, the Jinja environment (autoescape on) and whole-or-nothing file writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from reports.metrics import finite
+from reports.views import PointView
+
+TEMPLATE_DIR = Path(__file__).parent / "templates"
+
+
+DASH = "—"
+
+
+def fmt_number(value: Any, digits: int = 1, thousands: bool = True) -> str:
+    """A finite number with fixed decimals ('—' for None, NaN, inf or a non-number).
+
+    Values too small to show at that precision (CPU-sized TFLOP/s) get 3 significant digits instead of 0.0.
+    """
+    if not finite(value):
+        return DASH
+    if value != 0 and abs(value) < 0.5 * 10**-digits:
+        return f"{value:.3g}"
+    return f"{value:,.{digits}f}" if thousands else f"{value:.{digits}f}"
+
+
+def fmt_param(value: Any) -> str:
+    """A swept value as the user wrote it: strings bare, everything else as JSON (true, null, 1.25)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, sort_keys=True, default=str)
+    except (TypeError, ValueError):  # e.g. a circular structure
+        return str(value)
+
+
+def failed_messages(point: PointView) -> list[str]:
+    """Messages of the checks the point failed (over all its repeats)."""
+    return [c.message for c in point.gate.failed] if point.gate is not None else []
+
+
+def unchecked_messages(point: PointView) -> list[str]:
+    """Messages of the checks that could not decide (why a point's verdict is inconclusive)."""
+    return [c.message for c in point.gate.unchecked] if point.gate is not None else []
+
+
+def point_name(point: PointView) -> str:
+    """A point of one repeat by its cell id, else by its point id."""
+    return point.repeats[0].cell_id if len(point.repeats) == 1 else point.point_id
+
+
+def environment() -> Any:
+    """The Jinja environment of the site's templates: autoescape on, undefined names are errors."""
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def atomic_copy(source: Path, target: Path) -> None:
+    """copy2 through a temporary file: a full disk leaves the old file (or none), never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    try:
+        shutil.copy2(source, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` through a temporary file renamed over `path`: readers see the old or the new file, whole."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as handle:  # lone surrogates
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+_CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.S)
+
+
+def code_spans(text: str) -> list[tuple[bool, str]]:
+    """A description split into (is code, text) parts: `code spans` (any fence length) and the text between."""
+    parts: list[tuple[bool, str]] = []
+    last = 0
+    for match in _CODE_SPAN.finditer(text):
+        parts += [(False, text[last : match.start()]), (True, match.group(2))]
+        last = match.end()
+    parts.append((False, text[last:]))
+    return [(code, part) for code, part in parts if part]
