@@ -5,6 +5,8 @@
 #   bash benchmarks/h200_session5.sh a   # seed 004 case A interleaved A/B until conclusive; profiles (traces)
 #   bash benchmarks/h200_session5.sh b   # seed 000 bf16 vs fp8 parity, seed 001 toggle matrix (bf16), GPU tests
 #   bash benchmarks/h200_session5.sh c   # issue 15 levers: precision-aware optimizer, bf16 moments, TE CE, FP8
+#   bash benchmarks/h200_session5.sh d   # no TE: the dispatch campaign with `profile:` (report site with where
+#                                        # the time goes) and a seed 001 A/A subset (bf16, 2 repeats)
 set -u
 PHASE=${1:?phase a, b or c}
 OUT=${OUT:-/tmp/s5}
@@ -47,6 +49,23 @@ c)
     --set compile=true --set optimizer.main_grads=bf16 --variant tece:cross_entropy=te \
     --variant fp8-tece:precision=fp8,cross_entropy=te
   cp /root/dense/results.json "$OUT/dense_variants.json" 2>/dev/null
+  ;;
+d)
+  WS=/root/ws-prof
+  mbx 170 campaign run campaigns/moe_dispatch_h200.yaml --workspace $WS --no-wandb
+  mbx 30 report moe-dispatch-h200 --workspace $WS --markdown >"$OUT/dispatch.md"
+  tar czf "$OUT/dispatch_site.tgz" -C $WS/moe-dispatch-h200 report 2>/dev/null
+  mkdir -p /root/traces
+  for trace in $WS/moe-dispatch-h200/*/*/profile-trace.json; do
+    cell=$(basename "$(dirname "$(dirname "$trace")")")
+    python3 benchmarks/trim_trace.py "$trace" "/root/traces/dispatch_${cell}.trace.json.gz" --top 12 >>"$OUT/kernels_top.txt"
+  done
+  tar cf "$OUT/dispatch_traces.tar" -C /root traces
+  step 30 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_energy.py
+  sed -e 's/precision: \[bf16, fp8\]/precision: [bf16]/' -e 's/optimizer.master_weights: \[true, false\]/optimizer.master_weights: [true]/' \
+    -e 's/optimizer.main_grads: \[fp32, bf16\]/optimizer.main_grads: [fp32]/' campaigns/seed001_toggle_matrix_h200.yaml >/root/seed001_aa.yaml
+  mbx 75 campaign run /root/seed001_aa.yaml --workspace $WS --parallel 3 --no-wandb
+  mbx 20 report seed001-toggle-matrix-h200 --workspace $WS --markdown >"$OUT/seed001_aa.md"
   ;;
 esac
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

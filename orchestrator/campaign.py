@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from launchers.profile import Cluster, Container
 from orchestrator.parity import Parity
+from orchestrator.profile_spec import Profile
+from orchestrator.search import Search
 from orchestrator.software import Software
 from reports.failures import FAILURE_CLASSES
 from reports.gates import GateSpec
@@ -113,6 +115,11 @@ class Resources(_Strict):
         1, ge=1, description="Ranks per node: one per GPU (on CPU-only machines, processes)."
     )
     time_limit_min: float | None = Field(None, gt=0, description="Wall-clock limit per attempt, minutes.")
+    gpu: str | None = Field(
+        None,
+        description="Target GPU model (e.g. H200, H100-80GB, GB200) whose memory bounds each point's estimate; "
+        "`mbx campaign run --gpu` wins.",
+    )
 
 
 class Sweep(_Strict):
@@ -135,6 +142,9 @@ class Sweep(_Strict):
     )
     repeats: int = Field(
         1, ge=1, le=MAX_REPEATS, description=f"Run every point this many times (noise-aware verdicts; at most {MAX_REPEATS})."
+    )
+    search: Search | None = Field(
+        None, description="Budgeted search over the points (grid | random | halving | optuna) instead of running all."
     )
 
     @field_validator("axes")
@@ -271,6 +281,7 @@ class Campaign(_Strict):
         default_factory=Software, description="Software versions per point (git refs, pip pins) for sweeps and bisect."
     )
     parity: Parity | None = Field(None, description="Numerics parity: a toggle whose on/off pairs must train the same.")
+    profile: Profile | None = Field(None, description="Profile a few steps of every cell; the report shows where GPU time goes.")
 
     def base_recipe(self, campaign_file: Path | None) -> dict[str, Any]:
         """The base recipe mapping (recipe_file, then `recipe` merged over it)."""

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.errors import ConfigError
-from orchestrator.parity_noise import noise_floors, within_noise
+from orchestrator.parity_noise import Noise, noise_floors, within_noise
 from orchestrator.store import CellRow
 from reports.numerics import MetricParity, metric_parity
 
@@ -298,15 +298,16 @@ def judge_pair(
     off: CellRow | None,
     on: CellRow | None,
     rows_of: RowsOf,
-    noise: Mapping[str, float] | None = None,
+    noise: Mapping[str, Noise] | None = None,
 ) -> PairVerdict:
     """The verdict of one pair; `rows_of(cell)` gives (its completed attempt's metrics rows, or None, and why);
-    `noise`: the run-to-run floor per metric (a failure within it is inconclusive)."""
+    `noise`: the run-to-run A/A gaps per metric (a failure they explain is inconclusive)."""
+    noise = noise or {}
     tolerances = {m: parity.tolerance(m).model_dump() if pairing.kind != "eval" else Tolerance().model_dump()
                   for m in pairing.metrics}  # fmt: skip
     verdict = PairVerdict(f"{pairing.kind}:{off.cell_id if off else '-'}:{on.cell_id if on else '-'}", pairing.kind,
                           pairing.title, label, repeat, off.cell_id if off else None, on.cell_id if on else None,
-                          tolerances=tolerances, noise=dict(noise or {}))  # fmt: skip
+                          tolerances=tolerances, noise={m: n.max_abs for m, n in noise.items()})  # fmt: skip
     sides: list[list[dict[str, Any]]] = []
     for name, cell in (("off", off), ("on", on)):
         rows, why = rows_of(cell) if cell is not None else (None, "is not in the campaign")
@@ -318,7 +319,7 @@ def judge_pair(
         tol = tolerances[metric]
         judged = metric_parity(metric, sides[0], sides[1], exact=tol["exact"], max_abs=tol["max_abs"] or 0.0,
                                max_rel=tol["max_rel"] or 0.0, trend=tol["trend"])  # fmt: skip
-        verdict.metrics.append(within_noise(judged, verdict.noise.get(metric)))
+        verdict.metrics.append(within_noise(judged, noise.get(metric), sides[0], sides[1]))
     decided = [m for m in verdict.metrics if m.verdict != "n/a"]
     failed = [m for m in decided if m.verdict == "fail"]
     undecided = [m for m in decided if m.verdict == "inconclusive"]

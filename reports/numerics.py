@@ -149,7 +149,7 @@ class MetricParity:
     reason: str = ""
 
 
-def _series(rows: Sequence[Mapping[str, object]], metric: str) -> dict[int, float]:
+def step_series(rows: Sequence[Mapping[str, object]], metric: str) -> dict[int, float]:
     """step → value of `metric` (None and missing skipped; NaN/inf kept: both sides must agree on them)."""
     out: dict[int, float] = {}
     for row in rows:
@@ -183,7 +183,7 @@ def metric_parity(
     |on - off| <= max_abs or <= max_rel × |off|; `trend` also fails a gap that grows (linregress, p < 0.05).
     A failure at a common step stands even when the step sets differ; otherwise differing steps, or a
     metric only one side recorded, are inconclusive (never a pass)."""
-    a, b = _series(off_rows, metric), _series(on_rows, metric)
+    a, b = step_series(off_rows, metric), step_series(on_rows, metric)
     if not a and not b:
         return MetricParity(metric, "n/a", reason="recorded by neither side")
     if not a or not b:
@@ -259,7 +259,7 @@ def grad_norm_spikes(
     rows: Sequence[Mapping[str, object]], *, window: int = 20, threshold: float = 6.0
 ) -> list[Spike]:
     """Spikes of a run's grad-norm curve, each with the events (step_events) just before it."""
-    series = _series(rows, "grad_norm")
+    series = step_series(rows, "grad_norm")
     return find_spikes(
         list(series), list(series.values()), window=window, threshold=threshold, events=step_events(rows)
     )
