@@ -335,15 +335,23 @@ def judge_pair(
 def judge_parity(
     parity: Parity, cells: list[CellRow], rows_of: RowsOf, eval_interval: Any = None
 ) -> list[PairVerdict]:
-    """Every pair's verdict (pairs in cell order)."""
+    """Every pair's verdict (pairs in cell order); each cell's rows are read once (the noise floors, every
+    pairing and its pairs all look at them)."""
+    read: dict[str, tuple[list[dict[str, Any]] | None, str]] = {}
+
+    def rows_once(cell: CellRow) -> tuple[list[dict[str, Any]] | None, str]:
+        if cell.cell_id not in read:
+            read[cell.cell_id] = rows_of(cell)
+        return read[cell.cell_id]
+
     verdicts: list[PairVerdict] = []
     for pairing in pairings(parity, eval_interval):
         if pairing.kind == "eval":
             pairing = _eval_pairing(pairing, cells)
         matched = match_cells(pairing, cells)
-        floors = noise_floors(matched, pairing.metrics, rows_of)
+        floors = noise_floors(matched, pairing.metrics, rows_once)
         for label, repeat, off, on in matched:
-            verdicts.append(judge_pair(parity, pairing, label, repeat, off, on, rows_of, floors.get(label)))
+            verdicts.append(judge_pair(parity, pairing, label, repeat, off, on, rows_once, floors.get(label)))
     return verdicts
 
 
