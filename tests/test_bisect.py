@@ -130,7 +130,8 @@ def test_bisect_refuses_ends_that_do_not_differ(tmp_path, mbx, write_campaign, c
     shas = make_repo(tmp_path / "lib")
     path = campaign(tmp_path, write_campaign)
     done = mbx("bisect", str(path), "--good", shas[0], "--bad", shas[2], "-w", str(tmp_path / "ws"),
-               "--min-effect", "0.4", "--repeats", "2", "--max-repeats", "4", env=cache_env)  # fmt: skip
+               "--min-effect", "0.4", "--repeats", "2", "--max-repeats", "8", env=cache_env)  # fmt: skip
+    # (8: on a machine shared with other work, 4 repeats of equal ends once left +25% [CI across 40%] UNKNOWN)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "refused: the ends do not differ" in done.stdout
 
