@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import expert_parallel
+from trainer import expert_parallel, grad_accum
 from trainer.data import MockData
 from trainer.distributed import Dist, all_reduce_sum
 from trainer.energy import StepEnergy
@@ -102,6 +102,12 @@ class Trainer:
         if self.ep and self.master and self.master.fp32_main_grads:  # the hooks would move expert grads away
             raise RuntimeError("expert parallelism reduces expert gradients on the parameters: fp32 main grads "
                                "through hooks cannot be used with it")
+        self.fused_weights: list = []
+        if opt.grad_accumulation_fusion:  # the weights whose gradient GEMMs accumulate (trainer/grad_accum.py)
+            # grouped_mm experts only with expert_wgrad: te (torch's grouped GEMM cannot accumulate)
+            expert_backend = "te" if m.moe is not None and m.moe.expert_wgrad == "te" else None
+            self.fused_weights = grad_accum.fused_weights(model, expert_backend)
+            self.compute += f" + gradient-accumulation fusion ({len(self.fused_weights)} weights)"
         self._stacked_experts = stacked_expert_weights(model)  # their grads count per expert in the grad norm
         self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist,
                                  recompute_modules=recipe.selective_modules() or None, sharded=self.expert_params)
@@ -154,6 +160,7 @@ class Trainer:
         # [loss sum, aux-loss sum, dropped (token, slot) pairs] over this rank's micro-batches.
         stats = torch.zeros(3, dtype=torch.float64, device=self.device)
         routed = 0
+        grad_accum.prepare(self.fused_weights)  # their gradients exist (zeroed) before the first micro-batch
         for micro in range(self.accum):
             inputs, targets = self.data.train_batch(step, micro)
             with no_sync(self.model, sync=micro == self.accum - 1), self.autocast():

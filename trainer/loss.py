@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainer.grad_accum import linear
+
 # Budget of one fp32 logits chunk in the fused loss.
 FUSED_CHUNK_BYTES = 1 << 30
 
@@ -15,7 +17,7 @@ def cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     h = hidden.reshape(-1, hidden.shape[-1])
     t = targets.reshape(-1)
     if kind == "native":
-        logits = F.linear(h, weight)  # compute dtype under autocast
+        logits = linear(h, weight)  # compute dtype under autocast; dW into main_grad when fused
         return F.cross_entropy(logits.float(), t)  # fp32 softmax over the full [N, V] logits
     if kind == "fused":
         return FusedLinearCrossEntropy.apply(h, weight, t)
@@ -24,7 +26,7 @@ def cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
 
         # TE's Triton kernel reads the compute-dtype logits [B, S, V] and does the softmax in fp32 itself
         # (no fp32 copy of the logits); per-token losses back, averaged here.
-        logits = F.linear(hidden, weight)
+        logits = linear(hidden, weight)
         return te_cross_entropy()(logits, targets, 0.0, False, None).float().mean()
     raise ValueError(f"cross_entropy: unknown {kind!r} (native, fused or te)")
 

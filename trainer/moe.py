@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer import grad_accum
 from trainer.recipe import MoEConfig, RouterConfig
 
 
@@ -371,6 +372,7 @@ class GroupedExperts(nn.Module):
             )
         self.activation, self.gemm, self.num_experts = activation, gemm, num_experts
         self.recompute_act = False
+        self.wgrad_backend: str | None = None  # set by trainer.grad_accum users: dW accumulated by "te"/"torch"
         up = 2 * ffn_hidden_size if activation == "swiglu" else ffn_hidden_size
         w1 = torch.empty(num_experts, up, hidden_size).normal_(0.0, init_std)
         w2 = torch.empty(num_experts, hidden_size, ffn_hidden_size).normal_(0.0, output_std)
@@ -395,9 +397,9 @@ class GroupedExperts(nn.Module):
         if self.recompute_act or remake_input is not None:
             return self._forward_recomputing(x, plan, remake_input)
         if self.gemm == "torch":
-            w1, w2 = self._stacked(dtype)
-            h = grouped_mm(x, w1.transpose(-2, -1), plan.offs)
-            return grouped_mm(activate(h, self.activation), w2.transpose(-2, -1), plan.offs)
+            w1, w2 = self._weights(dtype)
+            h = self._project(x, w1, plan.offs)
+            return self._project(activate(h, self.activation), w2, plan.offs)
         self._refuse_te()
         sizes = plan.counts.tolist()  # SYNC: the loop needs the group sizes on the host
         outs = []
@@ -405,6 +407,21 @@ class GroupedExperts(nn.Module):
             h = xe @ self.w1[e].to(dtype).t()
             outs.append(activate(h, self.activation) @ self.w2[e].to(dtype).t())
         return torch.cat(outs)
+
+    def _fused(self, dtype: torch.dtype) -> bool:
+        """Gradient-accumulation fusion applies: a backend, one leaf per projection already in `dtype`, training."""
+        return (self.wgrad_backend is not None and not self.discrete and self.w1.dtype == dtype
+                and torch.is_grad_enabled())
+
+    def _weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The [E, out, in] weights in `dtype`: the parameters themselves when fused (their main_grad is the target)."""
+        return (self.w1, self.w2) if self._fused(dtype) else self._stacked(dtype)
+
+    def _project(self, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """x · w[e]ᵀ per group; with gradient-accumulation fusion dW goes into the weight's main_grad."""
+        if self._fused(x.dtype):
+            return grad_accum.grouped_mm(x, w, offs, self.wgrad_backend)
+        return grouped_mm(x, w.transpose(-2, -1), offs)
 
     def _refuse_te(self) -> None:
         if self.gemm == "te":
@@ -418,10 +435,10 @@ class GroupedExperts(nn.Module):
         self._refuse_te()
         dtype = x.dtype
         if self.gemm == "torch":
-            w1, w2 = self._stacked(dtype)
+            w1, w2 = self._weights(dtype)
 
             def project(inp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-                return grouped_mm(inp, w.transpose(-2, -1), plan.offs)
+                return self._project(inp, w, plan.offs)
         else:
             sizes = plan.counts.tolist()  # SYNC: the loop needs the group sizes on the host
             w1, w2 = self.w1, self.w2

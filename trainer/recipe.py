@@ -58,6 +58,11 @@ class MoEConfig(_Strict):
     expert_weights: Literal["single", "discrete"] = Field(
         "single", description="One [E, N, K] parameter per projection, or one parameter per expert."
     )
+    expert_wgrad: Literal["torch", "te"] = Field(
+        "torch", description="The grouped_mm experts' weight-gradient GEMMs: torch (autograd adds each micro-batch's "
+        "gradient) or te (Transformer Engine's grouped GEMM accumulating into the gradient in place; needs "
+        "optimizer.grad_accumulation_fusion, grouped_gemm: torch, expert_weights: single and a CUDA GPU)."
+    )
     dispatch_chunk_tokens: int | None = Field(
         None, ge=1, description="Route/permute tokens in chunks of this many, pipelined against the expert GEMMs "
         "(on a GPU chunk i+1's permutation runs on a dispatcher stream while chunk i's GEMMs run; capacity is "
@@ -81,6 +86,9 @@ class MoEConfig(_Strict):
             raise ValueError("pad_to_capacity needs a capacity_factor (dropless has no capacity to pad to)")
         if self.dispatcher_sms is not None and not self.dispatch_overlap:
             raise ValueError("dispatcher_sms needs dispatch_overlap (the green-context stream is the overlap)")
+        if self.expert_wgrad == "te" and (self.grouped_gemm != "torch" or self.expert_weights != "single"):
+            raise ValueError("expert_wgrad: te replaces the weight gradient of grouped_gemm: torch with "
+                             "expert_weights: single (TE GroupedLinear experts fuse their own)")
         return self
 
 
@@ -179,6 +187,14 @@ class OptimizerConfig(_Strict):
         "fp32",
         description="dtype the Adam moments are stored in (Megatron --exp-avg-dtype / --exp-avg-sq-dtype); the "
         "update math stays fp32. bf16 saves 4 bytes per parameter.",
+    )
+    grad_accumulation_fusion: bool = Field(
+        False,
+        description="Weight-gradient GEMMs add into the gradient themselves (GEMM with beta = 1, Megatron "
+        "--gradient-accumulation-fusion) instead of autograd adding each micro-batch's gradient in a separate "
+        "pass: the output layer, TE Linear/GroupedLinear layers, and grouped_mm experts with "
+        "model.moe.expert_wgrad: te. Needs the gradients on the weights (main_grads: bf16, or no master "
+        "weights) and one data-parallel rank.",
     )
 
 
@@ -288,6 +304,10 @@ def layout_problems(recipe: Recipe, world_size: int) -> list[str]:
         problems.append(f"parallel: {err}")
         return problems
     problems.extend(expert_parallel_problems(recipe, dp))
+    if recipe.optimizer.grad_accumulation_fusion and world_size > 1:
+        problems.append(f"optimizer.grad_accumulation_fusion works on one rank only (world size {world_size}): "
+                        "the fused GEMMs write the gradients themselves, and DDP learns from autograd that a "
+                        "gradient is ready to all-reduce")
     t = recipe.training
     if t.global_batch_size is not None and t.global_batch_size % (t.micro_batch_size * dp):
         problems.append(
@@ -346,6 +366,8 @@ def te_knobs(recipe: Recipe) -> list[str]:
         knobs.append("cross_entropy: te")
     if recipe.model.moe is not None and recipe.model.moe.grouped_gemm == "te":
         knobs.append("model.moe.grouped_gemm: te")
+    if recipe.model.moe is not None and recipe.model.moe.expert_wgrad == "te":
+        knobs.append("model.moe.expert_wgrad: te")
     return knobs
 
 
@@ -384,7 +406,10 @@ def knob_problems(recipe: Recipe, device_type: str | None, arch: int | None, arc
         problems.extend(_alignment_problems(recipe))
     if recipe.cross_entropy == "te" and on_cpu:
         problems.append(f"cross_entropy: te (Transformer Engine parallel_cross_entropy) needs a CUDA GPU; {cpu}")
+    problems.extend(_fusion_problems(recipe, on_cpu))
     if moe is not None:
+        if moe.expert_wgrad == "te" and on_cpu:
+            problems.append(f"model.moe.expert_wgrad: te (Transformer Engine grouped GEMM) needs a CUDA GPU; {cpu}")
         if moe.grouped_gemm == "te" and on_cpu:
             problems.append(f"model.moe.grouped_gemm: te (Transformer Engine GroupedLinear) needs a CUDA GPU; {cpu}")
         if moe.dispatcher_sms is not None and on_cpu:
@@ -394,6 +419,21 @@ def knob_problems(recipe: Recipe, device_type: str | None, arch: int | None, arc
             problems.append("recompute: full would recompute each MoE layer on the dispatcher stream (the backward "
                             "replays a layer on the stream of its last op, the combine); use selective, or "
                             "model.moe.dispatch_overlap: false")
+    return problems
+
+
+def _fusion_problems(recipe: Recipe, on_cpu: bool) -> list[str]:
+    """Gradient-accumulation fusion writes the gradients on the weights: fp32 main grads (hooks) cannot be used."""
+    opt, moe = recipe.optimizer, recipe.model.moe
+    problems = []
+    masters = opt.master_weights if opt.master_weights is not None else recipe.precision != "fp32" and not on_cpu
+    if opt.grad_accumulation_fusion and masters and opt.main_grads == "fp32":
+        problems.append("optimizer.grad_accumulation_fusion needs the gradients on the weights: set "
+                        "optimizer.main_grads: bf16 (fp32 main grads are filled by per-parameter hooks, which the "
+                        "fused GEMMs bypass)")
+    if moe is not None and moe.expert_wgrad == "te" and not opt.grad_accumulation_fusion:
+        problems.append("model.moe.expert_wgrad: te accumulates into the gradient: set "
+                        "optimizer.grad_accumulation_fusion: true")
     return problems
 
 

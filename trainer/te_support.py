@@ -162,10 +162,12 @@ class TEPaths:
     experts: str  # "torch" (grouped_mm) | "loop" | "te" (te.GroupedLinear)
     cross_entropy: str  # "native" | "fused" | "te"
     quant_recipe: str | None  # transformer_engine.common.recipe class name, None = no quantized GEMMs
+    expert_wgrad: str = "torch"  # grouped_mm experts' weight gradient: "torch" | "te" (grouped GEMM, accumulate)
+    fuse_wgrad: bool = False  # TE layers built with fuse_wgrad_accumulation (optimizer.grad_accumulation_fusion)
 
     @property
     def uses_te(self) -> bool:
-        return "te" in (self.dense_linear, self.experts, self.cross_entropy)
+        return "te" in (self.dense_linear, self.experts, self.cross_entropy, self.expert_wgrad)
 
 
 def select_paths(recipe: Recipe) -> TEPaths:
@@ -180,6 +182,8 @@ def select_paths(recipe: Recipe) -> TEPaths:
         experts=moe.grouped_gemm if moe is not None else "torch",
         cross_entropy=recipe.cross_entropy,
         quant_recipe=quant,
+        expert_wgrad=moe.expert_wgrad if moe is not None else "torch",
+        fuse_wgrad=recipe.optimizer.grad_accumulation_fusion,
     )
 
 
@@ -246,9 +250,14 @@ def swap_linears(model: Any, make_linear: Callable[[int, int], Any]) -> int:
     return replaced
 
 
-def te_linear_factory(te: Any, device: Any, dtype: Any) -> Callable[[int, int], Any]:
-    """make_linear for swap_linears: te.Linear without bias on `device`."""
-    return lambda fan_in, fan_out: te.Linear(fan_in, fan_out, bias=False, params_dtype=dtype, device=device)
+def te_linear_factory(te: Any, device: Any, dtype: Any, fuse_wgrad: bool = False) -> Callable[[int, int], Any]:
+    """make_linear for swap_linears: te.Linear without bias on `device` (accumulating dW into main_grad)."""
+    return lambda fan_in, fan_out: te.Linear(fan_in, fan_out, bias=False, params_dtype=dtype, device=device,
+                                             **_fuse_kwargs(fuse_wgrad))
+
+
+def _fuse_kwargs(fuse_wgrad: bool) -> dict[str, bool]:
+    return {"fuse_wgrad_accumulation": True} if fuse_wgrad else {}
 
 
 def use_te_experts(model: Any, grouped_linear_cls: Any, device: Any) -> int:
@@ -299,16 +308,19 @@ def prepare_model(model: Any, recipe: Recipe, device: Any) -> TERuntime:
     te = require_te(te_knobs(recipe)[0])
     version = getattr(import_module("transformer_engine"), "__version__", "unknown")
     dtype = torch.float32  # master-weight set-up casts to bf16 afterwards, as for the torch modules
+    if paths.expert_wgrad == "te":
+        # TE's CUTLASS grouped GEMM on Hopper (else one cuBLAS GEMM per expert on several streams).
+        os.environ.setdefault("NVTE_USE_CUTLASS_GROUPED_GEMM", "1")
     if paths.experts == "te":
         try:
-            use_te_experts(model, te.GroupedLinear, device)
+            use_te_experts(model, functools.partial(te.GroupedLinear, **_fuse_kwargs(paths.fuse_wgrad)), device)
         except Exception as err:  # noqa: BLE001 (an interface this code does not know: say so before training)
             raise NotSupportedError(f"model.moe.grouped_gemm: te: could not build TE GroupedLinear experts with "
                                     f"transformer_engine {version}: {type(err).__name__}: {err}") from err
     quant = None
     if paths.dense_linear == "te":
         try:
-            swap_linears(model, te_linear_factory(te, device, dtype))
+            swap_linears(model, te_linear_factory(te, device, dtype, paths.fuse_wgrad))
             from transformer_engine.common import recipe as te_recipe
         except Exception as err:  # noqa: BLE001
             raise NotSupportedError(f"precision: {recipe.precision}: could not build TE Linear layers with "
