@@ -27,16 +27,20 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def fused_weights(model: nn.Module, expert_backend: str | None) -> list[nn.Parameter]:
-    """The weights whose gradient GEMMs accumulate: the output layer, the TE layers built with
-    fuse_wgrad_accumulation, and (given a backend) the single-parameter grouped_mm experts, which it marks."""
+def fused_weights(model: nn.Module, expert_backend: str | None, compute_dtype: torch.dtype) -> list[nn.Parameter]:
+    """The weights whose gradient GEMMs accumulate: the output layer (unless the fused cross entropy makes its
+    gradient), the TE layers built with fuse_wgrad_accumulation, and (given a backend) the single-parameter
+    grouped_mm experts, which it marks; the torch ones only when stored in the compute dtype (bf16 weights)."""
     from trainer.moe import GroupedExperts
 
-    weights = [model.output.weight]
+    weights = []
+    if getattr(model, "cross_entropy", "native") != "fused" and model.output.weight.dtype == compute_dtype:
+        weights.append(model.output.weight)
     for module in model.modules():
         if getattr(module, "fuse_wgrad_accumulation", False):
             weights += list(module.parameters(recurse=False))
-        if isinstance(module, GroupedExperts) and expert_backend and module.gemm == "torch" and not module.discrete:
+        if (isinstance(module, GroupedExperts) and expert_backend and module.gemm == "torch"
+                and not module.discrete and module.w1.dtype == compute_dtype):
             module.wgrad_backend = expert_backend
             weights += [module.w1, module.w2]
     unique = {id(w): w for w in weights if w.requires_grad}
@@ -128,7 +132,7 @@ class _PendingSplits:
         self.host = torch.empty(offs.shape, dtype=offs.dtype, pin_memory=True)
         self.host.copy_(offs, non_blocking=True)
         self.event = torch.cuda.Event()
-        self.event.record()
+        self.event.record(torch.cuda.current_stream(offs.device))
 
     def result(self) -> list[int]:
         self.event.synchronize()
@@ -156,10 +160,32 @@ def accumulate_with_te(main_grad: torch.Tensor, x: torch.Tensor, grad: torch.Ten
     """Transformer Engine's grouped GEMM, layout NT, accumulating into each expert's gradient in place."""
     from transformer_engine.pytorch.cpp_extensions import general_grouped_gemm
 
-    experts = main_grad.shape[0]
-    general_grouped_gemm(list(x.split(splits)), list(grad.split(splits)), list(main_grad.unbind(0)),
-                         [None] * experts, main_grad.dtype, layout="NT", m_splits=splits, grad=True,
-                         accumulate=True)
+    # An expert without rows adds nothing: leave it out of the grouped GEMM (no zero-row GEMM asked of TE).
+    kept = [e for e, rows in enumerate(splits) if rows]
+    if not kept:
+        return
+    xs, grads, outs = x.split(splits), grad.split(splits), main_grad.unbind(0)
+    general_grouped_gemm(A=[xs[e] for e in kept], B=[grads[e] for e in kept], out=[outs[e] for e in kept],
+                         quantization_params=[None] * len(kept), out_dtype=main_grad.dtype, layout="NT",
+                         m_splits=[splits[e] for e in kept], grad=True, accumulate=True)
+
+
+def check_te_accumulate(device: torch.device) -> None:
+    """Run accumulate_with_te once on a tiny problem against torch's result; raise RuntimeError naming what
+    differs (an interface this code does not know, or a wrong result) before any training step."""
+    dtype = torch.bfloat16
+    gen = torch.Generator(device=device).manual_seed(0)
+    counts = torch.tensor([64, 0, 128], dtype=torch.int32, device=device)  # an empty expert too
+    offs = counts.cumsum(0).to(torch.int32)
+    x = torch.randn(192, 64, device=device, dtype=dtype, generator=gen)
+    dy = torch.randn(192, 32, device=device, dtype=dtype, generator=gen)
+    base = torch.randn(3, 32, 64, device=device, dtype=dtype, generator=gen)
+    ref, got = base.clone(), base.clone()
+    accumulate_with_torch(ref, x, dy, offs, counts.tolist())
+    accumulate_with_te(got, x, dy, offs, counts.tolist())
+    err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
+    if err > 0.02:  # the two round the sum to bf16 at different points: a bf16 ulp or two (~0.4% each) apart
+        raise RuntimeError(f"TE grouped GEMM with accumulate differs from torch's by up to {err:.2%} of the largest")
 
 
 ACCUMULATORS = {"torch": accumulate_with_torch, "te": accumulate_with_te}

@@ -106,7 +106,8 @@ class Trainer:
         if opt.grad_accumulation_fusion:  # the weights whose gradient GEMMs accumulate (trainer/grad_accum.py)
             # grouped_mm experts only with expert_wgrad: te (torch's grouped GEMM cannot accumulate)
             expert_backend = "te" if m.moe is not None and m.moe.expert_wgrad == "te" else None
-            self.fused_weights = grad_accum.fused_weights(model, expert_backend)
+            dtype = torch.bfloat16 if self.bf16 or self.master else torch.float32  # what the GEMMs compute in
+            self.fused_weights = grad_accum.fused_weights(model, expert_backend, dtype)
             self.compute += f" + gradient-accumulation fusion ({len(self.fused_weights)} weights)"
         self._stacked_experts = stacked_expert_weights(model)  # their grads count per expert in the grad norm
         self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist,

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainer.flops import moe_layer_pattern, padded_vocab_size
-from trainer.recipe import Recipe, layout_problems
+from trainer.recipe import QUANTIZED_PRECISIONS, Recipe, layout_problems
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -374,6 +374,23 @@ def dispatcher_stream(recipe: Recipe, gpu: bool) -> bool:
     )
 
 
+def fused_gradients(recipe: Recipe, params: Params, prec: Precision) -> tuple[int, list[int]]:
+    """(output layer, per layer) parameters whose gradients gradient-accumulation fusion keeps all run long
+    (trainer/grad_accum.py: made zeroed before the first micro-batch, never freed): the output layer, the
+    experts with expert_wgrad: te, and the TE block linears under quantized precisions; 0s when it is off."""
+    layers = len(params.attention)
+    weights_in_compute_dtype = prec.master or not prec.autocast
+    if not recipe.optimizer.grad_accumulation_fusion or prec.fp32_main_grads or prec.ddp:
+        return 0, [0] * layers
+    output = params.output if recipe.cross_entropy != "fused" and weights_in_compute_dtype else 0
+    moe = recipe.model.moe
+    experts = moe is not None and moe.expert_wgrad == "te" and weights_in_compute_dtype
+    te_linears = recipe.precision in QUANTIZED_PRECISIONS
+    per_layer = [(params.experts[i] if experts else 0) + (params.attention[i] + params.mlp[i] if te_linears else 0)
+                 for i in range(layers)]
+    return output, per_layer
+
+
 def static_parts(recipe: Recipe, params: Params, prec: Precision) -> dict[str, int]:
     """Allocated for the whole run after the first optimizer step (Adam's state is made lazily there)."""
     p = params.total
@@ -389,6 +406,9 @@ def static_parts(recipe: Recipe, params: Params, prec: Precision) -> dict[str, i
         parts["gradients"] = (
             p - (sum(params.experts) if recipe.parallel.expert > 1 else 0)
         ) * prec.param_bytes
+    else:  # gradient-accumulation fusion: the fused weights' gradients, all run long
+        output, per_layer = fused_gradients(recipe, params, prec)
+        parts["gradients"] = (output + sum(per_layer)) * prec.param_bytes
     streams = 2 if dispatcher_stream(recipe, prec.gpu) else 1
     rope = 2 * recipe.training.seq_length * recipe.model.kv_channels * 4
     parts["workspaces (cuBLAS, RoPE)"] = (2 * streams * CUBLAS_WORKSPACE if prec.gpu else 0) + rope
@@ -401,7 +421,8 @@ def grads_made_in_backward(recipe: Recipe, params: Params, prec: Precision, accu
         return 0
     if prec.ddp:
         return sum(params.experts) * prec.param_bytes if recipe.parallel.expert > 1 else 0
-    return params.total * prec.param_bytes
+    output, per_layer = fused_gradients(recipe, params, prec)
+    return (params.total - output - sum(per_layer)) * prec.param_bytes
 
 
 def weight_copies(recipe: Recipe, params: Params, prec: Precision) -> tuple[int, list[int]]:
@@ -490,8 +511,10 @@ def fwd_bwd_moments(
     best: dict[str, int] | None = None
     layers_from = [*itertools.accumulate(params.layer(j) for j in reversed(range(count)))][::-1]  # j ≥ i
     experts_from = [*itertools.accumulate(reversed(params.experts))][::-1]
+    fused_output, fused_layers = fused_gradients(recipe, params, prec)
+    fused_from = [*itertools.accumulate(reversed(fused_layers))][::-1]
     for i in reversed(range(count)):
-        made = params.output + layers_from[i]
+        made = params.output - fused_output + layers_from[i] - fused_from[i]  # fused ones exist already
         if prec.ddp:  # DDP's buckets exist already: only the sharded experts' gradients are new
             made = experts_from[i]
         la = step.layers[i]

@@ -427,6 +427,10 @@ def _fusion_problems(recipe: Recipe, on_cpu: bool) -> list[str]:
     opt, moe = recipe.optimizer, recipe.model.moe
     problems = []
     masters = opt.master_weights if opt.master_weights is not None else recipe.precision != "fp32" and not on_cpu
+    if opt.grad_accumulation_fusion and not masters and recipe.precision != "fp32" and not on_cpu:
+        problems.append("optimizer.grad_accumulation_fusion: with master_weights: false the weights stay fp32 under "
+                        "bf16 autocast and their gradient GEMMs cannot accumulate into them; keep master weights "
+                        "(the default) with optimizer.main_grads: bf16")
     if opt.grad_accumulation_fusion and masters and opt.main_grads == "fp32":
         problems.append("optimizer.grad_accumulation_fusion needs the gradients on the weights: set "
                         "optimizer.main_grads: bf16 (fp32 main grads are filled by per-parameter hooks, which the "

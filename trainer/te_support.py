@@ -311,6 +311,13 @@ def prepare_model(model: Any, recipe: Recipe, device: Any) -> TERuntime:
     if paths.expert_wgrad == "te":
         # TE's CUTLASS grouped GEMM on Hopper (else one cuBLAS GEMM per expert on several streams).
         os.environ.setdefault("NVTE_USE_CUTLASS_GROUPED_GEMM", "1")
+        from trainer.grad_accum import check_te_accumulate
+
+        try:
+            check_te_accumulate(torch.device(device))
+        except Exception as err:  # noqa: BLE001 (a TE whose grouped GEMM call this code does not know)
+            raise NotSupportedError(f"model.moe.expert_wgrad: te: transformer_engine {version}'s grouped GEMM with "
+                                    f"accumulate failed a check against torch's: {type(err).__name__}: {err}") from err
     if paths.experts == "te":
         try:
             use_te_experts(model, functools.partial(te.GroupedLinear, **_fuse_kwargs(paths.fuse_wgrad)), device)
