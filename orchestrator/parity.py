@@ -164,7 +164,11 @@ def _eval_interval(campaign: Any, campaign_file: Path | None, file: str | None) 
     """The base recipe's training.eval_interval (the eval side of the train-only twin)."""
     if campaign.trainer.kind != "bundled":
         raise ConfigError("parity.eval_check: needs the bundled trainer (trainer.kind: bundled)", file=file)
-    value = (campaign.base_recipe(campaign_file).get("training") or {}).get("eval_interval")
+    training = campaign.base_recipe(campaign_file).get("training")
+    if training is not None and not isinstance(training, dict):
+        raise ConfigError(f"trainer.recipe.training: must be a mapping of training settings, not "
+                          f"{type(training).__name__} (parity.eval_check reads training.eval_interval)", file=file)
+    value = (training or {}).get("eval_interval")
     if value is None:
         raise ConfigError(
             "parity.eval_check: the recipe does not evaluate (training.eval_interval is not set): set it, or "

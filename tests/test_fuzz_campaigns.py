@@ -277,3 +277,16 @@ def test_shipped_campaigns_still_validate(path: Path) -> None:
     """The unmutated starting points pass: the fuzz starts from good files."""
     code, out, err = run_cli("campaign", "validate", str(path))
     assert code == 0, err
+
+
+def test_parity_eval_check_with_training_not_a_mapping(tmp_path: Path) -> None:
+    """Found by the random-seed fuzz (MBX_FUZZ_SEED=2615325385): `training: true` under parity.eval_check made
+    `campaign validate` raise AttributeError instead of naming the key."""
+    doc = yaml.safe_load((ROOT / "campaigns" / "seed001_toggle_matrix.yaml").read_text())
+    doc["trainer"]["recipe"]["training"] = True
+    doc.setdefault("parity", {})["eval_check"] = True
+    file = tmp_path / "training_true.yaml"
+    file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    check_outcome(file, "validate")
+    code, _, err = run_cli("campaign", "validate", str(file))
+    assert code == 2 and "trainer.recipe.training" in err
