@@ -177,7 +177,9 @@ def run(
 
     `--dry-run` renders exactly what the campaign's launcher (or `--launcher`) would submit for the
     cells not yet completed (sbatch scripts and task tables for Slurm, the command line locally),
-    through the same path a real run takes, and records nothing.
+    through the same path a real run takes, and records nothing. For a `sweep.search` it renders the first
+    batch the search would run (a halving's first rung at its run length, Optuna's first trial), since what
+    follows depends on those results.
     """
     from orchestrator import runner
     from orchestrator.loader import load_campaign
@@ -186,11 +188,11 @@ def run(
 
     campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells, strict=strict)
-    if campaign.sweep.search is not None and not dry_run:  # a budgeted search: orchestrator/search_run.py
+    if campaign.sweep.search is not None:  # a budgeted search: orchestrator/search_run.py
         from orchestrator.search_run import run_search
 
         searched = run_search(workspace, campaign, points, file, make_report=report, launcher=launcher,
-                              parallel=parallel, log_wandb=wandb, gpu=gpu, strict=strict)  # fmt: skip
+                              parallel=parallel, log_wandb=wandb, gpu=gpu, strict=strict, dry_run=dry_run)  # fmt: skip
         raise typer.Exit(searched.exit_code)
     finished = runner.run_campaign(
         workspace,

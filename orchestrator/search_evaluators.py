@@ -120,9 +120,9 @@ class CampaignEvaluator:
             self.expanded[steps] = self.by_key(expand(self.campaign_at(steps), self.file, None, strict=False))
         return self.expanded[steps]
 
-    def evaluate(
-        self, candidates: list[Candidate], steps: int, base: bool
-    ) -> tuple[dict[str, Evidence], Evidence | None]:
+    def cells_to_run(self, candidates: list[Candidate], steps: int, base: bool
+                     ) -> tuple[list[Candidate], list[SweepPoint], list[SweepPoint], list[SweepPoint]]:
+        """(candidates not yet known, their cells, the base recipe's cells, all cells to run once each)."""
         at = self.points_at(steps)
         todo = [c for c in candidates if (c.key, steps) not in self.known]
         cells = [p for c in todo for p in at[c.key]]
@@ -130,6 +130,13 @@ class CampaignEvaluator:
         run = list(
             {p.cell_id: p for p in cells + base_cells}.values()
         )  # the base recipe may be a swept point
+        return todo, cells, base_cells, run
+
+    def evaluate(
+        self, candidates: list[Candidate], steps: int, base: bool
+    ) -> tuple[dict[str, Evidence], Evidence | None]:
+        at = self.points_at(steps)
+        todo, cells, base_cells, run = self.cells_to_run(candidates, steps, base)
         if run:
             extra = {p.cell_id for p in base_cells} - {p.cell_id for p in cells}
             with_base = " and the base recipe" if extra else ""
@@ -150,6 +157,28 @@ class CampaignEvaluator:
         if base_evidence is not None and {p.cell_id for p in base_cells} <= {p.cell_id for p in cells}:
             base_evidence.cost_steps = base_evidence.gpu_hours = 0  # a swept point: its run is counted there
         return found, base_evidence
+
+
+class FirstBatchShown(Exception):
+    """Raised by DryRunEvaluator once the search's first batch is rendered: what runs next depends on it."""
+
+
+class DryRunEvaluator(CampaignEvaluator):
+    """`mbx campaign run --dry-run` of a search: the first batch the strategy asks for (the first rung of a
+    halving, the first trial of Optuna, the sample of random, the whole grid) rendered by run_campaign's dry run
+    at its run length, then the search stops; nothing is written."""
+
+    def evaluate(
+        self, candidates: list[Candidate], steps: int, base: bool
+    ) -> tuple[dict[str, Evidence], Evidence | None]:
+        todo, _, base_cells, run = self.cells_to_run(candidates, steps, base)
+        with_base = " and the base recipe" if base_cells else ""
+        console.print(Text(f"{self.campaign.name}: search {self.search.method} would first run {len(todo)} "
+                           f"point(s){with_base} at {steps} steps ({len(run)} cell(s))"))  # fmt: skip
+        if run:
+            run_campaign(self.workspace, self.campaign, run, self.file, make_report=False, dry_run=True,
+                         **self.options)  # fmt: skip
+        raise FirstBatchShown
 
 
 def full_steps(points: list[SweepPoint]) -> int:

@@ -33,11 +33,11 @@ from orchestrator.feasibility import check_points
 from orchestrator.lock import CampaignLock
 from orchestrator.runner import cell_rows, write_report
 from orchestrator.search import Search
-from orchestrator.search_evaluators import CampaignEvaluator, console
+from orchestrator.search_evaluators import CampaignEvaluator, DryRunEvaluator, FirstBatchShown, console
 from orchestrator.search_ledger import Ledger
 from orchestrator.search_rank import Best, Candidate, Evidence, mean_of, memory_of
 from orchestrator.search_strategies import product_space, run_strategy
-from orchestrator.store import Store, check_workspace
+from orchestrator.store import STORE_FILE, Store, check_workspace
 from orchestrator.sweep import Point as SweepPoint
 from orchestrator.trainers import expand
 
@@ -51,10 +51,17 @@ class SearchFinished:
     ledger: Ledger
     grid_steps: int
     candidates: int
+    dry_run: bool = False
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.best.evidence is not None else 1
+        return 0 if self.best.evidence is not None or self.dry_run else 1
+
+
+def budget_text(search: Search) -> str:
+    """The search's budget as set (points, steps, GPU-hours), or "none"."""
+    budget = search.budget.model_dump(exclude_none=True) if search.budget is not None else {}
+    return ", ".join(f"{k} {v}" for k, v in budget.items()) or "none"
 
 
 def candidates_of(evaluator: CampaignEvaluator, points: list[SweepPoint], ledger: Ledger) -> list[Candidate]:
@@ -84,10 +91,17 @@ def run_search(workspace: Path, campaign: Campaign, points: list[SweepPoint], fi
     """Run `campaign.sweep.search` over `points` (options: run_campaign's launcher, parallel, log_wandb, gpu,
     strict); trials go to the store as they are decided; the report covers every cell the search ran."""
     search = campaign.sweep.search or Search()
-    workspace = check_workspace(workspace)
-    evaluator = CampaignEvaluator(workspace, campaign, points, file, options)
-    with Store(workspace) as store:
-        stored = store.trials(campaign.name)
+    dry_run = bool(options.pop("dry_run", False))
+    if dry_run:  # nothing is written: no workspace made, the store only read when it is there
+        workspace = Path(workspace).expanduser().resolve()
+        evaluator: CampaignEvaluator = DryRunEvaluator(workspace, campaign, points, file, options)
+    else:
+        workspace = check_workspace(workspace)
+        evaluator = CampaignEvaluator(workspace, campaign, points, file, options)
+    stored: list[dict[str, Any]] = []
+    if not dry_run or (workspace / STORE_FILE).exists():
+        with Store(workspace) as store:
+            stored = store.trials(campaign.name)
     for row in stored:  # infeasible and failed trials of an earlier run: never run again
         if row["state"] in ("infeasible", "failed"):
             cand = Candidate(row["key"], row["label"], row["params"])
@@ -96,6 +110,8 @@ def run_search(workspace: Path, campaign: Campaign, points: list[SweepPoint], fi
             )
 
     def save(rows: list[dict[str, Any]]) -> None:
+        if dry_run:
+            return
         with Store(workspace) as store:
             store.record_trials(campaign.name, rows, replace=True)
 
@@ -109,8 +125,14 @@ def run_search(workspace: Path, campaign: Campaign, points: list[SweepPoint], fi
         if campaign.sweep.cells or search.method != "optuna"
         else product_space(campaign.sweep.axes, campaign.sweep.zip)
     )
-    best = run_strategy(evaluator, cands, search, ledger, space, search.steps_key)
-    finished = SearchFinished(best, ledger, len(cands) * evaluator.full_steps * evaluator.repeats, len(cands))
+    grid_steps = len(cands) * evaluator.full_steps * evaluator.repeats
+    try:
+        best = run_strategy(evaluator, cands, search, ledger, space, search.steps_key)
+    except FirstBatchShown:
+        console.print(Text(f"dry run of a search: what runs after this batch depends on its results; budget "
+                           f"{budget_text(search)}, the full grid is {grid_steps} steps"))  # fmt: skip
+        return SearchFinished(Best(None, "dry run"), ledger, grid_steps, len(cands), dry_run=True)
+    finished = SearchFinished(best, ledger, grid_steps, len(cands))
     finish(workspace, campaign, evaluator, finished, file, make_report)
     return finished
 

@@ -140,6 +140,22 @@ def test_halving_search_runs_rungs_records_trials_and_resumes_without_rerunning(
         assert [r["label"] for r in store.trials("halve") if r["best"]] == [best[0]["label"]]
 
 
+def test_dry_run_of_a_halving_search_renders_its_first_rung_and_writes_nothing(mbx, write_campaign, tmp_path,
+                                                                             cache_env) -> None:  # fmt: skip
+    search = {"method": "halving", "halving": {"steps": [4, 8], "keep": 0.5},
+              "constraints": {"peak_memory_gib_max": 0.1}}  # fmt: skip
+    path = _search_campaign(write_campaign, "halve", search, {"training.micro_batch_size": [1, 2, 4, 512]})
+    workspace = tmp_path / "ws"
+    result = mbx("campaign", "run", str(path), "--workspace", str(workspace), "--dry-run", env=cache_env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "search halving would first run 3 point(s) at 4 steps (3 cell(s))" in out  # 512 is infeasible
+    assert "dry run: nothing submitted (3 attempt(s) rendered)" in out
+    assert "depends on its results" in out and "the full grid is 24 steps" in out
+    assert out.count("steps=4") >= 3 and "steps=8" not in out  # rung 0 only, at its run length
+    assert not workspace.exists()  # nothing written, not even the workspace
+
+
 def test_optuna_search_stays_in_its_point_budget(mbx, write_campaign, tmp_path, cache_env) -> None:
     search = {"method": "optuna", "seed": 3, "budget": {"points": 3},
               "optuna": {"warmup_trials": 2, "prune_at": 4}}  # fmt: skip
