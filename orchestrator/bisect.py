@@ -15,7 +15,7 @@ import hashlib
 import math
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ class Measurement:
     ci: float | None = None  # half-width of the 95% CI of the mean over repeats
     decision: stats.Decision | None = None
     verdict: str = "unmeasured"  # good | bad | unknown | other-direction | no-result | unmeasured
+    good_repeats: int = 0  # the good end's repeats it was compared with (those measured beside it)
 
 
 @dataclass
@@ -176,6 +177,8 @@ class Bisector:
         self.kind = trainers.for_campaign(campaign)
         self.need: dict[int, int] = {}  # version index → repeats wanted
         self.point_of: dict[int, str] = {}
+        # version index → the good end's repeat numbers measured in the same batches as it (its reference)
+        self.good_with: dict[int, list[int]] = {}
         self.result = Result(plan, plan.name)
         self.log: Any = None  # a callable printing one progress line
 
@@ -197,6 +200,7 @@ class Bisector:
         """Run what is missing for these versions (repeats each) through the runner; completed cells are reused."""
         from orchestrator.runner import run_campaign
 
+        before = {self.point_of[i]: n for i, n in self.need.items()}
         for index, count in wanted.items():
             self.need[index] = max(self.need.get(index, 0), count)
         indices = sorted(self.need)
@@ -204,8 +208,8 @@ class Bisector:
         points = self.kind.expand(bisect_campaign, self.file)
         keep = {self.point_of[i]: self.need[i] for i in indices}
         chosen = [p for p in points if p.repeat < keep.get(p.point_id, 0)]
-        # interleaved (A B A B …): drift between runs hits every version alike
-        chosen.sort(key=lambda p: p.repeat)
+        # interleaved (A B A B …) within this batch: drift between runs hits every version alike
+        chosen.sort(key=lambda p: p.repeat - before.get(p.point_id, 0))
         # the runner's lines are progress (stderr); stdout gets the result
         with contextlib.redirect_stdout(sys.stderr):
             run_campaign(self.workspace, bisect_campaign, chosen, self.file, make_report=False, log_wandb=False,
@@ -261,6 +265,8 @@ class Search(Bisector):
         if good is None or not good.repeats:
             m.verdict = "no-result"
             return m
+        good = self.paired_good(index, good)
+        m.good_repeats = len(good.repeats)
         d = compare.compare_pair(good, probe, (metric,), plan.min_effect).decisions[metric.name]
         m.decision = d
         if d.decision == stats.DIFFERENT:
@@ -272,21 +278,34 @@ class Search(Bisector):
             m.verdict = "unknown"
         return m
 
+    def paired_good(self, index: int, good: compare.Point) -> compare.Point:
+        """The good end's repeats measured beside version `index` (all of them when none are recorded): a probe
+        is compared with the good end as it ran at the same time, not with repeats from minutes before, when
+        the machine may have been faster."""
+        numbers = self.good_with.get(index)
+        if not numbers:
+            return good
+        cells = {f"{self.point_of[0]}-r{n}" for n in numbers}
+        same_time = [r for r in good.repeats if r.cell_id in cells]
+        return replace(good, repeats=same_time) if same_time else good
+
     def decide(self, index: int, direction: float | None) -> Measurement:
-        """Measure version `index` and the good end until the decision is not UNKNOWN or the budget is spent."""
+        """Measure version `index` beside fresh repeats of the good end (interleaved) until the decision is not
+        UNKNOWN or the budget is spent."""
         plan = self.plan
-        wanted = {0: plan.repeats, index: plan.repeats}
+        count = plan.repeats
         while True:
-            self.measure(wanted)
+            start = self.need.get(0, 0)  # the good end's next repeat numbers (the same on a re-run: resumable)
+            add = count - len(self.good_with.get(index, []))
+            self.good_with.setdefault(index, []).extend(range(start, start + add))
+            self.measure({0: start + add, index: count})
             m = self.judge(index, direction, self.points())
-            have = max(self.need[0], self.need[index])
-            if m.verdict != "unknown" or have >= plan.max_repeats:
+            if m.verdict != "unknown" or count >= plan.max_repeats:
                 self.say(m)
                 return m
             more = (m.decision.more_repeats if m.decision else None) or 2
-            target = min(plan.max_repeats, have + max(1, more))
-            self.say(m, f"undecided; {target} repeats per side next")
-            wanted = {0: target, index: target}
+            count = min(plan.max_repeats, count + max(1, more))
+            self.say(m, f"undecided; {count} repeats per side next")
 
     def say(self, m: Measurement, note: str = "") -> None:
         if self.log is not None:
@@ -372,7 +391,7 @@ def culprit_message(res: Result, plan: Plan) -> str:
     was = f"{before.decision.upper()} {compare.fmt_change(before)}" if before is not None else "the good end"
     return (
         f"first bad version: {culprit.label}: {plan.metric} {compare.fmt_change(d)} {ci} vs the good end "
-        f"(p = {p}, {culprit.repeats} vs {res.measurements[0].repeats} repeats); the version before it, "
+        f"(p = {p}, {culprit.repeats} vs {culprit.good_repeats} repeats run beside it); the version before it, "
         f"{good.label}, is {was}"
     )
 
@@ -398,7 +417,7 @@ def to_json(res: Result) -> dict[str, Any]:
         if m is None:
             return None
         return {"index": m.index, "value": m.value, "label": m.label, "role": m.role, "repeats": m.repeats,
-                "mean": m.mean, "ci95_half_width": m.ci, "verdict": m.verdict,
+                "mean": m.mean, "ci95_half_width": m.ci, "verdict": m.verdict, "good_repeats": m.good_repeats,
                 "decision": m.decision.to_dict() if m.decision else None}  # fmt: skip
 
     plan = res.plan
