@@ -77,7 +77,8 @@ def bisect(
     values, any sweep key).
 
     Both ends are measured first; then binary search, each probe decided by `mbx compare`'s statistics
-    against the good end (more repeats while UNKNOWN, up to --max-repeats). The probes are cells of a
+    against good-end repeats run beside it, interleaved (more repeats while UNKNOWN, up to --max-repeats),
+    so drift of the machine between probes cannot hide or fake a change. The probes are cells of a
     bisect campaign in the workspace, so running the same bisect again reuses every finished run. Runs go
     through the campaign's launcher (local or Slurm), as `mbx campaign run` does; their progress is on
     stderr, the final table (every measurement, the first bad version, its diagnosis) on stdout.
