@@ -56,15 +56,11 @@ def prepare(params: Iterable[nn.Parameter]) -> None:
     """Before a step's first micro-batch: each fused weight's gradient zeroed (allocated once), = main_grad."""
     for p in params:
         buf = getattr(p, "main_grad", None)
-        if p.grad is None:
-            if buf is None:
-                buf = torch.zeros_like(p)
-            else:
-                buf.zero_()
-            p.grad = buf
-        elif buf is not p.grad:  # a gradient autograd left (fusion turned on mid-run): start from it
-            buf = p.grad
-        p.main_grad = buf
+        if buf is None:
+            buf = torch.zeros_like(p)
+        else:
+            buf.zero_()
+        p.grad = p.main_grad = buf  # a step starts from zero whatever an earlier step left
 
 
 def release(params: Iterable[nn.Parameter]) -> None:
