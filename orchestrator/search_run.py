@@ -89,15 +89,25 @@ def candidates_of(evaluator: CampaignEvaluator, points: list[SweepPoint], ledger
 def run_search(workspace: Path, campaign: Campaign, points: list[SweepPoint], file: Path | None, *,
                make_report: bool = True, **options: Any) -> SearchFinished:  # fmt: skip
     """Run `campaign.sweep.search` over `points` (options: run_campaign's launcher, parallel, log_wandb, gpu,
-    strict); trials go to the store as they are decided; the report covers every cell the search ran."""
-    search = campaign.sweep.search or Search()
+    strict); trials go to the store as they are decided; the report covers every cell the search ran. The
+    campaign's lock is held from the first trial to the report, so no other orchestrator runs between rungs."""
     dry_run = bool(options.pop("dry_run", False))
     if dry_run:  # nothing is written: no workspace made, the store only read when it is there
         workspace = Path(workspace).expanduser().resolve()
-        evaluator: CampaignEvaluator = DryRunEvaluator(workspace, campaign, points, file, options)
-    else:
-        workspace = check_workspace(workspace)
+        dry = DryRunEvaluator(workspace, campaign, points, file, options)
+        return _search(workspace, dry, points, make_report)
+    workspace = check_workspace(workspace)
+    with CampaignLock(workspace / campaign.name):
         evaluator = CampaignEvaluator(workspace, campaign, points, file, options)
+        return _search(workspace, evaluator, points, make_report)
+
+
+def _search(workspace: Path, evaluator: CampaignEvaluator, points: list[SweepPoint],
+            make_report: bool) -> SearchFinished:  # fmt: skip
+    """run_search's body, with the lock held unless it is a dry run."""
+    campaign, file = evaluator.campaign, evaluator.file
+    dry_run = isinstance(evaluator, DryRunEvaluator)
+    search = campaign.sweep.search or Search()
     stored: list[dict[str, Any]] = []
     if not dry_run or (workspace / STORE_FILE).exists():
         with Store(workspace) as store:
