@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from launchers.base import JobState, Launcher, LaunchSpec, Rendered, Submitted
 from orchestrator import trainers
@@ -209,7 +210,7 @@ class Engine:
         for item, attempt, spec in prepared:
             job = jobs[(item.cell.cell_id, attempt.attempt)]
             self.store.mark_submitted(self.campaign.name, item.cell.cell_id, attempt.attempt, job.job_id, job.info)
-            self._write_launch(spec, attempt, job.job_id, job.info.get("argv"))
+            self._write_launch(spec, attempt, job.job_id, job.info.get("argv"), job.info)
             kind = trainers.get(item.cell.trainer_kind)
             started[job.job_id] = InFlight(item.cell, attempt, job, kind, kind.follower(item.cell, spec.run_dir))
             self.on_event(Event("submitted", item.cell, attempt.attempt))
@@ -250,9 +251,12 @@ class Engine:
         return latest if latest is not None and latest.state in ACTIVE_STATES and not latest.job_id else None
 
     def _write_launch(
-        self, spec: LaunchSpec, attempt: AttemptRow, job_id: str | None, command: list[str] | None = None
+        self, spec: LaunchSpec, attempt: AttemptRow, job_id: str | None, command: list[str] | None = None,
+        job_info: dict[str, Any] | None = None,
     ) -> None:
-        """launch.json: the attempt as launched, with its retry budget (so a rebuilt store keeps it)."""
+        """launch.json: the attempt as launched, with its retry budget and what the launcher keeps to follow and
+        cancel it (its run dir, log files, a packed point's files): a rebuilt store keeps them all."""
+        info = {k: v for k, v in (job_info or {}).items() if k != "argv"}  # argv is `command`
         rundir.write_launch(spec.run_dir, rundir.launch_record(
             launcher=self.launcher.name, campaign=spec.campaign, cell_id=spec.cell_id, attempt=spec.attempt,
             job_id=job_id, command=command, nodes=spec.resources.nodes,
@@ -260,6 +264,7 @@ class Engine:
             env_passed_by_name=sorted(spec.env_pass), fingerprint=login_fingerprint(self.campaign),
             try_number=attempt.try_number, steps_before=attempt.steps_before,
             **({"software": found} if (found := software_record(spec.env)) else {}),
+            **({"job_info": info} if info else {}),
         ))  # fmt: skip
 
     # following a running attempt -------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 What a rebuild reads, for every `<workspace>/<campaign>/campaign.json` (written by the store with each
 registration, ingested campaigns included): the campaign and its cells; then every run dir
-`<campaign>/<cell>/<n>/` of those cells. An attempt keeps its number; its launcher, job id and retry budget
+`<campaign>/<cell>/<n>/` of those cells. An attempt keeps its number; its launcher, job id, the launcher's job
+info (run dir, log files, a packed point's files: what following and cancelling it needs) and retry budget
 come from launch.json, its state from `rundir.resolve_state(status, exit)`, its result from
 `collect.collect_attempt` (against the campaign's gates and window, and its baseline, rebuilt first). The runs
 of a job requeued by Slurm (`<n>/requeued/<i>/`) come back as the preempted attempts they were. A run dir with
@@ -164,12 +165,15 @@ def _attempts_of(
 def _attempt_row(
     source: _Source, cell: CellRow, number: int, run_dir: Path, launch: dict[str, Any]
 ) -> AttemptRow:
-    command = launch.get("command")
+    command, kept = launch.get("command"), launch.get("job_info")
+    info = dict(kept) if isinstance(kept, dict) else {"run_dir": str(run_dir)}  # older launch.json: no job_info
+    if command:
+        info["argv"] = command
     ended = (rundir.read_exit(run_dir) or rundir.read_status(run_dir) or {}).get("ended_at")
     return AttemptRow(
         campaign=cell.campaign, cell_id=cell.cell_id, attempt=number,
         launcher=launch.get("launcher") or source.record["launcher"], run_dir=str(run_dir), state="failed",
-        job_id=launch.get("job_id"), job_info={"argv": command} if command else {},
+        job_id=launch.get("job_id"), job_info=info,
         try_number=int(launch.get("try_number") or 1), steps_before=launch.get("steps_before"),
         submitted_at=launch.get("written_at"), ended_at=ended,
     )  # fmt: skip

@@ -163,6 +163,13 @@ def _attempts(workspace: Path, campaign: str) -> list[tuple]:
     return rows
 
 
+def _job_infos(workspace: Path, campaign: str) -> dict[str, dict]:
+    db = sqlite3.connect(workspace / "mbx.sqlite")
+    rows = db.execute("SELECT cell_id, job_info_json FROM attempts WHERE campaign=?", (campaign,)).fetchall()
+    db.close()
+    return {cell: json.loads(info) for cell, info in rows}
+
+
 def _check_like_one_job_per_point(mbx, workspace: Path, name: str, env: dict[str, str]) -> list[tuple]:
     """Two completed points of one allocation, each run dir as one job per point leaves it, both points on the
     same rank-local JIT cache dirs (the second found the first one's caches warm), gated and reported."""
@@ -235,6 +242,51 @@ def test_interrupted_campaign_resumes_packed_points(
     assert "PASS 2/2 completed" in result.stdout, result.stdout
     after = _check_like_one_job_per_point(mbx, workspace, "qs-pack-resume", env)
     assert [r[3] for r in after] == [r[3] for r in rows], "adopted, not submitted again"
+
+
+@pytest.mark.slurm
+def test_a_rebuilt_store_still_cancels_packed_points(
+    slurm, mbx, tmp_path: Path, cache_env, write_campaign
+) -> None:
+    """submitit, pack 2: Ctrl-C while the pack runs, the store deleted and rebuilt from the run dirs, then
+    `mbx campaign cancel`: each point is stopped through its pack (launch.json keeps the launcher's job info),
+    the allocation leaves the queue. Before, the rebuilt store knew only `<allocation>#<pos>`, an id scancel
+    refuses, and the pack ran on."""
+    workspace = tmp_path / "ws"
+    data = slurm.campaign("qs-pack-rebuilt", steps=100000)
+    data["launchers"]["submitit"]["pack"] = 2
+    file = write_campaign(data)
+    env = {**cache_env, **slurm.env}
+    with slurm.campaign_in_background(file, workspace, env) as proc:
+        deadline, rows = time.time() + 120, []
+        while time.time() < deadline:
+            if (workspace / "mbx.sqlite").exists():
+                rows = _attempts(workspace, "qs-pack-rebuilt")
+                if len(rows) == 2 and all(r[3] and "#" in r[3] for r in rows):
+                    if (Path(rows[0][4]) / "node.json").exists():  # the first point is running
+                        break
+            time.sleep(0.5)
+        assert len(rows) == 2 and (Path(rows[0][4]) / "node.json").exists(), rows
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    infos = _job_infos(workspace, "qs-pack-rebuilt")
+    (workspace / "mbx.sqlite").unlink()
+    rebuilt = mbx("store", "rebuild", "--workspace", str(workspace), env=env)
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    assert _job_infos(workspace, "qs-pack-rebuilt") == infos, "the launcher's job info comes back whole"
+    assert [r[2] for r in _attempts(workspace, "qs-pack-rebuilt")] == ["running", "running"]
+
+    cancel = mbx("campaign", "cancel", "qs-pack-rebuilt", "--workspace", str(workspace), env=env)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    allocation = allocation_of(rows[0][3])
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        queued = slurm.run("squeue", "-h", "-j", allocation, "-o", "%T", check=False).stdout.strip()
+        if not queued or "COMPLET" in queued:
+            break
+        time.sleep(0.5)
+    assert not queued or "COMPLET" in queued, f"allocation {allocation} still {queued} after the cancel"
+    assert all(Path(info["pack_cancel"]).exists() for info in infos.values())
 
 
 @pytest.mark.slurm

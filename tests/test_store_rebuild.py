@@ -21,7 +21,8 @@ def _attempts(workspace: Path) -> list[tuple]:
     db = sqlite3.connect(workspace / STORE_FILE)
     try:
         return db.execute(
-            "SELECT a.campaign, a.cell_id, a.attempt, a.state, a.failure_class, a.job_id, r.summary_json, r.verdict "
+            "SELECT a.campaign, a.cell_id, a.attempt, a.state, a.failure_class, a.job_id, r.summary_json, r.verdict, "
+            "a.job_info_json "
             "FROM attempts a LEFT JOIN results r USING (campaign, cell_id, attempt) ORDER BY 1, 2, 3"
         ).fetchall()
     finally:
@@ -79,6 +80,7 @@ def test_rebuild_brings_back_results_and_attempt_numbers(mbx, write_campaign, ca
     assert [row[:6] for row in after] == [row[:6] for row in before], "same attempts, numbers, states, jobs"
     for old, new in zip(before, after, strict=True):
         assert json.loads(new[6] or "null") == json.loads(old[6] or "null") and new[7] == old[7], old[:3]
+        assert json.loads(new[8]) == json.loads(old[8]), "the launcher's job info (pid, argv) comes back whole"
     assert {name: _status(mbx, workspace, name) for name in ("tiny", "flaky")} == status
 
     # the rebuilt store drives the campaign on: nothing is run again
