@@ -99,6 +99,10 @@ def _read_sources(workspace: Path) -> tuple[list[_Source], list[str]]:
             problems.append(f"{path}: not a campaign record, skipped")
             continue
         record, cells = manifest
+        if record.get("name") != path.parent.name:  # a copied directory (foo.bak/): its cells belong to foo's
+            problems.append(f"{path}: records campaign {record.get('name')!r} but lies in "
+                            f"{path.parent.name}/ (a copy?), skipped")  # fmt: skip
+            continue
         try:
             campaign: Campaign | None = Campaign.model_validate(record["spec"])
         except ValueError as err:  # pydantic's ValidationError is a ValueError

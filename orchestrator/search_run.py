@@ -97,8 +97,8 @@ def run_search(workspace: Path, campaign: Campaign, points: list[SweepPoint], fi
         dry = DryRunEvaluator(workspace, campaign, points, file, options)
         return _search(workspace, dry, points, make_report)
     workspace = check_workspace(workspace)
+    evaluator = CampaignEvaluator(workspace, campaign, points, file, options)  # reads only: errors before the lock
     with CampaignLock(workspace / campaign.name):
-        evaluator = CampaignEvaluator(workspace, campaign, points, file, options)
         return _search(workspace, evaluator, points, make_report)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import sqlite3
 import sys
 from pathlib import Path
@@ -99,8 +100,10 @@ def test_rebuild_of_a_lost_store(mbx, write_campaign, tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     status = _status(mbx, workspace, "replay")
     (workspace / STORE_FILE).unlink()
+    shutil.copytree(workspace / "replay", workspace / "replay.bak")  # a user's copy: not a second source of rows
     rebuilt = mbx("store", "rebuild", "--workspace", str(workspace))
     assert rebuilt.returncode == 0 and "replay: 1 cell(s), 1 attempt(s)" in rebuilt.stdout, rebuilt.stdout
+    assert "records campaign 'replay' but lies in replay.bak/ (a copy?), skipped" in rebuilt.stdout + rebuilt.stderr
     assert _status(mbx, workspace, "replay") == status
 
 
