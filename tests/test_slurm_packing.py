@@ -163,6 +163,25 @@ def _attempts(workspace: Path, campaign: str) -> list[tuple]:
     return rows
 
 
+def _interrupt_once_packed(slurm, file: Path, workspace: Path, env: dict[str, str], name: str,
+                           running: bool = False) -> list[tuple]:  # fmt: skip
+    """`mbx campaign run` in the background, Ctrl-C'ed once both points have their `<allocation>#<pos>` ids (and,
+    with `running`, the first point has started); the attempts as the store had them."""
+    with slurm.campaign_in_background(file, workspace, env) as proc:
+        deadline, rows = time.time() + 120, []
+        while time.time() < deadline:
+            if (workspace / "mbx.sqlite").exists():
+                rows = _attempts(workspace, name)
+                submitted = len(rows) == 2 and all(r[3] and "#" in r[3] for r in rows)
+                if submitted and (not running or (Path(rows[0][4]) / "node.json").exists()):
+                    break
+            time.sleep(0.5)
+        assert len(rows) == 2 and (not running or (Path(rows[0][4]) / "node.json").exists()), rows
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    return rows
+
+
 def _job_infos(workspace: Path, campaign: str) -> dict[str, dict]:
     db = sqlite3.connect(workspace / "mbx.sqlite")
     rows = db.execute("SELECT cell_id, job_info_json FROM attempts WHERE campaign=?", (campaign,)).fetchall()
@@ -226,17 +245,7 @@ def test_interrupted_campaign_resumes_packed_points(
     data["launchers"]["submitit"]["pack"] = 2
     file = write_campaign(data)
     env = {**cache_env, **slurm.env}
-    with slurm.campaign_in_background(file, workspace, env) as proc:
-        deadline, rows = time.time() + 120, []
-        while time.time() < deadline:
-            if (workspace / "mbx.sqlite").exists():
-                rows = _attempts(workspace, "qs-pack-resume")
-                if len(rows) == 2 and all(r[3] and "#" in r[3] for r in rows):
-                    break
-            time.sleep(0.5)
-        assert len(rows) == 2, rows
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+    rows = _interrupt_once_packed(slurm, file, workspace, env, "qs-pack-resume")
     result = mbx("campaign", "resume", "qs-pack-resume", "--workspace", str(workspace), env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS 2/2 completed" in result.stdout, result.stdout
@@ -257,18 +266,7 @@ def test_a_rebuilt_store_still_cancels_packed_points(
     data["launchers"]["submitit"]["pack"] = 2
     file = write_campaign(data)
     env = {**cache_env, **slurm.env}
-    with slurm.campaign_in_background(file, workspace, env) as proc:
-        deadline, rows = time.time() + 120, []
-        while time.time() < deadline:
-            if (workspace / "mbx.sqlite").exists():
-                rows = _attempts(workspace, "qs-pack-rebuilt")
-                if len(rows) == 2 and all(r[3] and "#" in r[3] for r in rows):
-                    if (Path(rows[0][4]) / "node.json").exists():  # the first point is running
-                        break
-            time.sleep(0.5)
-        assert len(rows) == 2 and (Path(rows[0][4]) / "node.json").exists(), rows
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+    rows = _interrupt_once_packed(slurm, file, workspace, env, "qs-pack-rebuilt", running=True)
     infos = _job_infos(workspace, "qs-pack-rebuilt")
     (workspace / "mbx.sqlite").unlink()
     rebuilt = mbx("store", "rebuild", "--workspace", str(workspace), env=env)
