@@ -210,7 +210,7 @@ class Engine:
         for item, attempt, spec in prepared:
             job = jobs[(item.cell.cell_id, attempt.attempt)]
             self.store.mark_submitted(self.campaign.name, item.cell.cell_id, attempt.attempt, job.job_id, job.info)
-            self._write_launch(spec, attempt, job.job_id, job.info.get("argv"), job.info)
+            self._write_launch(spec, attempt, job.job_id, job.info)
             kind = trainers.get(item.cell.trainer_kind)
             started[job.job_id] = InFlight(item.cell, attempt, job, kind, kind.follower(item.cell, spec.run_dir))
             self.on_event(Event("submitted", item.cell, attempt.attempt))
@@ -251,12 +251,12 @@ class Engine:
         return latest if latest is not None and latest.state in ACTIVE_STATES and not latest.job_id else None
 
     def _write_launch(
-        self, spec: LaunchSpec, attempt: AttemptRow, job_id: str | None, command: list[str] | None = None,
-        job_info: dict[str, Any] | None = None,
+        self, spec: LaunchSpec, attempt: AttemptRow, job_id: str | None, job_info: dict[str, Any] | None = None
     ) -> None:
-        """launch.json: the attempt as launched, with its retry budget and what the launcher keeps to follow and
-        cancel it (its run dir, log files, a packed point's files): a rebuilt store keeps them all."""
-        info = {k: v for k, v in (job_info or {}).items() if k != "argv"}  # argv is `command`
+        """launch.json: the attempt as launched (its argv as `command`), with its retry budget and what the launcher
+        keeps to follow and cancel it (its run dir, log files, a packed point's files): a rebuilt store keeps them."""
+        info = dict(job_info or {})
+        command = info.pop("argv", None)
         rundir.write_launch(spec.run_dir, rundir.launch_record(
             launcher=self.launcher.name, campaign=spec.campaign, cell_id=spec.cell_id, attempt=spec.attempt,
             job_id=job_id, command=command, nodes=spec.resources.nodes,

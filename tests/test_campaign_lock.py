@@ -67,7 +67,7 @@ def test_a_search_holds_its_lock_between_rungs(write_campaign, tmp_path: Path, c
         [sys.executable, "-m", "orchestrator", "campaign", "run", str(path), "-w", str(workspace), "--no-report"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    seen_held, got_in = False, 0
+    seen_held = False
     deadline = time.time() + 600
     while search.poll() is None:  # a hostile second orchestrator: takes the lock whenever it can and keeps it
         assert time.time() < deadline, "the search did not finish in 10 minutes"
@@ -76,7 +76,6 @@ def test_a_search_holds_its_lock_between_rungs(write_campaign, tmp_path: Path, c
             continue
         try:
             with CampaignLock(workspace / "held"):  # between two rungs, or after the search released it at its end
-                got_in += 1
                 search.wait(timeout=600)  # held until the search ends: its next rung, if any, is refused
         except RunError:
             seen_held = True
@@ -88,4 +87,3 @@ def test_a_search_holds_its_lock_between_rungs(write_campaign, tmp_path: Path, c
     with Store(workspace) as store:
         rungs = {row["rung"] for row in store.trials("held")}
     assert rungs == {0, 1, 2}, rungs
-    assert got_in <= 1  # at most once, after the search released it at its end
