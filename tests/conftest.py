@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,6 +49,35 @@ def run_mbx(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
         text=True,
         timeout=timeout,
     )
+
+
+def store_rows(store: Path, query: str, params: tuple = ()) -> list[tuple]:
+    """Rows of a read-only query on a store that another process may be creating: none until the file and the
+    queried tables exist (an orchestrator creates the file first, its tables a moment later)."""
+    if not store.exists():
+        return []
+    db = sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=30)
+    try:
+        return list(db.execute(query, params))
+    except sqlite3.OperationalError as err:  # no such table / column yet
+        if "no such" in str(err):
+            return []
+        raise
+    finally:
+        db.close()
+
+
+def wait_for(predicate: Callable[[], object], what: str, proc: subprocess.Popen | None = None,
+             timeout: float = 300) -> object:
+    """Wait until `predicate()` is truthy and return it; fail at once if `proc` ended first. The timeout only
+    bounds a hang: a test waits for a state, never for an amount of time."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the process ended (exit {proc.returncode}) before {what}")
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.05)
+    return value
 
 
 @pytest.fixture

@@ -18,11 +18,10 @@ from orchestrator.store import Store
 from reports.parsers.golden import GoldenValues, lm_document, read_golden_values, rows_layout
 from trainer import rundir
 
-SHARED = ROOT.parent / "shared" / "data" / "megatron"
-LOCAL = ROOT / "tests" / "data" / "megatron"
-GOLDEN_DIR = SHARED / "golden_values" if (SHARED / "golden_values").is_dir() else LOCAL / "golden_values"
+DATA = ROOT / "tests" / "data" / "megatron"  # the published files, in the repository (SOURCES.md says where from)
+GOLDEN_DIR = DATA / "golden_values"
 REAL_FILES = sorted(GOLDEN_DIR.glob("*.json"))
-BRIDGE_DIR = SHARED / "bridge" if (SHARED / "bridge").is_dir() else LOCAL / "bridge"
+BRIDGE_DIR = DATA / "bridge"
 # The real entry point (cli.main: clean errors, exit codes), with `golden` joined here until cli.py joins it.
 RUNNER = (
     "import sys\n"

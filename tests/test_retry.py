@@ -7,7 +7,7 @@ import json
 import sqlite3
 import sys
 
-from conftest import FAKE_MEGATRON, MEGATRON_LOG, ROOT
+from conftest import FAKE_MEGATRON, MEGATRON_LOG, ROOT, store_rows, wait_for
 
 from orchestrator.campaign import Retry
 from orchestrator.retry import decide
@@ -104,7 +104,6 @@ def test_retry_budget_survives_a_killed_orchestrator(mbx, write_campaign, tmp_pa
     import os
     import signal
     import subprocess
-    import time
 
     path = write_campaign({
         "name": "budget",
@@ -121,16 +120,9 @@ def test_retry_budget_survives_a_killed_orchestrator(mbx, write_campaign, tmp_pa
          "--no-report"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.time() + 120
-        second = None
-        while time.time() < deadline and second is None:
-            time.sleep(0.2)
-            if (workspace / "mbx.sqlite").exists():
-                db = sqlite3.connect(workspace / "mbx.sqlite", timeout=30)
-                second = db.execute("SELECT job_id FROM attempts WHERE attempt=2 AND state='running' "
-                                    "AND job_id IS NOT NULL").fetchone()  # fmt: skip
-                db.close()
-        assert second is not None, "attempt 2 never started"
+        wait_for(lambda: store_rows(workspace / "mbx.sqlite", "SELECT job_id FROM attempts WHERE attempt=2 AND "
+                                    "state='running' AND job_id IS NOT NULL"),
+                 "attempt 2 to run", orchestrator)  # fmt: skip
         orchestrator.send_signal(signal.SIGKILL)
         orchestrator.wait(timeout=30)
     finally:
