@@ -10,8 +10,6 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Any
 
-from scipy import stats
-
 from orchestrator.store import CellRow
 from reports.numerics import MetricParity, step_series
 
@@ -96,4 +94,6 @@ def _p_larger(excess: list[float]) -> float | None:
     """p of 'the pair's per-step gaps exceed the A/A gaps' (None when every difference is zero)."""
     if not any(excess):
         return None
+    from scipy import stats  # here, not at import: campaign.py (the CLI's load path) imports this module
+
     return float(stats.wilcoxon(excess, alternative="greater", zero_method="wilcox").pvalue)
