@@ -21,7 +21,8 @@ from orchestrator import (
     cli_report,
     cli_store,
 )
-from orchestrator.errors import MbxError, printable
+from orchestrator.errors import ConfigError, MbxError, printable
+from reports.limits import LimitError
 
 app = typer.Typer(
     name="mbx",
@@ -71,9 +72,10 @@ def main() -> None:
     its exit code."""
     try:
         app()
-    except MbxError as err:
+    except (MbxError, LimitError) as caught:
         if os.environ.get("MBX_DEBUG") == "1":
             raise
+        err = caught if isinstance(caught, MbxError) else ConfigError(str(caught))  # an input over a limit
         for line in shown_problems(err.lines(), _error_limit()):
             err_console.print(Text.assemble(("error: ", "bold red"), line))
         if err.exit_code == 2:

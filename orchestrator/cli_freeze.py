@@ -70,10 +70,16 @@ def freeze(
 
     if point is not None and best:
         raise UsageError("--point and --best: give one (without either, the best point is frozen)")
+    if out is not None:
+        check_out_dir(out)  # before the store is read: a bad --out costs nothing
     frozen = pick(workspace, campaign, point=point, objective=by,
                   tie_break=tie_break, min_effect=min_effect)  # fmt: skip
     target = out or workspace / campaign / "frozen"
-    written = write_frozen(frozen, target, repeats=repeats, margin=margin)
+    check_out_dir(target)
+    try:
+        written = write_frozen(frozen, target, repeats=repeats, margin=margin)
+    except OSError as err:  # a folder that cannot be made or written after the check (read-only file system...)
+        raise UsageError(f"--out {target}: cannot be written ({err.strerror or err})") from None
     w = frozen.winner
     console.print(
         Text.assemble(("frozen ", "bold green"), f"{campaign} point {w.point_id} [{w.label}]: {frozen.how}")
@@ -84,3 +90,25 @@ def freeze(
         )
     for path in written:
         console.print(Text(f"  wrote {path}"))
+
+
+def check_out_dir(out: Path) -> None:
+    """`--out` is a directory or can be made one: the nearest existing ancestor is a writable directory;
+    UsageError (one line, exit 2) otherwise."""
+    import os
+
+    from orchestrator.errors import UsageError
+
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out}: is not a directory; give a folder for the frozen files")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {out}: the folder is not writable")
+        return
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        raise UsageError(f"--out {out}: {ancestor} is not a directory, so the folder cannot be made")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: the folder cannot be made ({ancestor} is not writable)")

@@ -35,6 +35,13 @@ def export(
             "--out", "-o", help="Write the JSON to this file (default: print it).", show_default=False
         ),
     ] = None,
+    follow_symlinks: Annotated[
+        bool,
+        typer.Option(
+            "--follow-symlinks",
+            help="When --out is a symbolic link, write the file it points to (without it a link is refused).",
+        ),
+    ] = False,
 ) -> None:
     """Write a completed cell's step rows as Megatron-LM golden values:
     {metric: {start_step, end_step, step_interval, values: {"<step>": value | "nan"}}} with "lm loss",
@@ -42,14 +49,17 @@ def export(
     the run recorded it. The file can be given to `mbx compare` as A or B.
     """
     from orchestrator.golden import export_golden, write_document
+    from orchestrator.outfile import check_target
 
+    if out is not None:
+        check_target(out, follow_symlinks=follow_symlinks)  # before any work: a device or link is refused
     done = export_golden(workspace, campaign, point)
     for note in done.notes:
         err_console.print(Text(f"note: {note}"))
     if out is None:
         typer.echo(json.dumps(done.document, indent=4))
         return
-    write_document(done.document, out)
+    write_document(done.document, out, follow_symlinks=follow_symlinks)
     metrics = ", ".join(done.document)
     err_console.print(
         Text.assemble(("wrote ", "bold green"), f"{out} ({metrics}) from {campaign}/{done.cell_id}")

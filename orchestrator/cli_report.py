@@ -55,7 +55,10 @@ def report(
     Example: `mbx report moe-dispatch --markdown > pr.md` (the page's path goes to stderr).
     """
     from orchestrator import runner
+    from orchestrator.errors import UsageError
 
+    if out is not None and (out.is_symlink() or out.exists()) and not out.is_dir():
+        raise UsageError(f"--out {out}: is not a directory; give a folder for the report site")
     view = runner.view(workspace, name)
     page = runner.write_report(workspace, view, out)
     summary = (page.parent / "summary.md").read_text(encoding="utf-8")
@@ -87,8 +90,10 @@ def _wandb_report(workspace: Path, view: CampaignView, summary: str, folder: Pat
             raise RunError(f"the W&B Report could not be published: {type(err).__name__}: {err}") from None
         where.print(Text(f"W&B report: {built.url}"))
         return
+    from orchestrator.outfile import write_out
+
     target = folder / "wandb-report.json"
-    target.write_text(json.dumps(report_spec(built), indent=1) + "\n", encoding="utf-8")
+    write_out(target, json.dumps(report_spec(built), indent=1) + "\n", label="W&B report spec")
     why = "wandb.mode is " + settings.mode if settings.mode != "online" else "WANDB_API_KEY is not set"
     where.print(Text(f"W&B report spec: {target} (not published: {why})"))
 

@@ -101,6 +101,7 @@ def export_golden(workspace: Path, campaign: str, ref: str) -> Export:
     return Export(lm_document(golden), cell.cell_id, run_dir, notes)
 
 
-def write_document(document: dict[str, Any], out: Path) -> None:
-    """Write golden values as Megatron-LM does (indent 4), atomically; a path that cannot be written → UsageError."""
-    write_out(out, json.dumps(document, indent=4) + "\n")
+def write_document(document: dict[str, Any], out: Path, follow_symlinks: bool = False) -> None:
+    """Write golden values as Megatron-LM does (indent 4), atomically, only over a regular file (outfile.py);
+    a path that cannot be written → UsageError."""
+    write_out(out, json.dumps(document, indent=4) + "\n", follow_symlinks=follow_symlinks)

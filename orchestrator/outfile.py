@@ -1,23 +1,80 @@
-"""Writing a file the user named (`--out`): atomically, with a clean UsageError when the path cannot take it."""
+"""Writing a file the user named (`--out`): atomically, only over a regular file, with a clean UsageError when
+the path cannot take it.
+
+`check_target` is the rule every user-named output follows: the path is absent or a regular file. A device
+(/dev/full, /dev/null), a FIFO, a socket or a directory is refused and left as it is; a symbolic link is
+refused unless the caller lets it be followed (then its target must itself be absent or a regular file, and
+the target is written, the link kept). A missing or unwritable folder is one line, exit 2, and no temporary
+file is left behind.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from orchestrator.errors import UsageError
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
-def write_out(out: Path, text: str, label: str = "--out") -> None:
-    """Write `text` to `out` through a temporary file and a rename; a directory or an unwritable path →
-    UsageError naming `label` and the path (nothing half-written is left)."""
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def check_target(out: Path, label: str = "--out", follow_symlinks: bool = False) -> Path:
+    """The path to write for `out` (its target when a followed link); UsageError for anything but an absent
+    path or a regular file, for a link not to be followed, and for a missing parent folder."""
     out = Path(out)
-    if out.is_dir():
-        raise UsageError(f"{label} {out}: is a directory, give a file name")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
+        info = os.lstat(out)
+    except FileNotFoundError:
+        info = None
+    except OSError as err:  # ENOTDIR (a parent is a file), ENAMETOOLONG, EACCES
+        raise UsageError(f"{label} {out}: cannot be written ({err.strerror or err})") from None
+    except ValueError as err:  # a NUL byte in the path
+        raise UsageError(f"{label} {out}: not a usable path ({err})") from None
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        if not follow_symlinks:
+            raise UsageError(f"{label} {out}: is a symbolic link; mbx does not replace links (give the target's "
+                             "path, or --follow-symlinks to write the file it points to)")  # fmt: skip
+        target = Path(os.path.realpath(out))
+        if target == out or os.path.islink(target):
+            raise UsageError(f"{label} {out}: the symbolic link does not resolve (a loop): give another path")
+        return check_target(target, label, follow_symlinks=False)
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        what = "is a directory, give a file name" if stat.S_ISDIR(info.st_mode) else f"is {_kind(info.st_mode)}"
+        raise UsageError(f"{label} {out}: {what}; mbx writes only regular files and leaves this one as it is")
+    parent = out.parent
+    if not parent.is_dir():
+        problem = "does not exist" if not parent.exists() else "is not a directory"
+        raise UsageError(f"{label} {out}: the folder {parent} {problem}: create it first or give another path")
+    return out
+
+
+def write_out(out: Path, text: str, label: str = "--out", follow_symlinks: bool = False) -> None:
+    """Write `text` to `out` through a temporary file in the same folder and a rename, after `check_target`;
+    an unwritable path → UsageError naming `label` and the path (nothing half-written is left)."""
+    target = check_target(Path(out), label, follow_symlinks)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
     except OSError as err:
+        raise UsageError(f"{label} {out}: cannot be written ({err.strerror or err})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        check_target(target, label)  # replaced by a device or link meanwhile: refuse still
+        os.replace(tmp, target)
+    except (OSError, UsageError) as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, UsageError):
+            raise
         raise UsageError(f"{label} {out}: cannot be written ({err.strerror or err})") from None

@@ -1,10 +1,16 @@
-"""Load YAML strictly: bad bytes, syntax, duplicate keys, deep nesting and alias bombs become ConfigErrors.
+"""Load YAML strictly: bad bytes, syntax, duplicate keys, deep nesting, huge files and alias bombs become
+ConfigErrors.
 
-Limits (a campaign or recipe file is a few KB; these only stop hostile or broken files):
-`MAX_FILE_BYTES` (4 MiB), `MAX_DEPTH` (64 levels of nesting, counted through aliases) and
-`MAX_ALIAS_NODES` (aliases may add at most 100,000 values to what the file itself spells out).
-Values are JSON's kinds only: strings, numbers, booleans, null, lists and mappings with scalar keys
-(a date such as 2026-12-03 stays a string; !!binary, !!set, !!omap, !!timestamp are refused).
+Limits (reports/limits.py; a campaign or recipe file is a few KB, these only stop hostile or broken files):
+`MAX_FILE_BYTES` (4 MiB), `MAX_VALUES` (250,000 values spelled out), `MAX_DEPTH` (64 levels of nesting,
+counted through aliases) and `MAX_ALIAS_NODES` (aliases may add at most 100,000 values to what the file
+itself spells out). Values are JSON's kinds only: strings, numbers, booleans, null, lists and mappings with
+scalar keys (a date such as 2026-12-03 stays a string; !!binary, !!set, !!omap, !!timestamp are refused).
+
+Speed: a pre-scan of the event stream (libyaml's, when PyYAML has it) counts values and nesting and stops at
+a limit before anything is composed; a file that passes is composed by libyaml (`_CStrictLoader`) and
+constructed by the same Python constructors as the pure-Python `_StrictLoader`. Any syntax error is reported
+by the pure-Python loader, so both paths give the same messages (tests/test_trust_limits.py runs both).
 """
 
 from __future__ import annotations
@@ -16,10 +22,14 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import ConfigError
+from reports import limits
 
-MAX_FILE_BYTES = 4 * 1024 * 1024
-MAX_DEPTH = 64
-MAX_ALIAS_NODES = 100_000
+MAX_FILE_BYTES = limits.MAX_YAML_BYTES
+MAX_DEPTH = limits.MAX_YAML_DEPTH
+MAX_VALUES = limits.MAX_YAML_VALUES
+MAX_ALIAS_NODES = limits.MAX_YAML_ALIAS_VALUES
+HAS_LIBYAML = bool(getattr(yaml, "__with_libyaml__", False))
+PURE_PYTHON_VALUES = 10_000  # a syntax error after more values is reported as libyaml words it (no slow re-parse)
 _SCALAR_KEYS = (str, int, float, bool, type(None))
 _REFUSED_TAGS = ("binary", "set", "omap", "pairs", "timestamp")
 
@@ -38,35 +48,8 @@ _StrictResolver.yaml_implicit_resolvers = {
 }
 
 
-class _StrictLoader(
-    yaml.reader.Reader,
-    yaml.scanner.Scanner,
-    yaml.parser.Parser,
-    yaml.composer.Composer,
-    yaml.constructor.SafeConstructor,
-    _StrictResolver,
-):
-    """SafeLoader that refuses duplicate keys, nesting deeper than MAX_DEPTH and non-JSON values."""
-
-    def __init__(self, stream: str):
-        yaml.reader.Reader.__init__(self, stream)
-        yaml.scanner.Scanner.__init__(self)
-        yaml.parser.Parser.__init__(self)
-        yaml.composer.Composer.__init__(self)
-        yaml.constructor.SafeConstructor.__init__(self)
-        _StrictResolver.__init__(self)
-        self._depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        """Compose one node, refusing to nest deeper than MAX_DEPTH (PyYAML recurses once per level)."""
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                mark = self.peek_event().start_mark
-                raise ConfigError(f"{_where(mark)}nested more than {MAX_DEPTH} levels deep: flatten the file")
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
+class _StrictConstructor(yaml.constructor.SafeConstructor):
+    """SafeConstructor whose values name their line when Python cannot hold them (both loaders use it)."""
 
     def construct_object(self, node: Any, deep: bool = False) -> Any:
         """Construct one value; a value Python cannot hold (a 5,000-digit int, ...) names its line."""
@@ -77,7 +60,98 @@ class _StrictLoader(
             raise ConfigError(f"{_where(node.start_mark)}cannot read this value ({problem}): write it differently") from None
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+class _StrictLoader(
+    yaml.reader.Reader,
+    yaml.scanner.Scanner,
+    yaml.parser.Parser,
+    yaml.composer.Composer,
+    _StrictConstructor,
+    _StrictResolver,
+):
+    """SafeLoader that refuses duplicate keys, nesting deeper than MAX_DEPTH and non-JSON values."""
+
+    def __init__(self, stream: str):
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        _StrictConstructor.__init__(self)
+        _StrictResolver.__init__(self)
+        self._depth = 0
+        self._values = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        """Compose one node, refusing to nest deeper than MAX_DEPTH (PyYAML recurses once per level) and more
+        than MAX_VALUES nodes (the same checks, at the same marks, as `_prescan`)."""
+        self._depth += 1
+        self._values += 1
+        try:
+            _check_node(self.peek_event().start_mark, self._depth, self._values)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _check_node(mark: Any, depth: int, values: int) -> None:
+    """Refuse a node nested deeper than MAX_DEPTH or past the MAX_VALUES-th value of the file."""
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{_where(mark)}nested more than {MAX_DEPTH} levels deep: flatten the file")
+    if values > MAX_VALUES:
+        raise ConfigError(
+            f"{_where(mark)}too many values (more than {MAX_VALUES:,} scalars, lists and mappings; the limit "
+            "for a YAML file): a campaign is a few hundred lines, generate the sweep with fewer values"
+        )
+
+
+_STEP = {yaml.ScalarEvent: 0, yaml.AliasEvent: 0, yaml.SequenceStartEvent: 1, yaml.MappingStartEvent: 1,
+         yaml.SequenceEndEvent: -1, yaml.MappingEndEvent: -1}  # event type -> change of depth after it
+
+
+def _prescan(text: str) -> int:
+    """Walk the event stream (libyaml's when there is one: nothing is composed) and refuse, at the offending
+    node, nesting past MAX_DEPTH or a value past MAX_VALUES; the number of values otherwise. YAMLError on bad
+    syntax (with `values_before`, the values seen before it)."""
+    parser = yaml.cyaml.CParser(text) if HAS_LIBYAML else yaml.SafeLoader(text)
+    get_event, step_of = parser.get_event, _STEP.get
+    depth = values = 0
+    try:
+        while (event := get_event()) is not None:
+            step = step_of(type(event))
+            if step is None:
+                if type(event) is yaml.StreamEndEvent:
+                    break
+            elif step >= 0:
+                values += 1
+                if depth >= MAX_DEPTH or values > MAX_VALUES:
+                    _check_node(event.start_mark, depth + 1, values)
+                depth += step
+            else:
+                depth -= 1
+    except yaml.YAMLError as err:
+        err.values_before = values  # type: ignore[attr-defined]
+        raise
+    finally:
+        parser.dispose()
+    return values
+
+
+if HAS_LIBYAML:
+
+    class _CStrictLoader(yaml.cyaml.CParser, _StrictConstructor, _StrictResolver):
+        """libyaml composes (after `_prescan` has bounded the values and the depth); the constructors are
+        `_StrictLoader`'s."""
+
+        def __init__(self, stream: str):
+            yaml.cyaml.CParser.__init__(self, stream)
+            _StrictConstructor.__init__(self)
+            _StrictResolver.__init__(self)
+
+    _LOADERS: tuple[type, ...] = (_StrictLoader, _CStrictLoader)
+else:  # pragma: no cover - PyYAML built without libyaml
+    _LOADERS = (_StrictLoader,)
+
+
+def _construct_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     """A mapping whose own keys are scalars and distinct (keys merged in with `<<:` may be overridden)."""
     seen: dict[Any, Any] = {}
     for key_node, _ in node.value:
@@ -92,7 +166,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     return loader.construct_mapping(node, deep=deep)
 
 
-def _refuse_tag(loader: _StrictLoader, node: yaml.Node) -> Any:
+def _refuse_tag(loader: Any, node: yaml.Node) -> Any:
     tag = node.tag.rsplit(":", 1)[-1]
     raise ConfigError(
         f"{_where(node.start_mark)}the YAML tag !!{tag} is not supported: use strings, numbers, booleans, "
@@ -100,9 +174,10 @@ def _refuse_tag(loader: _StrictLoader, node: yaml.Node) -> Any:
     )
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-for _tag in _REFUSED_TAGS:
-    _StrictLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)
+for _loader in _LOADERS:
+    _loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    for _tag in _REFUSED_TAGS:
+        _loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)
 
 
 def _check_expansion(root: yaml.Node) -> None:
@@ -189,11 +264,31 @@ def _value_problem(err: Exception) -> str:
     return str(err).split(";")[0].splitlines()[0]
 
 
-def load_yaml_text(text: str) -> Any:
-    """Parse YAML text strictly (see the module docstring); ConfigError without a file name on any problem."""
+def _loader_for(text: str) -> type:
+    """libyaml's loader after a clean pre-scan; the pure-Python one where its messages are wanted: control
+    characters, and a syntax error early in the file (one found after many values is reported as libyaml
+    found it: the pure-Python parser would take seconds to reach it)."""
+    if not HAS_LIBYAML or yaml.reader.Reader.NON_PRINTABLE.search(text):
+        return _StrictLoader
+    try:
+        _prescan(text)
+    except yaml.YAMLError as err:
+        if getattr(err, "values_before", 0) > PURE_PYTHON_VALUES:
+            raise ConfigError(_yaml_problem(err, text)) from None
+        return _StrictLoader
+    return _CStrictLoader
+
+
+def load_yaml_text(text: str, loader_class: type | None = None) -> Any:
+    """Parse YAML text strictly (see the module docstring); ConfigError without a file name on any problem.
+    `loader_class` (tests) forces `_StrictLoader` or `_CStrictLoader` after the pre-scan."""
     loader = None
     try:
-        loader = _StrictLoader(text)
+        if loader_class is None:
+            loader_class = _loader_for(text)
+        elif loader_class is not _StrictLoader:
+            _prescan(text)
+        loader = loader_class(text)
         node = loader.get_single_node()
         if node is None:
             return None

@@ -11,8 +11,6 @@ trainer on a CPU) get the same figures from the CPU ops' self times. The window 
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from reports import limits
 from reports.kernels import COMMUNICATION, IDLE, MEMCPY, MOE_EXCHANGE, classify
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -56,11 +55,16 @@ class TraceBreakdown:
 
 
 def load_events(path: Path) -> list[dict[str, Any]]:
-    """The traceEvents of a Chrome trace (.json or .json.gz); ValueError when it is not one."""
+    """The traceEvents of a Chrome trace (.json or .json.gz); ValueError when it is not one, LimitError (a
+    ValueError) past limits.MAX_TRACE_BYTES on disk or inflated (read in chunks: a gzip bomb stops at the
+    limit) or nested past limits.MAX_JSON_DEPTH."""
     path = Path(path)
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        doc = json.load(handle)
+    data = limits.read_bytes_bounded(path, limits.MAX_TRACE_BYTES, "a profiler trace")
+    try:
+        doc = limits.json_loads_bounded(data, path)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    del data
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise ValueError(f"{path}: not a Chrome trace (no traceEvents list)")

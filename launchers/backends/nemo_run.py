@@ -119,6 +119,32 @@ def inside_experiment(experiment: Any) -> Iterator[Any]:
         _current_experiment.reset(token)
 
 
+@contextlib.contextmanager
+def dry_run_lock(base_dir: Path) -> Iterator[None]:
+    """One dry run at a time per campaign's NeMo-Run folder: the Experiment id is deterministic, so concurrent
+    dry runs share its folder, and NeMo-Run's dry run creates and removes it (unlocked, one removed the folder
+    under another: FileNotFoundError / "Directory not empty")."""
+    import fcntl
+
+    base_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(base_dir, os.O_RDONLY)  # the folder itself is locked: no lock file is left behind
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def close_experiment(experiment: Any) -> None:
+    """Release what a (dry-run) Experiment holds now, not in its __del__ at interpreter exit: NeMo-Run's
+    `__del__` tears down logging, tunnels and the torchx runner while the interpreter is finalizing."""
+    try:
+        experiment._cleanup()
+    except Exception:  # noqa: BLE001, S110 - best effort, as NeMo-Run's own __del__
+        pass
+    experiment._cleanup = lambda *args, **kwargs: None  # __del__ would close them a second time
+
+
 def srun_word() -> Callable[[str], str]:
     """How a value must be passed to NeMo-Run to reach its srun line as one word: NeMo-Run 0.11 means to quote
     srun arguments but does not (`noquote = str`, so every argument counts as "do not quote"): quote them here."""
@@ -315,15 +341,19 @@ class NemoRunLauncher(SlurmLauncher):
             return [Rendered(list(specs), files, notes=[note])]
         scripts: dict[Path, str] = {}
         commands: list[list[str]] = []
-        experiment = self.experiment(specs)
-        with inside_experiment(experiment):
-            experiment.dryrun(log=False, exist_ok=True, delete_exp_dir=True)
-        for job in experiment.jobs:
-            executor = job.executor
-            path = Path(executor.experiment_dir) / f"{executor.job_name}_sbatch.sh"
-            scripts[path] = job._dryrun_info.request.materialize()
-            remote = os.path.join(executor.tunnel.job_dir, f"{executor.job_name}_sbatch.sh")
-            commands.append(["sbatch", "--requeue", "--parsable", remote])
+        with dry_run_lock(self._base_dir(specs[0])):
+            experiment = self.experiment(specs)
+            try:
+                with inside_experiment(experiment):
+                    experiment.dryrun(log=False, exist_ok=True, delete_exp_dir=True)
+                for job in experiment.jobs:
+                    executor = job.executor
+                    path = Path(executor.experiment_dir) / f"{executor.job_name}_sbatch.sh"
+                    scripts[path] = job._dryrun_info.request.materialize()
+                    remote = os.path.join(executor.tunnel.job_dir, f"{executor.job_name}_sbatch.sh")
+                    commands.append(["sbatch", "--requeue", "--parsable", remote])
+            finally:
+                close_experiment(experiment)
         return [Rendered(list(specs), files, scripts, commands, notes)]
 
     def launch(self, rendered: Rendered) -> list[Submitted]:

@@ -29,6 +29,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Literal
 
+from reports.limits import long_line
 from reports.parsers.golden import CardFigure, GoldenValues, read_card, read_golden_values
 from reports.parsers.megatron_bridge import MegatronBridgeParser
 from reports.parsers.megatron_lm import ITERATION_RE, MegatronLMParser
@@ -96,7 +97,8 @@ def iter_rows(
 ) -> Iterator[Row]:
     """Rows of a log file (path) or of an iterable of lines, read line by line, in log order.
 
-    With `lag=1` only the newest row is held back, so memory stays bounded on any file size.
+    With `lag=1` only the newest row is held back, so memory stays bounded on any file size; a file with a
+    line past limits.MAX_LOG_LINE_CHARS raises LimitError (a ValueError).
     """
     # The rows come in lists (those each chunk finished): chain hands them out without running
     # Python code per row.
@@ -115,6 +117,8 @@ def _row_lists(
         with open(source, "rb") as fh:
             while chunk := fh.read(_READ_BUFFER):
                 yield parser.feed(chunk)
+                if parser.overlong:
+                    raise long_line(source)
         yield parser.close()
     elif isinstance(source, io.StringIO):
         yield parser.feed(source.getvalue())
@@ -158,6 +162,8 @@ def parse_rank_logs(
         with open(path, "rb") as fh:
             while chunk := fh.read(_READ_BUFFER):
                 rows.extend(parser.feed(chunk))
+                if parser.overlong:
+                    raise long_line(path)
         rows.extend(parser.close())
         row_lists.append(rows)
         parsers.append(parser)

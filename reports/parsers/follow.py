@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reports.limits import long_line
 from reports.parsers import StreamParser, make_parser, merge_rows
 from reports.parsers.rows import Row, derive_tokens
 from reports.parsers.text import to_int
@@ -45,6 +46,7 @@ class _Followed:
     offset: int = 0
     carry: bytes = b""  # the partial last line, for the progress scan
     digest: Any = None
+    refused: bool = False  # a line past limits.MAX_LOG_LINE_CHARS: read no further, `finish` refuses the file
 
 
 @dataclass
@@ -108,6 +110,8 @@ class LogFollower:
         return False
 
     def _read(self, followed: _Followed) -> None:
+        if followed.refused:
+            return
         try:
             handle = open(followed.path, "rb")  # noqa: SIM115 - closed below
         except OSError:
@@ -119,6 +123,9 @@ class LogFollower:
                 if followed.digest is not None:
                     followed.digest.update(chunk)
                 followed.parser.feed(chunk)
+                if followed.parser.overlong:
+                    followed.refused = True
+                    return
                 self._scan_progress(followed, chunk)
 
     def _scan_progress(self, followed: _Followed, chunk: bytes) -> None:
@@ -138,10 +145,14 @@ class LogFollower:
         return {str(f.path): f.digest.hexdigest() for f in self.files.values() if f.digest is not None}
 
     def finish(self, world_size: int | None = None) -> list[Row]:
-        """Every file parsed to its end; rows merged by step, tokens/s derived where the inputs are known."""
+        """Every file parsed to its end; rows merged by step, tokens/s derived where the inputs are known.
+        LimitError (a ValueError) for a file with a line past limits.MAX_LOG_LINE_CHARS."""
         if self._finished is not None:
             return self._finished
         self.update()
+        refused = [f.path for f in self.files.values() if f.refused]
+        if refused:
+            raise long_line(refused[0])
         row_lists: list[list[Row]] = []
         args: dict[str, str] = {}
         for followed in self.files.values():

@@ -19,13 +19,13 @@ file lists, list or dict form) and the file's scalar keys, so a file read and wr
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from reports import limits
 from reports.parsers.rows import Row, gb_to_gib, new_row
 
 # Megatron-LM golden metric → (row field or None for extra[<extra key>], scale to the row's unit)
@@ -93,20 +93,35 @@ class CardFigure:
 
 
 def read_golden_values(path: str | os.PathLike[str]) -> GoldenValues:
-    """A Megatron-LM (dict or legacy list schema) or Megatron-Bridge golden-values file as rows."""
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    data = json.loads(text) if text.strip() else {}
+    """A Megatron-LM (dict or legacy list schema) or Megatron-Bridge golden-values file as rows; LimitError (a
+    ValueError) past limits.MAX_GOLDEN_BYTES, MAX_GOLDEN_VALUES or MAX_JSON_DEPTH."""
+    raw = limits.read_bytes_bounded(path, limits.MAX_GOLDEN_BYTES, "a golden-values file")
+    text = raw.decode("utf-8")
+    data = limits.json_loads_bounded(text, path) if text.strip() else {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: golden values must be a JSON object, not {type(data).__name__}")
     if not data:
         return GoldenValues("empty", [])
+    count = _value_count(data)
+    if count > limits.MAX_GOLDEN_VALUES:
+        raise limits.LimitError(f"{path}: too many values ({count:,} > {limits.MAX_GOLDEN_VALUES:,}, the limit "
+                                "for a golden-values file)")  # fmt: skip
     series = {k: v for k, v in data.items() if isinstance(v, dict) and "values" in v}
     if series:
         return _read_lm(data, series)
     if any(k.isdigit() and isinstance(v, dict) for k, v in data.items()):
         return _read_bridge(data)
     raise ValueError(f"{path}: not a Megatron-LM or Megatron-Bridge golden-values file")
+
+
+def _value_count(data: dict[str, Any]) -> int:
+    """Step values a golden document holds (Megatron-LM series' `values`, Megatron-Bridge steps' metrics)."""
+    count = 0
+    for entry in data.values():
+        if isinstance(entry, dict):
+            values = entry.get("values")
+            count += len(values) if isinstance(values, (list, dict)) else len(entry)
+    return count
 
 
 def _value(raw: Any) -> float | None:
@@ -269,8 +284,12 @@ def read_card(path: str | os.PathLike[str]) -> list[CardFigure]:
     GPU and, where given, status, precision, GPU count and global batch size."""
     import yaml  # deferred: only card readers need it
 
-    with open(path, encoding="utf-8") as fh:
-        card = yaml.safe_load(fh) or {}
+    text = limits.read_bytes_bounded(path, limits.MAX_YAML_BYTES, "a card file").decode("utf-8")
+    loader = yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
+    try:
+        card = yaml.load(text, Loader=loader) or {}  # noqa: S506 - a safe loader
+    except RecursionError:
+        raise limits.LimitError(f"{path}: nested too deeply for a card file") from None
     figures: list[CardFigure] = []
     _walk_card(card.get("items") or {}, [], {}, figures)
     return figures

@@ -6,6 +6,7 @@ import codecs
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from reports.limits import MAX_LOG_LINE_CHARS
 from reports.parsers.rows import Row, derive_tokens, merge_row, new_row
 from reports.parsers.text import LABEL_RE, starts_record, strip_ansi, to_int
 
@@ -49,6 +50,10 @@ class StreamParser:
     them; `lag=None` holds every row until `close()`, which makes the merge lossless. Data for a
     step already emitted is dropped and counted in `late_dropped`.
 
+    A line still unfinished after more than limits.MAX_LOG_LINE_CHARS characters is dropped up to its
+    newline (nothing more of it is held: memory and time stay linear) and `overlong` is set; the readers
+    of whole files (`parse_log`, `iter_rows`, `LogFollower.finish`) then refuse the file (LimitError).
+
     Subclasses say which lines matter (`MARKERS`, `RARE_MARKERS`) and parse them (`_dispatch`,
     `_record_end`, `_finish`, `_span`).
     """
@@ -78,6 +83,8 @@ class StreamParser:
         self._open: OpenRecord | None = None
         self._out: list[Row] = []
         self._buf = ""
+        self._skipping = False  # inside an over-long line: drop text up to its newline
+        self.overlong = False
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._closed = False
 
@@ -86,11 +93,17 @@ class StreamParser:
         """Take the next piece of the log (any size, may end mid-line); return the rows finished."""
         if isinstance(chunk, bytes):
             chunk = self._decoder.decode(chunk)
+        if chunk and self._skipping:
+            end = chunk.find("\n")
+            chunk = "" if end < 0 else chunk[end + 1 :]
+            self._skipping = end < 0
         if chunk:
             data = self._buf + chunk if self._buf else chunk
             cut = data.rfind("\n")
             if cut < 0:
                 self._buf = data
+                if len(data) > MAX_LOG_LINE_CHARS:
+                    self._buf, self._skipping, self.overlong = "", True, True
             else:
                 self._buf = data[cut + 1 :]
                 self._scan(data, cut + 1, True)
