@@ -55,7 +55,9 @@ def check_target(out: Path, label: str = "--out", follow_symlinks: bool = False)
     parent = out.parent
     if not parent.is_dir():
         problem = "does not exist" if not parent.exists() else "is not a directory"
-        raise UsageError(f"{label} {out}: the folder {parent} {problem}: create it first or give another path")
+        raise UsageError(
+            f"{label} {out}: cannot be written: the folder {parent} {problem} (create it first or give another path)"
+        )
     return out
 
 

@@ -264,30 +264,52 @@ def _value_problem(err: Exception) -> str:
     return str(err).split(";")[0].splitlines()[0]
 
 
-def _loader_for(text: str) -> type:
-    """libyaml's loader after a clean pre-scan; the pure-Python one where its messages are wanted: control
-    characters, and a syntax error early in the file (one found after many values is reported as libyaml
-    found it: the pure-Python parser would take seconds to reach it)."""
+class _SyntaxProblem(ConfigError):
+    """A YAMLError as a ConfigError: the default route words it through the pure-Python parser."""
+
+
+def _loader_for(text: str) -> tuple[type, int]:
+    """(loader, values the pre-scan counted): libyaml's after a clean pre-scan; the pure-Python one for control
+    characters (its message) and a syntax error early in the file. A syntax error after more than
+    PURE_PYTHON_VALUES values is reported as libyaml words it: the pure-Python parser would take seconds."""
     if not HAS_LIBYAML or yaml.reader.Reader.NON_PRINTABLE.search(text):
-        return _StrictLoader
+        return _StrictLoader, 0
     try:
-        _prescan(text)
+        values = _prescan(text)
     except yaml.YAMLError as err:
-        if getattr(err, "values_before", 0) > PURE_PYTHON_VALUES:
+        values = getattr(err, "values_before", 0)
+        if values > PURE_PYTHON_VALUES:
             raise ConfigError(_yaml_problem(err, text)) from None
-        return _StrictLoader
-    return _CStrictLoader
+        return _StrictLoader, values
+    return _CStrictLoader, values
 
 
 def load_yaml_text(text: str, loader_class: type | None = None) -> Any:
     """Parse YAML text strictly (see the module docstring); ConfigError without a file name on any problem.
-    `loader_class` (tests) forces `_StrictLoader` or `_CStrictLoader` after the pre-scan."""
+    `loader_class` (tests) forces `_StrictLoader` or `_CStrictLoader` (after the pre-scan)."""
+    if loader_class is not None:
+        if loader_class is not _StrictLoader:
+            _prescan_checked(text)
+        return _load(text, loader_class)
+    loader_class, values = _loader_for(text)
+    try:
+        return _load(text, loader_class)
+    except _SyntaxProblem:  # libyaml's composer (an undefined alias...): the pure-Python words, when cheap
+        if loader_class is _StrictLoader or values > PURE_PYTHON_VALUES:
+            raise
+        return _load(text, _StrictLoader)
+
+
+def _prescan_checked(text: str) -> None:
+    try:
+        _prescan(text)
+    except yaml.YAMLError as err:
+        raise _SyntaxProblem(_yaml_problem(err, text)) from None
+
+
+def _load(text: str, loader_class: type) -> Any:
     loader = None
     try:
-        if loader_class is None:
-            loader_class = _loader_for(text)
-        elif loader_class is not _StrictLoader:
-            _prescan(text)
         loader = loader_class(text)
         node = loader.get_single_node()
         if node is None:
@@ -295,7 +317,7 @@ def load_yaml_text(text: str, loader_class: type | None = None) -> Any:
         _check_expansion(node)
         return loader.construct_document(node)
     except yaml.YAMLError as err:
-        raise ConfigError(_yaml_problem(err, text)) from None
+        raise _SyntaxProblem(_yaml_problem(err, text)) from None
     except RecursionError:
         raise ConfigError(f"nested too deeply (more than {MAX_DEPTH} levels): flatten the file") from None
     except (ValueError, TypeError, OverflowError) as err:

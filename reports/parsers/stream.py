@@ -42,6 +42,19 @@ class OpenRecord:
         return head + self.parts[-1]
 
 
+def _has_long_line(text: str, stop: int) -> bool:
+    """Whether a line of `text[:stop]` (which starts a line and ends with one) is longer than MAX_LOG_LINE_CHARS:
+    from each line start, the last newline within the limit is where the next look starts (a few `rfind`s per
+    MiB, not one step per line)."""
+    pos = 0
+    while stop - pos > MAX_LOG_LINE_CHARS:
+        newline = text.rfind("\n", pos, pos + MAX_LOG_LINE_CHARS + 1)
+        if newline < 0:
+            return True
+        pos = newline + 1
+    return False
+
+
 class StreamParser:
     """Feed it log text in chunks (`feed`) or lines (`push`); it returns finished step rows.
 
@@ -50,9 +63,9 @@ class StreamParser:
     them; `lag=None` holds every row until `close()`, which makes the merge lossless. Data for a
     step already emitted is dropped and counted in `late_dropped`.
 
-    A line still unfinished after more than limits.MAX_LOG_LINE_CHARS characters is dropped up to its
-    newline (nothing more of it is held: memory and time stay linear) and `overlong` is set; the readers
-    of whole files (`parse_log`, `iter_rows`, `LogFollower.finish`) then refuse the file (LimitError).
+    A line longer than limits.MAX_LOG_LINE_CHARS sets `overlong`; the readers of whole files (`parse_log`,
+    `iter_rows`, `LogFollower.finish`) then refuse the file (LimitError). One still unfinished past the limit
+    is dropped up to its newline (nothing more of it is held: memory and time stay linear).
 
     Subclasses say which lines matter (`MARKERS`, `RARE_MARKERS`) and parse them (`_dispatch`,
     `_record_end`, `_finish`, `_span`).
@@ -106,6 +119,8 @@ class StreamParser:
                     self._buf, self._skipping, self.overlong = "", True, True
             else:
                 self._buf = data[cut + 1 :]
+                if cut >= MAX_LOG_LINE_CHARS and not self.overlong:
+                    self.overlong = _has_long_line(data, cut)
                 self._scan(data, cut + 1, True)
         return self._take()
 

@@ -1,0 +1,273 @@
+"""Hostile inputs under the size caps (issue 21): each is refused quickly, with exit 2 and the limit named, in
+bounded memory; the libyaml path is exactly as strict as the pure-Python one; NeMo-Run dry runs exit."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from orchestrator import yamlio
+from orchestrator.errors import ConfigError, UsageError
+from orchestrator.golden import load_golden
+from reports import limits
+from reports.parsers import parse_log
+from reports.parsers.follow import LogFollower
+
+ITERATION = (" [2026-12-03 10:00:00] iteration        {step}/      30 | consumed samples: {step} | "
+             "elapsed time per iteration (ms): 100.0 | learning rate: 1.0E-04 | lm loss: 1.0E+01 |\n")  # fmt: skip
+
+
+def assert_refused(result, *needles: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    assert "Traceback" not in result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+
+
+def timed(mbx, *args: str, **kwargs):
+    started = time.monotonic()
+    result = mbx(*args, **kwargs)
+    return result, time.monotonic() - started
+
+
+# ---- campaign files ---------------------------------------------------------------------------------------
+def test_a_4mb_flow_list_is_refused_at_the_value_limit(mbx, write_campaign):
+    text = "name: x\nbogus: [" + ",".join(["1"] * 1_950_000) + "]\n"  # 3.9 MB: 233 s and 1.7 GB before
+    assert len(text) < yamlio.MAX_FILE_BYTES
+    result, took = timed(mbx, "campaign", "validate", str(write_campaign(text)))
+    assert took < 10  # ~0.9 s on the 2-core machine (the process included)
+    assert_refused(result, "line 2, column", "too many values (more than 100,000", "the limit for a YAML file")
+
+
+def test_a_200000_value_axis_is_refused_quickly(mbx, write_campaign):
+    data = yaml.safe_load((ROOT / "campaigns" / "quickstart.yaml").read_text())
+    data["sweep"]["axes"]["model.moe.capacity_factor"] = [1.0 + i * 1e-6 for i in range(200_000)]
+    result, took = timed(mbx, "campaign", "validate", str(write_campaign(data)))
+    assert took < 10  # still validating after 20 s before
+    assert_refused(result, "too many values (more than 100,000")
+
+
+HOSTILE_YAML = [
+    "a: 1\na: 2\n",
+    "a: {b: 1, b: 2}\n",
+    "x: " + "[" * 70 + "]" * 70 + "\n",
+    "x:\n" + "".join("  " * (i + 1) + "a:\n" for i in range(70)) + "  " * 71 + "1\n",
+    "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    + "".join(f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)),
+    "d: &a [1, *a]\n",
+    "a: [1, 2\n",
+    "a: b: c\n",
+    "\ta: 1\n",
+    "a: 'unterminated\n",
+    "a: *nowhere\n",
+    "a: !!binary aGVsbG8=\n",
+    "a: !!set {x, y}\n",
+    "a: !!timestamp 2026-12-03\n",
+    "a: 2026-12-03\nb: 1e3\nc: 0x1f\nd: yes\ne: ~\nf: .inf\n",
+    "a: " + "9" * 5000 + "\n",
+    "? [1, 2]\n: x\n",
+    "base: &b {nodes: 2, gpus_per_node: 1}\nresources:\n  <<: *b\n  nodes: 4\n",
+    "a: 1\n---\nb: 2\n",
+    "a: \x07bell\n",
+    "a: \x85next\n",
+    "k: ' caf\u00e9 '\nl: \"\\u263a\"\n",
+    "%YAML 1.1\n---\na: 1\n",
+    "a: [1, {b: [2, {c: 3}]}]\nlong: " + "x" * 2000 + "\n",
+    "- 1\n- - 2\n  - 3\n",
+    "",
+    "# only a comment\n",
+    "a: |\n  line one\n  line two\n",
+    "a: >-\n  folded\n  text\n",
+    "a:\n  - b\n - c\n",
+]
+
+
+def outcome(text: str, loader: type | None) -> tuple[str, object]:
+    """(value or error, what): `loader` None is the default route (pre-scan, then the loader it picks)."""
+    try:
+        return "value", yamlio.load_yaml_text(text, loader_class=loader)
+    except ConfigError as err:
+        return "error", str(err)
+
+
+@pytest.mark.skipif(not yamlio.HAS_LIBYAML, reason="PyYAML without libyaml")
+@pytest.mark.parametrize("text", HOSTILE_YAML, ids=range(len(HOSTILE_YAML)))
+def test_libyaml_and_pure_python_agree(text):
+    """The default route gives exactly the pure-Python result; libyaml forced gives the same values and the same
+    refusals (duplicate keys, depth, aliases, tags, values), and words only syntax errors its own way (the
+    default route reports those through the pure-Python parser)."""
+    python = outcome(text, yamlio._StrictLoader)
+    assert outcome(text, None) == python
+    libyaml = outcome(text, yamlio._CStrictLoader)
+    if python[0] == "error" and "invalid YAML" in str(python[1]):
+        assert libyaml[0] == "error" and "invalid YAML" in str(libyaml[1])
+    else:
+        assert libyaml == python
+
+
+@pytest.mark.skipif(not yamlio.HAS_LIBYAML, reason="PyYAML without libyaml")
+def test_libyaml_and_pure_python_agree_on_every_shipped_campaign():
+    files = sorted((ROOT / "campaigns").glob("*.yaml"))
+    assert files
+    for path in files:
+        text = path.read_text()
+        assert outcome(text, yamlio._CStrictLoader) == outcome(text, yamlio._StrictLoader), path
+        assert yamlio._loader_for(text)[0] is yamlio._CStrictLoader, path  # the fast path is the one taken
+
+
+@pytest.mark.skipif(not yamlio.HAS_LIBYAML, reason="PyYAML without libyaml")
+def test_the_value_limit_is_met_at_the_same_place_by_both_loaders(monkeypatch):
+    monkeypatch.setattr(yamlio, "MAX_VALUES", 50)
+    text = "a: [" + ", ".join(map(str, range(30))) + "]\nb:\n" + "".join(f"  k{i}: {i}\n" for i in range(30))
+    python, libyaml = outcome(text, yamlio._StrictLoader), outcome(text, yamlio._CStrictLoader)
+    assert python == libyaml and python[0] == "error"
+    assert "too many values (more than 50" in str(python[1]) and str(python[1]).startswith("line 10, column 7: ")  # 51st: k7's value
+
+
+def test_a_syntax_error_after_many_values_is_reported_without_the_slow_parser():
+    text = "a: [" + ",".join(["1"] * 60_000) + "]\nb: [1, 2\n"
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="line 3, column 1: invalid YAML"):
+        yamlio.load_yaml_text(text)
+    assert time.monotonic() - started < 5  # the pure-Python parser alone takes several seconds
+
+
+# ---- traces ---------------------------------------------------------------------------------------------
+def gzip_bomb(path: Path, inflated_mib: int) -> None:
+    """`inflated_mib` MiB of zeros as concatenated gzip members: a ~0.1% sized file."""
+    member = gzip.compress(b"\0" * (1 << 20), compresslevel=9)
+    with path.open("wb") as handle:
+        for _ in range(inflated_mib):
+            handle.write(member)
+
+
+def test_profile_show_refuses_a_gzip_bomb_at_the_limit(mbx, tmp_path):
+    bomb = tmp_path / "bomb.pt.trace.json.gz"
+    gzip_bomb(bomb, limits.MAX_TRACE_BYTES // limits.MiB + 8)
+    assert bomb.stat().st_size < 2 * limits.MiB
+    result, took = timed(mbx, "profile", "show", str(bomb))
+    assert took < 30  # 72 s and 4.2 GB for a 2 GiB bomb before; reading stops at the limit now
+    assert_refused(result, str(bomb), "inflates to more than 512 MiB", "the limit for a profiler trace")
+
+
+def test_profile_show_refuses_a_deeply_nested_trace(mbx, tmp_path):
+    trace = tmp_path / "deep.json"
+    trace.write_text('{"traceEvents": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    assert_refused(mbx("profile", "show", str(trace)), str(trace), "nested too deeply", "1,000 levels")
+
+
+def test_a_trace_is_inflated_in_chunks_and_stops_at_the_limit(tmp_path, monkeypatch):
+    bomb = tmp_path / "t.json.gz"
+    gzip_bomb(bomb, 64)
+    monkeypatch.setattr(limits, "_CHUNK", 1 << 16)
+    with pytest.raises(limits.LimitError, match="inflates to more than 4 MiB"):
+        limits.read_bytes_bounded(bomb, 4 * limits.MiB, "a test")
+
+
+# ---- golden values ------------------------------------------------------------------------------------------
+def test_a_golden_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "golden.json"
+    with path.open("w") as handle:  # 30 MB: 242 s and 1.9 GB in compare before
+        handle.write('{"lm loss": {"start_step": 1, "end_step": 1, "step_interval": 1, "values": {"1": 1.0}}, "pad": "')
+        handle.write("x" * (limits.MAX_GOLDEN_BYTES + 1))
+        handle.write('"}')
+    with pytest.raises(UsageError, match=r"too large \(8\.0 MiB > 8 MiB limit for a golden-values file\)"):
+        load_golden(path)
+
+
+def test_a_golden_file_with_too_many_values_is_refused(tmp_path):
+    n = limits.MAX_GOLDEN_VALUES + 1
+    path = tmp_path / "golden.json"
+    path.write_text(json.dumps({"lm loss": {"start_step": 1, "end_step": n, "step_interval": 1,
+                                            "values": list(range(n))}}))  # fmt: skip
+    assert path.stat().st_size < limits.MAX_GOLDEN_BYTES
+    with pytest.raises(UsageError, match=f"too many values \\({n:,} > 100,000"):
+        load_golden(path)
+
+
+def test_a_deeply_nested_golden_file_names_the_limit(tmp_path):
+    path = tmp_path / "golden.json"
+    path.write_text('{"a": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    with pytest.raises(UsageError, match="nested too deeply"):
+        load_golden(path)
+
+
+# ---- logs -------------------------------------------------------------------------------------------------
+def long_line_log(path: Path) -> Path:
+    with path.open("w") as handle:
+        handle.write(ITERATION.format(step=1))
+        handle.write("x" * (3 * limits.MAX_LOG_LINE_CHARS) + "\n")
+        handle.write(ITERATION.format(step=2))
+    return path
+
+
+def test_ingest_refuses_a_log_with_an_overlong_line(mbx, tmp_path):
+    log = long_line_log(tmp_path / "rank0.log")
+    workspace = tmp_path / "ws"
+    result = mbx("ingest", str(log), "-c", "longline", "-w", str(workspace))
+    assert_refused(result, str(log), "a line longer than 1 MiB characters (the limit for a log line)")
+    assert not workspace.exists()  # nothing recorded
+
+
+def test_the_log_readers_refuse_and_the_live_follower_does_not_raise(tmp_path):
+    log = long_line_log(tmp_path / "rank0.log")
+    with pytest.raises(limits.LimitError, match="a line longer than"):
+        parse_log(log)
+    follower = LogFollower([log])
+    follower.update()  # a running campaign's engine calls this: it must not raise
+    assert follower.files[log].refused
+    with pytest.raises(limits.LimitError, match="a line longer than"):
+        follower.finish()
+
+
+def test_a_long_line_costs_linear_time(tmp_path):
+    """A 64 MiB line read in 1 MiB pieces: the old parser re-joined its growing buffer on every piece."""
+    from reports.parsers import make_parser
+
+    parser = make_parser(lag=None)
+    piece = b"y" * (1 << 20)
+    started = time.monotonic()
+    for _ in range(64):
+        parser.feed(piece)
+    parser.feed(b"\n" + ITERATION.format(step=3).encode())
+    rows = parser.close()
+    assert parser.overlong and [r["step"] for r in rows] == [3]
+    assert time.monotonic() - started < 5
+
+
+# ---- NeMo-Run dry runs ----------------------------------------------------------------------------------
+def test_concurrent_nemo_run_packed_dry_runs_all_exit(tmp_path, write_campaign):
+    """Three packed NeMo-Run dry runs of one campaign at once: each prints 'nothing submitted' and exits 0 (they
+    shared NeMo-Run's experiment folder and removed it under each other)."""
+    pytest.importorskip("nemo_run", reason="pip install 'mbx[nemo]'")
+    data = yaml.safe_load((ROOT / "campaigns" / "quickstart.yaml").read_text())
+    data.update(resources={"nodes": 1, "gpus_per_node": 2}, cluster={"gpus": False}, wandb={"mode": "disabled"},
+                launcher="nemo-run", launchers={"nemo-run": {"pack": 2}})  # fmt: skip
+    file = write_campaign(data)
+    argv = [sys.executable, "-m", "orchestrator", "campaign", "run", str(file), "--dry-run",
+            "--workspace", str(tmp_path / "ws")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(3)]  # fmt: skip
+    try:
+        outputs = [proc.communicate(timeout=240)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for proc, output in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, output[-3000:]
+        assert "dry run: nothing submitted (4 attempt(s) rendered)" in output
+        assert output.count("Generated by NeMo Run") == 2
+    assert not list((tmp_path / "ws").rglob("*_sbatch.sh"))  # NeMo-Run's dry-run folder removed again
