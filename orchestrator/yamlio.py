@@ -107,21 +107,23 @@ _STEP = {yaml.ScalarEvent: 0, yaml.AliasEvent: 0, yaml.SequenceStartEvent: 1, ya
          yaml.SequenceEndEvent: -1, yaml.MappingEndEvent: -1}  # event type -> change of depth after it
 
 
-def _prescan(text: str) -> int:
+def _prescan(text: str) -> tuple[int, int]:
     """Walk the event stream (libyaml's when there is one: nothing is composed) and refuse, at the offending
-    node, nesting past MAX_DEPTH or a value past MAX_VALUES; the number of values otherwise. YAMLError on bad
+    node, nesting past MAX_DEPTH or a value past MAX_VALUES; (values, aliases) otherwise. YAMLError on bad
     syntax (with `values_before`, the values seen before it)."""
     parser = yaml.cyaml.CParser(text) if HAS_LIBYAML else yaml.SafeLoader(text)
     get_event, step_of = parser.get_event, _STEP.get
-    depth = values = 0
+    depth = values = aliases = 0
     try:
         while (event := get_event()) is not None:
-            step = step_of(type(event))
+            kind = type(event)
+            step = step_of(kind)
             if step is None:
-                if type(event) is yaml.StreamEndEvent:
+                if kind is yaml.StreamEndEvent:
                     break
             elif step >= 0:
                 values += 1
+                aliases += kind is yaml.AliasEvent
                 if depth >= MAX_DEPTH or values > MAX_VALUES:
                     _check_node(event.start_mark, depth + 1, values)
                 depth += step
@@ -132,7 +134,7 @@ def _prescan(text: str) -> int:
         raise
     finally:
         parser.dispose()
-    return values
+    return values, aliases
 
 
 if HAS_LIBYAML:
@@ -268,20 +270,20 @@ class _SyntaxProblem(ConfigError):
     """A YAMLError as a ConfigError: the default route words it through the pure-Python parser."""
 
 
-def _loader_for(text: str) -> tuple[type, int]:
-    """(loader, values the pre-scan counted): libyaml's after a clean pre-scan; the pure-Python one for control
+def _loader_for(text: str) -> tuple[type, int, bool]:
+    """(loader, values the pre-scan counted, whether aliases must be measured): libyaml's after a clean pre-scan; the pure-Python one for control
     characters (its message) and a syntax error early in the file. A syntax error after more than
     PURE_PYTHON_VALUES values is reported as libyaml words it: the pure-Python parser would take seconds."""
     if not HAS_LIBYAML or yaml.reader.Reader.NON_PRINTABLE.search(text):
-        return _StrictLoader, 0
+        return _StrictLoader, 0, True
     try:
-        values = _prescan(text)
+        values, aliases = _prescan(text)
     except yaml.YAMLError as err:
         values = getattr(err, "values_before", 0)
         if values > PURE_PYTHON_VALUES:
             raise ConfigError(_yaml_problem(err, text)) from None
-        return _StrictLoader, values
-    return _CStrictLoader, values
+        return _StrictLoader, values, True
+    return _CStrictLoader, values, aliases > 0
 
 
 def load_yaml_text(text: str, loader_class: type | None = None) -> Any:
@@ -291,9 +293,9 @@ def load_yaml_text(text: str, loader_class: type | None = None) -> Any:
         if loader_class is not _StrictLoader:
             _prescan_checked(text)
         return _load(text, loader_class)
-    loader_class, values = _loader_for(text)
+    loader_class, values, aliased = _loader_for(text)
     try:
-        return _load(text, loader_class)
+        return _load(text, loader_class, aliased)
     except _SyntaxProblem:  # libyaml's composer (an undefined alias...): the pure-Python words, when cheap
         if loader_class is _StrictLoader or values > PURE_PYTHON_VALUES:
             raise
@@ -307,14 +309,16 @@ def _prescan_checked(text: str) -> None:
         raise _SyntaxProblem(_yaml_problem(err, text)) from None
 
 
-def _load(text: str, loader_class: type) -> Any:
+def _load(text: str, loader_class: type, aliased: bool = True) -> Any:
+    """Compose, check aliases (`aliased`: the pre-scan saw one, or there was no pre-scan), construct."""
     loader = None
     try:
         loader = loader_class(text)
         node = loader.get_single_node()
         if node is None:
             return None
-        _check_expansion(node)
+        if aliased:
+            _check_expansion(node)
         return loader.construct_document(node)
     except yaml.YAMLError as err:
         raise _SyntaxProblem(_yaml_problem(err, text)) from None
