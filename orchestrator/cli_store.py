@@ -19,13 +19,20 @@ def rebuild(workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -> None:
 
     Attempts keep their numbers; results are collected again from the run dirs.
 
-    The old store is kept aside as mbx.sqlite.damaged-<time>, never deleted. No campaign may be running.
+    A campaign whose campaign.json is damaged or missing is taken from the old store, else rebuilt from its run
+    directories alone (what they cannot tell is said). Memory estimates, search trials and parity verdicts are
+    carried over from the old store when it can be read.
+
+    The old store is kept aside as mbx.sqlite.damaged-<time>, never deleted. Refused while any campaign of the
+    workspace runs; no campaign starts until the rebuild ends.
     """
     from orchestrator.rebuild import rebuild as rebuild_store
 
     done = rebuild_store(workspace)
     for problem in done.problems:
         err_console.print(Text(f"warning: {problem}"))
+    for note in done.notes:
+        console.print(Text(note))
     for path in done.kept_aside:
         console.print(Text(f"kept aside: {path}"))
     for name, cells, attempts in done.campaigns:

@@ -190,7 +190,7 @@ class Engine:
     def _adopt(self, cell: CellRow, attempt: AttemptRow) -> InFlight:
         kind = trainers.get(cell.trainer_kind)
         job = Submitted(cell.cell_id, attempt.attempt, attempt.job_id or "", attempt.job_info)
-        return InFlight(cell, attempt, job, kind, kind.follower(cell, Path(attempt.run_dir)))
+        return InFlight(cell, attempt, job, kind, kind.follower(cell, Path(attempt.run_dir)), adopted=True)
 
     # submission -----------------------------------------------------------------------------------------
     def _submit(self, batch: list[Pending], outcome: Outcome) -> dict[str, InFlight]:
@@ -317,7 +317,7 @@ class Engine:
         except Exception as err:  # noqa: BLE001 - unreadable run dir files never stop the run nor leave it running
             collected, steps = self._failed(f"mbx could not collect this attempt: {rundir.one_line(err)}"), None
         decision = decide(self.campaign.retry, collected.state, collected.failure_class, attempt.try_number,
-                          steps, attempt.steps_before)  # fmt: skip
+                          steps, attempt.steps_before, flight.adopted)  # fmt: skip
         if not decision.retry and decision.why:
             collected.reason = f"{collected.reason or collected.state}; {decision.why}"
         self._record(flight.cell, attempt, collected)

@@ -32,6 +32,7 @@ class InFlight:
     all_logged_since: float | None = None  # when every planned step was first seen logged
     cancelled_at: float | None = None  # when the engine cancelled it as hung after finishing
     requeues_seen: int = 0  # requeue archives of its job already recorded as attempts
+    adopted: bool = False  # started by an earlier orchestrator, taken over by a resume (orchestrator/retry.py)
 
     @property
     def run_dir(self) -> Path:

@@ -11,8 +11,16 @@ no status or exit file is an attempt still running (if it has a job id) or one n
 facts call for a new status.json (the wrapper's exit record only) gets it through `rundir.settle`, as the
 engine's collection would have written it.
 
-The new store is built next to the old one and moved into place at the end; the old file (with its -wal and
--shm) is kept aside as `mbx.sqlite.damaged-<time>` (or `.replaced-<time>` when it was sound), never deleted.
+A campaign whose campaign.json is damaged or missing is taken from the old store when that one can be read
+(campaign row and cells), else rebuilt from its run dirs alone (orchestrator/rebuild_rundirs.py, which says what
+they cannot tell); either way its campaign.json is written again and the damaged one kept aside. The additive
+tables (memory estimates, search trials, parity verdicts) are carried over from the old store when it can be
+read; otherwise the rebuild says they are dropped.
+
+The whole rebuild holds the workspace lock (orchestrator/lock.py `WorkspaceLock`): it is refused while any
+campaign of the workspace runs, and no campaign starts until it ends. The new store is built next to the old one
+and moved into place at the end; the old file (with its -wal and -shm) is kept aside as
+`mbx.sqlite.damaged-<time>` (or `.replaced-<time>` when it was sound), never deleted.
 """
 
 from __future__ import annotations
@@ -21,7 +29,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +36,9 @@ from typing import Any
 from orchestrator.baseline import baseline_for, baseline_summaries
 from orchestrator.campaign import Campaign
 from orchestrator.collect import collect_attempt
-from orchestrator.errors import UsageError
-from orchestrator.lock import CampaignLock
+from orchestrator.errors import MbxError, UsageError, printable
+from orchestrator.lock import WorkspaceLock
+from orchestrator.rebuild_rundirs import campaign_dirs, rebuild_from_run_dirs
 from orchestrator.store import (
     MANIFEST,
     STORE_FILE,
@@ -54,7 +62,8 @@ class Rebuilt:
     store: Path
     kept_aside: list[Path] = field(default_factory=list)
     campaigns: list[tuple[str, int, int]] = field(default_factory=list)  # (name, cells, attempts)
-    problems: list[str] = field(default_factory=list)  # campaign.json files that could not be read
+    problems: list[str] = field(default_factory=list)  # what could not be read, and what was done instead
+    notes: list[str] = field(default_factory=list)  # what was carried over from the old store
 
 
 @dataclass
@@ -64,54 +73,140 @@ class _Source:
     record: dict[str, Any]
     cells: list[CellRow]
     campaign: Campaign | None  # None when the recorded spec no longer validates (attempts kept, no results)
+    repair: Path | None = None  # a damaged or missing campaign.json, written again from this source
+
+
+@dataclass
+class _OldStore:
+    """What the store being replaced still tells: campaigns and cells, and the additive tables."""
+
+    campaigns: dict[str, tuple[dict[str, Any], list[CellRow]]] = field(default_factory=dict)
+    additive: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)  # name → table → rows
+    problem: str | None = None  # why it could not be read
 
 
 def rebuild(workspace: Path) -> Rebuilt:
-    """Rebuild `<workspace>/mbx.sqlite` from the workspace's files; the old store is kept aside."""
+    """Rebuild `<workspace>/mbx.sqlite` from the workspace's files; the old store is kept aside. Holds the
+    workspace lock throughout (refused while a campaign runs)."""
     workspace = Path(workspace).expanduser().resolve()
-    sources, problems = _read_sources(workspace)
-    if not sources:
-        found = f" ({'; '.join(problems)})" if problems else ""
-        raise UsageError(f"{workspace}: no readable <campaign>/{MANIFEST} to rebuild the store from{found}")
-    result = Rebuilt(store=workspace / STORE_FILE, problems=problems)
-    with ExitStack() as locks:
-        for source in sources:  # no campaign may be running while its rows are rebuilt
-            locks.enter_context(CampaignLock(workspace / source.record["name"]))
+    if not workspace.is_dir():
+        raise UsageError(f"no workspace at {workspace}: no <campaign>/{MANIFEST} or run directories to rebuild "
+                         "the store from (check --workspace or MBX_WORKSPACE)")
+    with WorkspaceLock(workspace):
+        old = _read_old_store(workspace)
+        sources, problems = _read_sources(workspace, old)
+        if not sources:
+            found = f" ({'; '.join(problems)})" if problems else ""
+            raise UsageError(f"{workspace}: no readable <campaign>/{MANIFEST} or run directories to rebuild the "
+                             f"store from{found}")  # fmt: skip
+        result = Rebuilt(store=workspace / STORE_FILE, problems=problems)
         _remove_store(workspace / BUILDING)
         try:
             with Store(workspace, file=BUILDING) as store:
                 for source in _baselines_first(sources):
                     attempts = _restore(store, workspace, source)
                     result.campaigns.append((source.record["name"], len(source.cells), attempts))
+                    _carry_over(store, source.record["name"], old, result)
+                    if source.repair is not None:
+                        _repair_manifest(store, source)
         except BaseException:
             _remove_store(workspace / BUILDING)
             raise
+        if old.problem:
+            result.problems.append(f"{old.problem}: its memory estimates, search trials and parity verdicts are "
+                                   "dropped (the next `mbx campaign run` and `mbx report` make them again)")  # fmt: skip
         result.kept_aside = _keep_aside(workspace / STORE_FILE)
         os.replace(workspace / BUILDING, workspace / STORE_FILE)
     return result
 
 
-def _read_sources(workspace: Path) -> tuple[list[_Source], list[str]]:
+def _read_old_store(workspace: Path) -> _OldStore:
+    """Campaigns, cells and additive tables of the store being replaced, as far as it can be read."""
+    old = _OldStore()
+    if not (workspace / STORE_FILE).is_file():
+        return old
+    try:
+        with Store(workspace, create=False) as store:
+            for name in store.campaign_names():
+                record = store.campaign(name)
+                if record is not None:
+                    old.campaigns[name] = (record, store.cells(name, active_only=False))
+                old.additive[name] = {"estimates": store.estimates(name), "trials": store.trials(name),
+                                      "parity": store.parity(name)}  # fmt: skip
+    except (MbxError, sqlite3.Error, ValueError) as err:
+        old.problem = f"the old run store {workspace / STORE_FILE} cannot be read ({printable(str(err))})"
+    return old
+
+
+def _carry_over(store: Store, name: str, old: _OldStore, result: Rebuilt) -> None:
+    """The additive tables of one campaign, as the old store had them."""
+    tables = old.additive.get(name)
+    if not tables or not any(tables.values()):
+        return
+    store.record_estimates(name, tables["estimates"], replace=True)
+    store.record_trials(name, tables["trials"], replace=True)
+    store.record_parity(name, tables["parity"])
+    counts = ", ".join(f"{len(rows)} {table}" for table, rows in tables.items() if rows)
+    result.notes.append(f"{name}: carried over from the old store: {counts}")
+
+
+def _repair_manifest(store: Store, source: _Source) -> None:
+    """Write a damaged or missing campaign.json again (through the store, its owner); the damaged file kept aside."""
+    path = source.repair
+    assert path is not None
+    if path.exists():
+        os.replace(path, path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"))
+    record = source.record
+    active = [cell for cell in source.cells if cell.active]
+    store.register_campaign(record["name"], record.get("source_file"), record["spec"], record["launcher"], active)
+
+
+def _read_sources(workspace: Path, old: _OldStore) -> tuple[list[_Source], list[str]]:
     sources, problems = [], []
-    for path in sorted(workspace.glob(f"*/{MANIFEST}")):
-        manifest = read_manifest(path)
+    manifests = {path.parent.name: path for path in sorted(workspace.glob(f"*/{MANIFEST}"))}
+    with_runs = {directory.name: directory for directory in campaign_dirs(workspace)}
+    for name in sorted(set(manifests) | set(with_runs)):
+        path = manifests.get(name, workspace / name / MANIFEST)
+        manifest = read_manifest(path) if name in manifests else None
         if manifest is None:
-            problems.append(f"{path}: not a campaign record, skipped")
+            source = _without_manifest(workspace, name, path, old, problems)
+            if source is not None:
+                sources.append(source)
             continue
         record, cells = manifest
         if record.get("name") != path.parent.name:  # a copied directory (foo.bak/): its cells belong to foo's
             problems.append(f"{path}: records campaign {record.get('name')!r} but lies in "
                             f"{path.parent.name}/ (a copy?), skipped")  # fmt: skip
             continue
-        try:
-            campaign: Campaign | None = Campaign.model_validate(record["spec"])
-        except ValueError as err:  # pydantic's ValidationError is a ValueError
-            problems.append(
-                f"{path}: the spec no longer validates, attempts restored without results ({err})"
-            )
-            campaign = None
-        sources.append(_Source(record, cells, campaign))
+        sources.append(_Source(record, cells, _validated(record, path, problems)))
     return sources, problems
+
+
+def _without_manifest(
+    workspace: Path, name: str, path: Path, old: _OldStore, problems: list[str]
+) -> _Source | None:
+    """A campaign whose campaign.json is damaged or missing: from the old store, else from its run dirs."""
+    what = f"{path}: damaged" if path.exists() else f"{path}: missing"
+    if name in old.campaigns:
+        record, cells = old.campaigns[name]
+        problems.append(f"{what}; the campaign and its {len(cells)} cell(s) are taken from the old run store "
+                        f"and {MANIFEST} is written again")  # fmt: skip
+        return _Source(record, cells, _validated(record, path, problems), repair=path)
+    try:
+        record, cells, note = rebuild_from_run_dirs(workspace / name)
+    except ValueError as err:
+        problems.append(f"{what}, and its run directories do not make a campaign ({printable(str(err))}), skipped")
+        return None
+    problems.append(f"{what}; {note}")
+    return _Source(record, cells, _validated(record, path, problems), repair=path)
+
+
+def _validated(record: dict[str, Any], path: Path, problems: list[str]) -> Campaign | None:
+    try:
+        return Campaign.model_validate(record["spec"])
+    except ValueError as err:  # pydantic's ValidationError is a ValueError
+        problems.append(f"{path}: the spec no longer validates, attempts restored without results ({err})")
+        return None
 
 
 def _baselines_first(sources: list[_Source]) -> Iterator[_Source]:
