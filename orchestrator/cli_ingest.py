@@ -59,7 +59,14 @@ def ingest(
         typer.Option(min=1, help="GPUs of the run, for tokens/s/GPU (default: the log's world_size)."),
     ] = None,
     steps: Annotated[
-        int | None, typer.Option(min=1, help="Planned iterations (default: M of the log's `iteration N/M`).")
+        int | None,
+        typer.Option(
+            "--steps",
+            "--train-iters",
+            min=1,
+            help="Planned iterations, Megatron's --train-iters (default: M of the log's `iteration N/M`); a log "
+            "that stops before them is recorded failed (truncated).",
+        ),
     ] = None,
     label: Annotated[
         str | None, typer.Option(help="Name of the run in reports (default: the log's name).")
@@ -82,6 +89,9 @@ def ingest(
 ) -> None:
     """Turn existing Megatron logs into a run directory and store rows (state, failure class, window summary,
     default gates), so `mbx campaign status`, `mbx report` and `baseline:` treat them like new runs.
+
+    A log that stops before its planned iterations, or that holds impossible figures (a negative or non-finite step
+    time, throughput, token rate or memory), is recorded failed with the reason, never passed.
 
     Exits 2 without writing anything when a log is missing or holds no iteration lines.
     """

@@ -17,7 +17,9 @@ from typing import Any
 
 from orchestrator.campaign import NAME_PATTERN, Campaign
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.store import INGEST_LAUNCHER, CellRow, Store
+from orchestrator.ingest_checks import check_rows, truncated
+from orchestrator.lock import CampaignLock
+from orchestrator.store import INGEST_LAUNCHER, CellRow, Store, check_workspace
 from orchestrator.sweep import point_digest
 from orchestrator.yamlio import dump_yaml
 from reports.gates import GateResult, evaluate
@@ -52,6 +54,7 @@ class Parsed:
     rows: list[Row]
     digests: dict[str, str]  # file → sha256 of its bytes
     planned: int | None  # the planned iterations (given, else the log's `iteration N/M`)
+    impossible: str | None = None  # impossible values taken out of the rows (orchestrator/ingest_checks.py)
 
     @property
     def point_id(self) -> str:
@@ -116,11 +119,21 @@ def parse(
             f"{names}: no Megatron-LM/Megatron-Bridge iteration lines (`iteration N/M | ...`) found; "
             "is this a training log?"
         )
-    return Parsed(files, rows, follower.digests(), steps or follower.progress.planned)
+    checked = check_rows(rows)
+    return Parsed(files, checked.rows, follower.digests(), steps or follower.progress.planned, checked.reason())
 
 
 def judge(parsed: Parsed, exit_code: int | None) -> tuple[str, str | None, str | None]:
-    """(state, failure class, reason): failed on a non-zero exit code or a failure the logs show."""
+    """(state, failure class, reason): failed on a non-zero exit code, a failure the logs show, a log that stops
+    before its planned iterations, or impossible values in it; a run is completed only without any of these."""
+    state, failure_class, reason = _judge_logs(parsed, exit_code)
+    if parsed.impossible:
+        reason = "; ".join(r for r in (reason, parsed.impossible) if r)
+        return "failed", failure_class or "unknown", reason
+    return state, failure_class, reason
+
+
+def _judge_logs(parsed: Parsed, exit_code: int | None) -> tuple[str, str | None, str | None]:
     from reports.failures import classify_failure
 
     planned, last = parsed.planned, logged_last_step(parsed.rows)
@@ -132,8 +145,9 @@ def judge(parsed: Parsed, exit_code: int | None) -> tuple[str, str | None, str |
     )
     if exit_code not in (None, 0) or scan.failure_class != "unknown":
         return "failed", scan.failure_class, scan.reason
-    if planned and last is not None and last < planned:
-        return "completed", None, f"the log ends at step {last} of {planned} (no failure message found)"
+    cut = truncated(last, planned)
+    if cut:
+        return "failed", "unknown", f"{cut} (no failure message found; --steps {last} ingests it as a run of {last})"
     return "completed", None, None
 
 
@@ -282,7 +296,8 @@ def ingest_logs(
     """
     check_name(campaign)
     parsed = parse(sources(paths), log_format, seq_length, num_gpus, steps)
-    with Store(workspace) as store:
+    workspace = check_workspace(workspace)
+    with CampaignLock(workspace / campaign), Store(workspace) as store:  # not during a store rebuild
         spec = ingest_campaign(store, campaign)
         if not replace:
             already = already_ingested(store, campaign, f"{parsed.point_id}-r0", len(parsed.rows))
