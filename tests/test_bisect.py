@@ -44,8 +44,8 @@ DEFAULTS = {  # small and forward-heavy (routing): full recompute costs about 1.
     "training": {"seq_length": 64, "micro_batch_size": 4, "steps": 10},
     "optimizer": {"warmup_steps": 2},
 }  # fmt: skip
-CULPRIT = 4  # the index (0 = good) of the commit that turns full recompute on
-COMMITS = 5  # after the good one
+CULPRIT = 3  # the index (0 = good) of the commit that turns full recompute on
+COMMITS = 4  # after the good one: two probes, the first good (the search moves up), the second bad (it stops)
 
 
 def git(repo: Path, *args: str) -> str:
@@ -126,14 +126,23 @@ def test_bisect_names_the_recompute_commit_and_resumes(tmp_path, mbx, write_camp
     assert "good end" in again.stdout and "bad end" in again.stdout
 
 
-def test_bisect_refuses_ends_that_do_not_differ(tmp_path, mbx, write_campaign, cache_env):
-    shas = make_repo(tmp_path / "lib")
-    path = campaign(tmp_path, write_campaign)
-    done = mbx("bisect", str(path), "--good", shas[0], "--bad", shas[2], "-w", str(tmp_path / "ws"),
-               "--min-effect", "0.4", "--repeats", "2", "--max-repeats", "8", env=cache_env)  # fmt: skip
-    # (8: on a machine shared with other work, 4 repeats of equal ends once left +25% [CI across 40%] UNKNOWN)
+def test_bisect_refuses_ends_that_do_not_differ(tmp_path, mbx, write_campaign):
+    """Ends whose step times are equal (a fake Megatron replaying one real log: exact times, no noise) are
+    refused after their repeats, before any probe runs."""
+    from conftest import FAKE_MEGATRON, MEGATRON_LOG
+
+    command = [sys.executable, str(FAKE_MEGATRON), "--replay", str(MEGATRON_LOG), "--sleep-s", "0",
+               "--fake-slowdown", "{env.SLOW}"]  # fmt: skip
+    path = write_campaign({"name": "replayed", "trainer": {"kind": "command", "command": command, "steps": 15},
+                           "env": {"values": {"SLOW": "1.0"}}, "wandb": {"mode": "disabled"},
+                           "launchers": {"local": {"parallel": 2}}})  # fmt: skip
+    done = mbx("bisect", str(path), "--key", "env.SLOW", "--values", "1.0,1.00,1.000", "-w", str(tmp_path / "ws"),
+               "--min-effect", "0.4", "--repeats", "2", "--max-repeats", "8")  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "refused: the ends do not differ" in done.stdout
+    assert len([p for p in (tmp_path / "ws").glob("replayed.bisect-*/*/*") if p.name.isdigit()]) == 2 * 2, (
+        "the two ends, their first repeats only: no probe"
+    )
 
 
 def test_bisect_bad_input(tmp_path, mbx, write_campaign):

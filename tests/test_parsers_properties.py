@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from hypothesis import HealthCheck, assume, given, settings
@@ -11,6 +12,9 @@ from hypothesis import strategies as st
 from reports.parsers import make_parser, parse_log
 
 MIB = 1 / 1024
+# Examples per property: bounded for the everyday suite (each property's whole log set takes a few seconds);
+# MBX_PROPERTY_EXAMPLES=500 searches deeper.
+EXAMPLES = int(os.environ.get("MBX_PROPERTY_EXAMPLES", "60"))
 
 # ---- Megatron's format strings (megatron/training/training.py training_log; utils report_memory) ----
 
@@ -164,7 +168,7 @@ def both_paths(text: str) -> list[dict[str, Any]]:
 
 
 @given(iteration_params(), st.sampled_from(["", "7: ", "[rank7]: ", "[default7]: ", "job_perf/7 "]))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=2 * EXAMPLES, deadline=None)
 def test_rendered_iteration_line_round_trips(params: dict[str, Any], label: str) -> None:
     text = label + render_iteration(params) + "\n"
     rows = both_paths(text)
@@ -227,7 +231,7 @@ def logs(draw) -> tuple[str, list[dict[str, Any]]]:
 
 
 @given(logs())
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_rendered_logs_round_trip(log: tuple[str, list[dict[str, Any]]]) -> None:
     text, params = log
     rows = both_paths(text)
@@ -255,7 +259,7 @@ def wrap(text: str, width: int) -> str:
 
 
 @given(logs(), st.integers(80, 260))
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_terminal_wrapping_changes_no_value(log: tuple[str, list[dict[str, Any]]], width: int) -> None:
     """Every value survives; only an unknown loss key's inner space may be lost ("mtp_1loss") when
     the wrap falls on it before the parser has seen the terminal's full width."""
@@ -275,7 +279,7 @@ def test_terminal_wrapping_changes_no_value(log: tuple[str, list[dict[str, Any]]
 
 
 @given(logs(), st.data())
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_cut_log_never_gives_a_wrong_value(
     log: tuple[str, list[dict[str, Any]]], data: st.DataObject
 ) -> None:
@@ -298,7 +302,7 @@ def test_a_cut_log_never_gives_a_wrong_value(
 
 
 @given(logs(), st.lists(st.integers(1, 400), min_size=1, max_size=30))
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_chunk_boundaries_do_not_matter(log: tuple[str, list[dict[str, Any]]], sizes: list[int]) -> None:
     text, _ = log
     data = text.encode()
