@@ -7,11 +7,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, wait_for
 
 from launchers import registry
 from launchers.base import Launcher
@@ -67,10 +66,7 @@ def test_sigterm_is_forwarded_and_recorded(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "launchers.node.attempt", "--run-dir", str(tmp_path), "--log",
                              str(tmp_path / "log"), "--", sys.executable, "-c", child],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    for _ in range(200):
-        if marker.exists():
-            break
-        time.sleep(0.05)
+    wait_for(marker.exists, "the child to start", proc)  # a state: SIGTERM only once the child runs
     proc.terminate()
     assert proc.wait(timeout=30) == 128 + 15
     assert rundir.read_exit(tmp_path)["stopped_by_signal"] == 15
