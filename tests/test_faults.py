@@ -415,7 +415,7 @@ def full_disk_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     tmp_path = tmp_path_factory.mktemp("full")
     with small_disk(tmp_path / "disk") as disk:
         workspace = disk / "ws"
-        file = write(tmp_path, tiny_campaign("full", 5000))
+        file = write(tmp_path, tiny_campaign("full", 200))
         with orchestrator(tmp_path, "campaign", "run", str(file), "--workspace", str(workspace),
                           "--no-report") as (proc, folder):  # fmt: skip
             wait_for(lambda: (m := list(workspace.glob("full/*/1/metrics.jsonl"))) and m[0].read_text().count("\n")
@@ -433,18 +433,19 @@ def full_disk_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
 
 def test_full_disk_during_a_run(full_disk_run):
     """mbx stops with one line naming ENOSPC and the way on (no traceback), the store stays whole with the attempt
-    as last recorded; once space is freed `resume` records the attempt as failed, with a reason."""
+    as last recorded; once space is freed `resume` records the attempt as failed, with a reason, and (an
+    infrastructure failure, issue 21) runs the cell again to completion."""
     out, resumed, attempts = full_disk_run
     assert_clean(out, resumed.stdout, resumed.stderr)
     assert "ENOSPC" in out and "mbx campaign resume full" in out, out
-    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
-    ((_, state, reason, _),) = next(iter(attempts.values()))
-    assert state == "failed" and reason, reason
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    (_, state, reason, _), (_, again, _, _) = next(iter(attempts.values()))
+    assert state == "failed" and reason and again == "completed", reason
 
 
 def test_full_disk_reason_names_enospc(full_disk_run):
     _, _, attempts = full_disk_run
-    ((_, _, reason, _),) = next(iter(attempts.values()))
+    (_, _, reason, _), _ = next(iter(attempts.values()))
     assert "ENOSPC" in reason or "No space left on device" in reason, reason
 
 
