@@ -58,7 +58,8 @@ def report(
     from orchestrator.errors import UsageError
 
     if out is not None and (out.is_symlink() or out.exists()) and not out.is_dir():
-        raise UsageError(f"--out {out}: is not a directory; give a folder for the report site")
+        raise UsageError(f"the report cannot be written in {out}: it is not a directory; choose a folder with "
+                         f"--out, then run `mbx report {name} --workspace {workspace}`")  # fmt: skip
     view = runner.view(workspace, name)
     page = runner.write_report(workspace, view, out)
     summary = (page.parent / "summary.md").read_text(encoding="utf-8")

@@ -47,6 +47,13 @@ REQUEUED = "requeued"
 # What a rerun of the same job (Slurm requeue) must not mix with the interrupted run's outputs.
 RUN_OUTPUTS = (STATUS, EXIT, METRICS, ENV, NODE, LOGS)
 
+# Limits on what a reader takes from a run dir (README "Reliability"): far above what the trainer writes
+# (a JSON record is a few KB; a metrics row ~0.5 KB, so 100,000 steps ≈ 50 MB), so only a damaged or
+# hostile file meets them, and then it is named as such instead of filling the login node's memory.
+MAX_RECORD_BYTES = 16 << 20  # launch/node/env/status/exit/hung.json
+MAX_METRICS_BYTES = 512 << 20  # metrics.jsonl
+MAX_METRICS_LINE_BYTES = 1 << 20  # one step row
+
 # Final states of an attempt (status.json `state`).
 STATES = ("completed", "failed", "timeout", "cancelled", "preempted")
 
@@ -98,6 +105,8 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object file, or None when it is missing, unreadable, not UTF-8, not JSON or not an object."""
     try:
+        if Path(path).stat().st_size > MAX_RECORD_BYTES:
+            return None  # json_problem names the limit
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
@@ -275,12 +284,19 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         path = path / METRICS
     if not path.exists():
         return []
+    size = path.stat().st_size
+    if size > MAX_METRICS_BYTES:
+        raise ValueError(f"{path}: too large ({size >> 20} MiB; the limit for {METRICS} is "
+                         f"{MAX_METRICS_BYTES >> 20} MiB)")  # fmt: skip
     raw = path.read_bytes()
     lines = raw.split(b"\n")
     rows: list[dict[str, Any]] = []
     for index, line in enumerate(lines):
         if not line.strip():
             continue
+        if len(line) > MAX_METRICS_LINE_BYTES:
+            raise ValueError(f"{path}:{index + 1}: a line longer than {MAX_METRICS_LINE_BYTES >> 20} MiB "
+                             "(the limit for a step row)")  # fmt: skip
         try:
             row = json.loads(line)
         except (ValueError, RecursionError):
@@ -293,9 +309,12 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _bytes_or_problem(path: Path) -> tuple[bytes | None, str | None]:
+def _bytes_or_problem(path: Path, limit: int = MAX_RECORD_BYTES) -> tuple[bytes | None, str | None]:
     """A file's bytes, or why they cannot be read (None, None when it is missing)."""
     try:
+        size = Path(path).stat().st_size
+        if size > limit and Path(path).is_file():
+            return None, f"too large ({size >> 20} MiB; the limit is {limit >> 20} MiB)"
         return Path(path).read_bytes(), None
     except FileNotFoundError:
         return None, None
