@@ -92,7 +92,8 @@ def test_submitit_golden_arrays_per_shape(tmp_path: Path) -> None:
     for index, item in enumerate(rendered):
         script = next(iter(item.scripts.values()))
         check_golden(f"submitit_shape{index}.sbatch", normalize(script, workspace))
-        assert item.submit_argv == ["sbatch", "--parsable", str(next(iter(item.scripts)))]
+        assert item.submit_argv is None, "submitit's executor submits (sbatch is not called by mbx)"
+        assert next(iter(item.scripts)).name == "%j_submission.sh" and next(iter(item.scripts)) not in item.files
     table = json.loads(rendered[0].files[next(p for p in rendered[0].files if p.name == "tasks.json")])
     assert [t["cell_id"] for t in table] == ["aaaa-r0", "bbbb-r0", "cccc-r0"]
     assert table[0]["env"]["MBX_NOTE"] == "hello world" and "HF_TOKEN" not in table[0]["env"]
@@ -119,30 +120,18 @@ def test_submitit_golden_container(tmp_path: Path) -> None:
 
 
 def test_describe_is_what_submit_writes_and_runs(tmp_path: Path) -> None:
-    """describe() (what `mbx campaign run --dry-run` prints) shows every file submit() writes, byte for byte, and
-    the command launch() runs; submit() launches exactly what render() returned."""
+    """describe() (what `mbx campaign run --dry-run` prints) shows every file submit() writes, byte for byte, the
+    job script submitit will write and the command each task runs (tests/test_slurm_submitit.py submits it)."""
     launcher = SubmititLauncher(None, tmp_path, profile())
     specs = [spec(tmp_path, "aaaa-r0"), spec(tmp_path, "bbbb-r0")]
     (item,) = launcher.render(specs)
     printed = item.describe()
     script_path, script = next(iter(item.scripts.items()))
-    assert script.rstrip() in printed and "$ sbatch --parsable " + str(script_path) in printed
+    assert f"# ---- {script_path}\n{script.rstrip()}" in printed and "$ " not in printed
+    assert "# each task runs (a submitit.helpers.CommandFunction): srun --unbuffered --kill-on-bad-exit=1 " in script
     table_path, table = next((p, t) for p, t in item.files.items() if p.name == "tasks.json")
     assert f"# ---- {table_path} (read by the ranks; no shell sees it)\n{table.rstrip()}" in printed
     assert not tmp_path.joinpath("golden").exists(), "render() and describe() write nothing"
-
-    ran: list[list[str]] = []
-
-    def fake_sbatch(argv: list[str]) -> subprocess.CompletedProcess[str]:
-        ran.append(argv)
-        return subprocess.CompletedProcess(argv, 0, "4242\n", "")
-
-    launcher.scheduler_command = fake_sbatch  # type: ignore[method-assign]
-    submitted = launcher.submit(specs)
-    assert ran == [item.submit_argv]
-    assert {p: p.read_text() for p in item.files} == item.files, "written where and as rendered"
-    assert [s.job_id for s in submitted] == ["4242_0", "4242_1"]
-    assert submitted[1].info["run_dir"] == str(specs[1].run_dir)
 
 
 def test_local_describe_shows_the_attempt_wrapper_and_torchrun(tmp_path: Path) -> None:
@@ -166,10 +155,10 @@ def test_local_describe_shows_the_attempt_wrapper_and_torchrun(tmp_path: Path) -
     assert not tmp_path.joinpath("golden").exists()
 
 
-def _fake_srun(bin_dir: Path) -> Path:
+def _fake_srun(bin_dir: Path, name: str = "srun") -> Path:
     bin_dir.mkdir(parents=True, exist_ok=True)
-    out = bin_dir / "argv.json"
-    srun = bin_dir / "srun"
+    out = bin_dir / f"{name}-argv.json"
+    srun = bin_dir / name
     srun.write_text(
         f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(out)!r}, 'w'))\n"
     )
@@ -187,13 +176,22 @@ def test_hostile_values_never_reach_a_shell(tmp_path: Path) -> None:
     launcher = SubmititLauncher(SubmititSettings(container_auto_mounts=False), workspace, p)
     (item,) = launcher.render([spec(workspace, "aaaa-r0", env={"WEIRD": HOSTILE})])
     script_path, script = next(iter(item.scripts.items()))
-    for path, text in item.files.items():
+    script_path = script_path.with_name("submission.sh")  # (as submitit writes it, under the job's id)
+    for path, text in {**item.files, script_path: script}.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert subprocess.run(["bash", "-n", str(script_path)]).returncode == 0
-    argv_file = _fake_srun(tmp_path / "bin")
+    # the batch shell starts submitit's job entry with the folder as one argument (a fake python3 records it)
+    entry_file = _fake_srun(tmp_path / "bin", name="python3")
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "0"}
     subprocess.run(["bash", str(script_path)], cwd=tmp_path, env=env, check=True, timeout=30)
+    assert json.loads(entry_file.read_text()) == ["-u", "-m", "submitit.core._submit", str(script_path.parent)]
+    # which runs the task's CommandFunction: the srun line, every value one verbatim argument (a fake srun)
+    import submitit
+
+    argv_file = _fake_srun(tmp_path / "bin")
+    plan, _, _ = launcher.plan(item.specs)
+    submitit.helpers.CommandFunction(plan.command, verbose=False, env=env)()
     argv = json.loads(argv_file.read_text())
     assert f"--container-image=img{HOSTILE}" in argv
     assert f"--container-workdir=/w{HOSTILE}" in argv
@@ -261,7 +259,7 @@ def test_dry_run_cli_submits_nothing(tmp_path: Path, mbx, write_campaign) -> Non
     result = mbx("campaign", "run", str(file), "--dry-run", "--launcher", "submitit", "--workspace",
                  str(tmp_path / "ws"), env={"PATH": f"{fake_bin}:{os.environ['PATH']}"})  # fmt: skip
     assert "#SBATCH --array=0-3%4" in result.stdout, result.stdout + result.stderr
-    assert "$ sbatch --parsable " in result.stdout and "launchers/node/rank.py --tasks" in result.stdout
+    assert "_submission.sh" in result.stdout and "launchers/node/rank.py --tasks" in result.stdout
     assert not marker.exists(), marker.read_text() if marker.exists() else ""
     assert "dry run: nothing submitted (4 attempt(s) rendered)" in result.stdout
     assert result.returncode == 0

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sqlite3
 from pathlib import Path
 
 import pytest
+import submitit
 
 pytest_plugins = ["slurm_cluster"]
 pytestmark = pytest.mark.slurm
@@ -26,7 +28,7 @@ def _attempts(workspace: Path, campaign: str) -> list[tuple]:
 
 
 def _batch_files(workspace: Path, campaign: str) -> dict[str, Path]:
-    return {p.parent.name: p.parent for p in (workspace / campaign / "slurm").glob("*/job.sbatch")}
+    return {p.parent.name: p.parent for p in (workspace / campaign / "slurm").glob("*/tasks.json")}
 
 
 def test_quickstart_through_submitit(
@@ -35,7 +37,7 @@ def test_quickstart_through_submitit(
     workspace = tmp_path / "ws"
     env_cache = (
         tmp_path / f"env cache {HOSTILE}"
-    )  # reaches the trainer as an env.values entry (MBX_CACHE_DIR)
+    )  # reaches the trainer as an env.values entry (XDG_CACHE_HOME: the JIT cache root is <it>/mbx)
     recipe_cache = (
         tmp_path / f"recipe cache {HOSTILE}"
     )  # reaches it as a swept string field (recipe cache_dir)
@@ -43,12 +45,13 @@ def test_quickstart_through_submitit(
         "qs-submitit",
         sweep={"zip": [{"model.moe.top_k": [1, 2], "cache_dir": [None, str(recipe_cache)]}]},
         env={
-            "values": {"MBX_CACHE_DIR": str(env_cache), "MBX_HOSTILE": HOSTILE},
-            "pass": ["MBX_TEST_SECRET"],
+            "values": {"XDG_CACHE_HOME": str(env_cache), "HOSTILE_VALUE": HOSTILE},
+            "pass": ["TEST_SECRET"],
         },
     )
     file = write_campaign(data)
-    env = {**cache_env, **slurm.env, "MBX_TEST_SECRET": "s3cr3t-value-never-in-files",
+    own = {k: v for k, v in cache_env.items() if k != "MBX_CACHE_DIR"}  # the campaign's XDG_CACHE_HOME decides
+    env = {**own, **slurm.env, "TEST_SECRET": "s3cr3t-value-never-in-files",
            "TRITON_CACHE_DIR": str(tmp_path / "login-node-triton")}  # fmt: skip
 
     # 1. dry run: prints the scripts and task tables, submits and writes nothing
@@ -74,12 +77,21 @@ def test_quickstart_through_submitit(
         "one array, two tasks"
     )
 
-    # the script Slurm ran is byte for byte the one the dry run printed, task table included
+    # the script submitit wrote and Slurm ran is byte for byte the one the dry run printed, task table included
     batches = _batch_files(workspace, "qs-submitit")
     assert len(batches) == 1
     (folder,) = batches.values()
-    submitted = (folder / "job.sbatch").read_text()
-    assert f"# ---- {folder / 'job.sbatch'}\n{submitted.rstrip()}\n" in dry.stdout
+    array_id = real[0][4].split("_")[0]
+    submitted = (folder / f"{array_id}_submission.sh").read_text()
+    assert f"# ---- {folder / '%j_submission.sh'}\n{submitted.rstrip()}\n" in dry.stdout
+    # a submitit folder: each task's pickled CommandFunction is the srun line the script names, its logs there
+    line = next(x for x in submitted.splitlines() if x.startswith("# each task runs"))
+    for _, _, _, _, job_id, _ in real:
+        job = submitit.SlurmJob(folder=folder, job_id=job_id)
+        assert shlex.join(job.submission().function.command) == line.split(": ", 1)[1]
+        assert job.submission().function.command[:3] == ["srun", "--unbuffered", "--kill-on-bad-exit=1"]
+        assert "The following command is sent" in job.paths.stdout.read_text()
+        assert job.paths.result_pickle.exists() and job.result() is not None, "submitit recorded the outcome"
     assert f"# ---- {folder / 'tasks.json'} (read by the ranks; no shell sees it)\n" in dry.stdout
     assert (folder / "tasks.json").read_text().rstrip() in dry.stdout
 
@@ -96,7 +108,7 @@ def test_quickstart_through_submitit(
         assert node["job"]["slurm"]["SLURM_ARRAY_JOB_ID"] == job_id.split("_")[0]
         assert node["job"]["master_addr"] == "localhost" and node["job"]["world_size"] == "2"
         assert node["hostname"] and node["torch"]
-        assert launch["env_passed_by_name"] == ["MBX_TEST_SECRET"]
+        assert launch["env_passed_by_name"] == ["TEST_SECRET"]
 
     # hostile values arrived verbatim (the trainer's JIT cache record shows the root it used), nothing executed
     roots = set()
@@ -106,7 +118,7 @@ def test_quickstart_through_submitit(
         assert record["replaced"] == {}, "no JIT cache variable is inherited from the submitting shell"
         rank1 = json.loads((Path(run_dir) / "logs" / "jit-cache-rank1.json").read_text())
         assert rank1["rank"] == 1 and rank1["rank_dir"].endswith("rank-1")
-    assert roots == {str(env_cache), str(recipe_cache)}
+    assert roots == {str(env_cache / "mbx"), str(recipe_cache)}
     assert not [p for p in tmp_path.rglob("CANARY*")] and not list(Path.cwd().glob("CANARY*"))
     for path in workspace.rglob("*"):
         if path.is_file() and path.suffix != ".sqlite":

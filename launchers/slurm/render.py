@@ -1,7 +1,7 @@
 """Pure Slurm rendering: groups of attempts, task tables, and the one mapping of profile + settings to a job request.
 
 Both Slurm backends ask Slurm through `job_request(...)` (a `JobRequest` in Slurm's own terms); each backend only
-spells that request in its tool's names (submitit's `_make_sbatch_string`, NeMo-Run's `SlurmExecutor`).
+spells that request in its tool's names (submitit's `SlurmExecutor.update_parameters`, NeMo-Run's `SlurmExecutor`).
 Nothing here writes a file or runs a command.
 """
 

@@ -44,8 +44,9 @@ class SlurmSettings(LauncherSettings):
     )
     pack_python: str = Field(
         "python3",
-        description="With pack > 1 and a container image: the interpreter that runs the pack runner on the node, "
-        "outside the container (it starts one srun step per point).",
+        description="With a container image: the interpreter on the node, outside the container, that runs the pack "
+        "runner (pack > 1; it starts one srun step per point) and, for submitit, submitit's job entry (it must "
+        "import submitit).",
     )
     gone_after_s: float = Field(
         120.0,
