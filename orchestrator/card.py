@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import RunError, UsageError
 from orchestrator.outfile import write_out
 from orchestrator.regate import PointVerdict, judge_campaign
 from orchestrator.store import CellRow, Store
@@ -19,6 +19,8 @@ from reports.gates import GateSpec
 from trainer import rundir
 
 ENVIRONMENT_KEYS = ("torch", "transformer_engine", "cuda", "driver", "nccl", "git_sha", "container_image")
+FROZEN_REPEATS = 3  # repeats of the card's reproducing campaign (mbx freeze's default)
+SITE_SECTIONS = ("launchers", "wandb")  # the submitting site's settings: not part of what the card measured
 
 
 @dataclass
@@ -94,11 +96,48 @@ def _expected(summaries: list[dict[str, Any]], figures: dict[str, list[float]], 
     return "".join(parts)
 
 
+def _frozen(workspace: Path, campaign: str, point_id: str) -> tuple[Any, str | None]:
+    """The point frozen as `mbx freeze --point` would (its rejected alternatives with reasons), and None; or, for
+    a point freeze refuses (a failed gate, an unstable repeat), the point alone and why it cannot be frozen."""
+    from orchestrator.compare import METRICS, load_points
+    from orchestrator.freeze import Frozen, freeze
+
+    try:
+        return freeze(workspace, campaign, point=point_id), None
+    except (UsageError, RunError) as err:
+        why = "; ".join(err.lines())
+    with Store(workspace, create=False) as store:
+        point = next(p for p in load_points(store, campaign) if p.point_id == point_id)
+        record = store.campaign(campaign) or {}
+        cell = next(c for c in store.cells(campaign) if c.point_id == point_id)
+    tflops = next(m for m in METRICS if m.name == "tflops")
+    frozen = Frozen(campaign, record.get("spec") or {}, record.get("source_file"), point,
+                    f"exported by mbx card export; {why}", tflops, recipe=cell.recipe, resources=cell.resources,
+                    trainer_kind=cell.trainer_kind)  # fmt: skip
+    return frozen, why
+
+
+def _reproduce(frozen: Any, margin: float | None) -> dict[str, Any]:
+    """The frozen campaign (the point alone, FROZEN_REPEATS repeats, portable gates) without the site's sections."""
+    from orchestrator.freeze_out import frozen_campaign, portable_gates
+
+    gates, _ = portable_gates(frozen, margin)
+    spec = frozen_campaign(frozen, FROZEN_REPEATS, gates)
+    return {k: v for k, v in spec.items() if k not in SITE_SECTIONS}
+
+
+def _rejected(frozen: Any) -> list[dict[str, str]]:
+    """The alternatives that lost, with the kind and the reason (paths and secrets in a reason masked)."""
+    return [{"point": r.point_id, "label": cards.publishable(r.label), "kind": r.kind, "why": cards.publishable(r.why)}
+            for r in frozen.rejected]  # fmt: skip
+
+
 def export_card(
     workspace: Path, campaign: str, ref: str, *, item: str = "pretrain_performance", margin: float | None = None,
     title: str | None = None,
 ) -> Export:  # fmt: skip
-    """A card whose one item is the performance of point `ref` (all its completed repeats)."""
+    """A card whose one item is the performance of point `ref` (all its completed repeats), the alternatives
+    that lost to it (freeze's reasons) and the frozen campaign that reproduces it (the command runs it)."""
     with Store(workspace, create=False) as store:
         cells = _point_cells(store, campaign, ref)
         done = _repeats(store, campaign, cells)
@@ -116,10 +155,12 @@ def export_card(
     fingerprint = rundir.read_fingerprint(done[0][2]) or {}
     cell = done[0][0]
     clean = all(s.get("loss_finite") and not s.get("nan_iterations") for s in summaries)
+    frozen, refused = _frozen(workspace, campaign, cell.point_id)
+    reproduce = _reproduce(frozen, margin)
     body: dict[str, Any] = {
-        "status": "verified" if clean else "unverified",
+        "status": "verified" if clean and refused is None else "unverified",
         "precision": str(cell.recipe.get("precision") or "unknown"),
-        "command": f"mbx campaign run {Path(str(record.get('source_file') or campaign)).name}  # point {cell.label}",
+        "command": f"mbx campaign run {reproduce['name']}.yaml",
         "last_verified": dt.date.today().isoformat(),
         "window_steps": window,
         "repeats": len(done),
@@ -127,6 +168,8 @@ def export_card(
         "thresholds": gates,
         "environment": {k: str(fingerprint[k]) for k in ENVIRONMENT_KEYS if fingerprint.get(k)},
         "expected_result": _expected(summaries, figures, gates),
+        "rejected": _rejected(frozen),
+        "campaign": reproduce,
     }
     if cell.trainer_kind == "bundled":
         body["recipe"] = cell.recipe
@@ -134,6 +177,10 @@ def export_card(
                 "items": {item: {_gpu(fingerprint): body}}}  # fmt: skip
     notes = [f"{len(cells) - len(done)} of {len(cells)} repeats did not complete and are left out"] if len(
         done) < len(cells) else []  # fmt: skip
+    if refused is not None:
+        notes.append(f"the card is unverified and lists no rejected alternatives: {refused}")
+    notes.append(f"`campaign` is the frozen campaign (this point, {FROZEN_REPEATS} repeats, portable gates); save "
+                 f"it as {reproduce['name']}.yaml, add your launchers: section, and the command reruns it")  # fmt: skip
     problems = cards.card_problems(document)
     if problems:
         raise UsageError(["the exported card would not validate:", *problems])

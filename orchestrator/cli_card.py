@@ -52,7 +52,9 @@ def export(
     tokens/s/GPU, peak allocated/reserved GiB), the command, precision, versions and date, and structured
     thresholds beside the prose: the portable gate = measured × (1 − margin) for throughput and × (1 + margin)
     for time and memory, the margin from a 99% prediction bound of the repeats' noise (at least 1%) unless
-    --margin gives it. The card is validated before it is written.
+    --margin gives it. The item also carries `rejected` (every other point and why it lost, as mbx freeze
+    judges) and `campaign`, the frozen campaign (this point alone, 3 repeats, the portable gates) that its
+    `command` reruns. The card is validated (secrets, accounts, paths) before it is written.
 
     Example: mbx card export quickstart --point 3f2a9c01d2 --out quickstart.card.yaml
     """
@@ -78,8 +80,9 @@ def validate(
 
     Title and items; every measured item has a status, precision,
     command and finite positive metrics over a window of at least 10 steps; structured thresholds on the right
-    side of the measured values; and no secrets, account names, personal directories or absolute paths
-    anywhere. Exit 0 when every file validates, 2 otherwise (each problem named by file and key path)."""
+    side of the measured values; and no secrets (detect-secrets' plugins plus mbx's rules: WANDB_API_KEY=…,
+    --wandb-key …, password=…; the value is never printed), account names, personal directories or absolute
+    paths anywhere. Exit 0 when every file validates, 2 otherwise (each problem named by file and key path)."""
     from orchestrator.card import read_card
     from orchestrator.errors import UsageError
 

@@ -15,6 +15,7 @@ from orchestrator.outfile import write_out
 from orchestrator.sweep import canonical_json
 from orchestrator.yamlio import dump_yaml
 from reports import card as cards
+from reports import secrets
 from reports.gates import interval
 from reports.markdown import md_code, md_text
 
@@ -139,24 +140,24 @@ def _write(path: Path, text: str) -> None:
     write_out(path, text, label="--out")
 
 
+def refuse_secrets(documents: dict[str, Any]) -> None:
+    """UsageError naming each file and key path that would hold a secret (reports.secrets), the value masked.
+
+    Refused rather than redacted: campaign.yaml must rerun what was measured, and a masked value would change the
+    command it reruns; the fix is the campaign's (a secret goes in env.pass, by name)."""
+    found = [f"{name}: {line}" for name, document in documents.items()
+             for line in secrets.problems(document, "pass secrets by name (env.pass), never as values")]  # fmt: skip
+    if found:
+        raise UsageError(["mbx freeze wrote nothing: the frozen files would hold a secret", *found])
+
+
 def write_frozen(frozen: Frozen, out: Path, repeats: int = 3, margin: float | None = None) -> list[Path]:
-    """Write recipe.yaml (bundled), campaign.yaml, FROZEN.md and frozen.json into `out`; the campaign file is
-    validated before anything is written."""
+    """Write recipe.yaml (bundled), campaign.yaml, FROZEN.md and frozen.json into `out`; the files are scanned
+    for secrets and the campaign file is validated before anything is written."""
     from orchestrator.loader import load_campaign
 
     gates, gate_lines = portable_gates(frozen, margin)
     campaign = frozen_campaign(frozen, repeats, gates)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: is a file, give a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    check = out / f".campaign.yaml.check-{os.getpid()}"
-    _write(check, dump_yaml(campaign))
-    try:
-        load_campaign(check)
-    except ConfigError as err:
-        raise RunError(f"the frozen campaign would not validate (a bug in mbx freeze): {err}") from None
-    finally:
-        check.unlink(missing_ok=True)
     files = {"campaign.yaml": dump_yaml(campaign), "FROZEN.md": markdown(frozen, repeats, gate_lines)}
     if frozen.trainer_kind == "bundled":
         files["recipe.yaml"] = dump_yaml(frozen.recipe)
@@ -165,6 +166,18 @@ def write_frozen(frozen: Frozen, out: Path, repeats: int = 3, margin: float | No
               "fingerprint": frozen.winner.repeats[0].fingerprint if frozen.winner.repeats else {},
               "rejected": [r.__dict__ for r in frozen.rejected]}  # fmt: skip
     files["frozen.json"] = json.dumps(json.loads(canonical_json(record)), indent=2, default=str) + "\n"
+    refuse_secrets({"campaign.yaml": campaign, "frozen.json": record, "FROZEN.md": files["FROZEN.md"]})
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file, give a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    check = out / f".campaign.yaml.check-{os.getpid()}"
+    _write(check, files["campaign.yaml"])
+    try:
+        load_campaign(check)
+    except ConfigError as err:
+        raise RunError(f"the frozen campaign would not validate (a bug in mbx freeze): {err}") from None
+    finally:
+        check.unlink(missing_ok=True)
     written = []
     for name, text in files.items():
         _write(out / name, text)

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reports import secrets
 from reports.gates import GateSpec
 
 STATUSES = ("verified", "unverified", "unsupported", "not_applicable")
@@ -120,24 +121,20 @@ def add_thresholds(item: dict[str, Any], margin: float) -> dict[str, Any]:
 # ---- validation --------------------------------------------------------------------------------------------
 
 _INHERITED = ("status", "precision")
-_SECRETS = (
-    (re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), "a Hugging Face token"),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b|\bgithub_pat_\w{20,}"), "a GitHub token"),
-    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "an AWS access key"),
-    (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), "a Slack token"),
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"), "an API secret key"),
-    (
-        re.compile(r"(?i)\b(?:api[_-]?key|token|secret|passw(?:or)?d)\s*[=:]\s*\S{8,}"),
-        "a credential assignment",
-    ),
-)
-_SECRET_KEY = re.compile(r"(?i)(?:^|[_-])(?:api[_-]?key|token|secret|password|passwd|credentials?)$")
 _ACCOUNT = (
     (re.compile(r"(?:--account[= ]|(?<!\S)-A\s+)[\w.-]+"), "a Slurm account"),
     (re.compile(r"(?:/home|/Users|/lustre|/gpfs|/scratch)/[\w.-]+"), "a personal or site directory"),
     (re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"), "an e-mail address"),
 )
-_ABSOLUTE = re.compile(r"(?<![\w:./~-])/(?:[\w.-]+/)*[\w.-]+|\b[A-Za-z]:\\[\w\\.-]+")
+# A path from the root; not a markup closing tag such as [/x], [/bold red] or [/] (a bracket, one slash, a bracket).
+_ABSOLUTE = re.compile(r"(?<![\w:./~-])(?!(?<=\[)/[\w .-]*\])/(?:[\w.-]+/)*[\w.-]+|\b[A-Za-z]:\\[\w\\.-]+")
+
+
+def publishable(text: str) -> str:
+    """`text` (a reason mbx wrote: a failure, a gate) fit for a card: secrets masked, absolute paths (personal
+    and site directories too) reduced to their file name."""
+    text = secrets.mask(str(text))
+    return _ABSOLUTE.sub(lambda m: re.split(r"[/\\]", m.group(0))[-1], text)
 
 
 def _number(value: Any) -> bool:
@@ -159,12 +156,11 @@ def _strings(node: Any, path: str = "") -> Iterator[tuple[str, str, str]]:
 
 
 def leak_problems(card: Any) -> list[str]:
-    """`key.path: contains ...` for secrets, account names and absolute paths anywhere in the card."""
+    """`key.path: contains ...` for secrets (reports.secrets: named, never shown), account names and absolute
+    paths anywhere in the card."""
     problems = []
     for path, key, text in _strings(card):
-        found = [what for pattern, what in _SECRETS if pattern.search(text)]
-        if key and _SECRET_KEY.search(key) and text.strip():
-            found.append("a value under a credential-like key")
+        found = [f.describe() for f in secrets.scan_text(text, path, key)]
         found += [what for pattern, what in _ACCOUNT if pattern.search(text)]
         if _ABSOLUTE.search(text) and "://" not in text:
             found.append(f"an absolute path ({_ABSOLUTE.search(text).group(0)!r})")  # type: ignore[union-attr]

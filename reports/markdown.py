@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from reports import secrets
 from reports.page import (
     DASH,
     differing_keys,
@@ -31,8 +32,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _one_line(value: Any) -> str:
-    """Whitespace and control-character runs (newlines too) as one space."""
-    return " ".join(_CONTROL.sub(" ", str(value)).split())
+    """Whitespace and control-character runs (newlines too) as one space; secrets masked (reports.secrets)."""
+    return secrets.mask(" ".join(_CONTROL.sub(" ", str(value)).split()))
 
 
 def md_text(value: Any) -> str:

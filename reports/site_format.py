@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from reports import secrets
 from reports.metrics import finite
 from reports.views import PointView
 
@@ -57,11 +58,19 @@ def point_name(point: PointView) -> str:
     return point.repeats[0].cell_id if len(point.repeats) == 1 else point.point_id
 
 
+def _masked(value: Any) -> Any:
+    """A value as a page shows it, any secret in a string masked (reports.secrets). Markup (the figures' JSON,
+    HTML built by the site) is not rescanned: it is built from the same values, and its size makes a scan slow."""
+    return secrets.mask(value) if isinstance(value, str) and not hasattr(value, "__html__") else value
+
+
 def environment() -> Any:
-    """The Jinja environment of the site's templates: autoescape on, undefined names are errors."""
+    """The Jinja environment of the site's templates: autoescape on, undefined names are errors, every shown
+    value's secrets masked."""
     import jinja2
 
     return jinja2.Environment(
+        finalize=_masked,
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         autoescape=True,
         undefined=jinja2.StrictUndefined,

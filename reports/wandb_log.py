@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from reports import secrets
 from reports.views import CellView
 
-REDACTED = "<redacted>"
+REDACTED = secrets.MASK
 # Config keys whose values are never sent: credentials a recipe should not hold in the first place.
 _SECRET_KEY = re.compile(
     r"(^|[_.-])(secret|password|passwd|api_?key|access_?key|private_?key|credentials?|"
@@ -66,15 +67,19 @@ class WandbSettings(BaseModel):
         return value
 
 
-def scrub(config: Any) -> Any:
-    """A copy of `config` with the values of secret-looking keys replaced by '<redacted>'."""
+def scrub(config: Any, key: str = "") -> Any:
+    """A copy of `config` with the values of secret-looking keys replaced by '<redacted>', and every secret the
+    scanner (reports.secrets) finds in a string value masked, whatever its key (`FOO: "hf_…"`, a command line's
+    `--wandb-key …`)."""
     if isinstance(config, dict):
         return {
-            k: (REDACTED if isinstance(k, str) and _SECRET_KEY.search(k) else scrub(v))
+            k: (REDACTED if isinstance(k, str) and _SECRET_KEY.search(k) else scrub(v, str(k)))
             for k, v in config.items()
         }
     if isinstance(config, (list, tuple)):
-        return [scrub(v) for v in config]
+        return [scrub(v, k) for v, k in zip(config, secrets.item_keys(config, key), strict=True)]
+    if isinstance(config, str):
+        return secrets.mask(config, secrets.scan_text(config, key=key))
     return config
 
 
