@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from orchestrator.campaign import NAME_PATTERN, Campaign
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.ingest_checks import check_rows, truncated
 from orchestrator.lock import CampaignLock
+from orchestrator.owned_dirs import mark_owned, remove_owned_dir
 from orchestrator.store import INGEST_LAUNCHER, CellRow, Store, check_workspace
 from orchestrator.sweep import point_digest
 from orchestrator.yamlio import dump_yaml
@@ -242,6 +244,7 @@ def write_run_dir(plan: IngestPlan) -> None:
     plan.run_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".ingest-{plan.attempt}-", dir=plan.run_dir.parent))
     try:
+        mark_owned(tmp)  # the run dir keeps the marker: only a directory mbx made here is ever removed
         (tmp / rundir.LOGS).mkdir()
         used: set[str] = set()
         for index, path in enumerate(plan.files):
@@ -254,7 +257,8 @@ def write_run_dir(plan: IngestPlan) -> None:
         rundir.write_launch(tmp, plan.launch)
         os.rename(tmp, plan.run_dir)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with suppress(OSError):
+            remove_owned_dir(tmp, root=plan.run_dir.parent)
         raise
 
 
@@ -267,7 +271,8 @@ def commit(store: Store, plan: IngestPlan) -> Ingested:
             plan.status["reason"], plan.status["failure_class"], plan.summary.to_dict(), plan.gate.to_dict(),
         )  # fmt: skip
     except BaseException:
-        shutil.rmtree(plan.run_dir, ignore_errors=True)
+        with suppress(OSError):
+            remove_owned_dir(plan.run_dir, root=plan.run_dir.parent)
         raise
     return Ingested(
         plan.cell.campaign, plan.cell.cell_id, plan.attempt, plan.run_dir, plan.status["state"],

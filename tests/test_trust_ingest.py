@@ -85,3 +85,22 @@ def test_a_log_cut_before_its_planned_iterations_is_not_passed(mbx, tmp_path):
     assert (planned.state, planned.verdict) == ("completed", "pass"), planned
     longer = ingest_logs(tmp_path / "ws", [LOG], "longer", steps=30)
     assert longer.state == "failed" and "stopped at step 15 of 30" in longer.reason
+
+
+def test_a_failed_commit_removes_its_run_dir_as_an_owned_dir(tmp_path):
+    """The store write fails (a closed store): the run dir just made is removed again, through remove_owned_dir,
+    which needs the marker every ingested run dir carries (written before anything else in it)."""
+    from orchestrator.ingest import commit, ingest_campaign, parse, plan_ingest, sources
+    from orchestrator.owned_dirs import OWNED_MARKER
+    from orchestrator.store import Store
+
+    parsed = parse(sources([LOG]), "auto", None, None, None)
+    store = Store(tmp_path / "ws")
+    plan = plan_ingest(store, ingest_campaign(store, "past"), parsed, "auto", seq_length=None, num_gpus=None,
+                       label=None, params={}, exit_code=None)  # fmt: skip
+    store.close()
+    with pytest.raises(Exception, match="closed"):
+        commit(store, plan)
+    assert not plan.run_dir.exists() and not list(plan.run_dir.parent.iterdir()), "nothing half-written"
+    done = ingest_logs(tmp_path / "ws", [LOG], "past")
+    assert (done.run_dir / OWNED_MARKER).is_file(), "an ingested run dir is one mbx may remove"
