@@ -8,7 +8,10 @@ Two kinds of values reach a shell through the launchers:
   `mkdir -p DIR`, its rsync `USER@HOST`): refused unless plain (`check_plain`: no shell metacharacter at all).
 
 Errors are `UnsafeValue` (a ValueError: pydantic validators and the orchestrator report it as bad input), one
-line, naming where the value came from and showing it shortened.
+line, naming where the value came from and showing it shortened. Each rule is one `*_problem` function (the
+reason, or None); the `check_*` functions raise it at render, and `mbx campaign validate` asks the same
+functions about every campaign and swept value (orchestrator/keys.py `value_problem`), so nothing render would
+refuse gets past validation.
 """
 
 from __future__ import annotations
@@ -101,14 +104,31 @@ def check_name(where: str, value: str) -> str:
 
 def check_env_name(where: str, name: str) -> str:
     """An environment variable name (it reaches pyxis' --container-env and the job script's comments)."""
-    if not ENV_NAME.fullmatch(name):
-        raise UnsafeValue(f"{where}: {shown(name)} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    problem = env_name_problem(name)
+    if problem:
+        raise UnsafeValue(f"{where}: {problem}")
     return name
+
+
+def nul_problem(value: Any, show: bool = True) -> str | None:
+    """Why `value` cannot be passed to a process as an argument or environment value (None: it can)."""
+    text = str(value)
+    if "\0" in text:
+        what = f"{shown(text)} contains" if show else "contains"
+        return f"{what} a NUL character (no process can receive it)"
+    return None
 
 
 def check_no_nul(where: str, value: Any) -> str:
     """A value passed to a process as an argument or environment value: NUL cannot be passed at all."""
-    text = str(value)
-    if "\0" in text:
-        raise UnsafeValue(f"{where}: {shown(text)} contains a NUL character (no process can receive it)")
-    return text
+    problem = nul_problem(value)
+    if problem:
+        raise UnsafeValue(f"{where}: {problem}")
+    return str(value)
+
+
+def env_name_problem(name: Any) -> str | None:
+    """Why `name` is not an environment variable name (None: it is one)."""
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+        return f"{shown(name)} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+    return None

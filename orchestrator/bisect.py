@@ -25,6 +25,7 @@ from scipy import stats as sps
 from orchestrator import compare, software
 from orchestrator.campaign import Campaign, Sweep
 from orchestrator.errors import ConfigError, UsageError
+from orchestrator.keys import key_problem, value_problem
 from orchestrator.sweep import canonical_json
 from reports import compare as stats
 
@@ -127,7 +128,7 @@ def make_plan(campaign: Campaign, file: Path | None, *, good: str | None, bad: s
     if values is not None:
         if not key:
             raise UsageError("--values needs --key (the sweep key the values are for)")
-        plan = listed_values(key, values)
+        plan = checked(listed_values(key, values))
     else:
         plan = git_values(campaign, file, repo, good or "", bad or "")
     if not 0 <= min_effect < 1:
@@ -137,6 +138,17 @@ def make_plan(campaign: Campaign, file: Path | None, *, good: str | None, bad: s
     count = repeats or max(2, default)
     plan = Plan(plan.key, plan.values, plan.labels, count, max(max_repeats, count), metric, min_effect)
     return Plan(**{**plan.__dict__, "name": plan_name(campaign, plan)})
+
+
+def checked(plan: Plan) -> Plan:
+    """The plan, when its key may be swept and its values could be rendered (the checks `mbx campaign validate`
+    applies to a sweep: orchestrator/keys.py); UsageError (exit 2) naming the key or value otherwise."""
+    if problem := key_problem(plan.key):
+        raise UsageError(f"--key {plan.key}: {problem}")
+    for value in plan.values:
+        if problem := value_problem(plan.key, value):
+            raise UsageError(f"--values: {plan.key}={problem}")
+    return plan
 
 
 def plan_name(campaign: Campaign, plan: Plan) -> str:

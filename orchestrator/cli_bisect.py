@@ -26,7 +26,9 @@ RepoOpt = Annotated[
 KeyOpt = Annotated[
     str | None,
     typer.Option(
-        "--key", help="With --values: the sweep key (container.image, software.pip.PKG, env.NAME, ...)."
+        "--key",
+        help="With --values: the sweep key (container.image, software.pip.PKG, env.NAME, ...); names mbx reserves "
+        "(MBX_*, SLURM_*, RANK, JIT cache variables, ...) are refused, as in a campaign's sweep.",
     ),
 ]
 ValuesOpt = Annotated[

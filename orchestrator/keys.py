@@ -95,3 +95,45 @@ def unknown_key_problem(dotted: str, model: type[BaseModel] = Recipe, root: str 
         walked.append(part)
         current = model_of(fields[part].annotation)
     return None
+
+
+# ---- what may reach a job script or a process (launchers/safety.py's rules, asked at validate time) --------
+SCRIPT_KEYS = ("container.image",)  # swept values written into a job script as one token: no control character
+
+
+def env_key_problem(name: str) -> str | None:
+    """Why `name` cannot be an environment name a campaign sets, sweeps or passes (None: it can)."""
+    from launchers.safety import env_name_problem
+    from orchestrator.reserved_env import name_problem
+
+    return env_name_problem(name) or name_problem(name)
+
+
+def key_problem(key: str) -> str | None:
+    """Why a sweep (or bisect) key can never be set from a campaign: an `env.NAME` that is no variable name or
+    that mbx reserves (orchestrator/reserved_env.py). Other namespaces are checked by the trainer kinds."""
+    if key.startswith("env."):
+        return env_key_problem(key[len("env.") :])
+    return None
+
+
+def strings_in(value: Any) -> list[str]:
+    """Every string (and mapping key) inside a value from YAML: scalars, lists and mappings."""
+    if isinstance(value, dict):
+        return [text for k, v in value.items() for text in (*strings_in(k), *strings_in(v))]
+    if isinstance(value, list):
+        return [text for item in value for text in strings_in(item)]
+    return [value] if isinstance(value, str) else []
+
+
+def value_problem(key: str, value: Any) -> str | None:
+    """Why a value of sweep key `key` would be refused when rendered (None: it would not): a control character
+    in a value written into a job script (container.image), a NUL anywhere (it reaches a process)."""
+    from launchers.safety import control_problem, nul_problem
+
+    if key in SCRIPT_KEYS and value is not None:
+        return control_problem(value)
+    for text in strings_in(value):
+        if problem := nul_problem(text):
+            return problem
+    return None

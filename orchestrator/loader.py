@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.campaign import TRAINER_KINDS, Campaign
 from orchestrator.errors import ConfigError
-from orchestrator.keys import model_of
+from orchestrator.keys import env_key_problem, key_problem, model_of, strings_in, value_problem
 from orchestrator.yamlio import load_yaml_file
 
 DRY_RUN_HINT = (
@@ -112,6 +113,53 @@ def launcher_problems(campaign: Campaign) -> list[str]:
     return problems
 
 
+def sweep_entries(campaign: Campaign) -> list[tuple[str, str, list[Any]]]:
+    """(where in the file, dotted key, its values) of every key the sweep sets (axes, zip groups, cells)."""
+    sweep = campaign.sweep
+    found = [(f"sweep.axes.{k}", k, list(v)) for k, v in sweep.axes.items()]
+    found += [(f"sweep.zip[{i}].{k}", k, list(v)) for i, group in enumerate(sweep.zip) for k, v in group.items()]
+    found += [(f"sweep.cells[{i}].{k}", k, [v]) for i, cell in enumerate(sweep.cells) for k, v in cell.items()]
+    return found
+
+
+def trust_problems(campaign: Campaign) -> list[str]:
+    """What a campaign may not set and what render would refuse, found before anything runs: environment names
+    mbx reserves (orchestrator/reserved_env.py) in env.values, env.pass and `env.NAME` sweep keys, and values
+    launchers/safety.py refuses (a control character in a swept container.image, a NUL in any value)."""
+    from launchers.safety import nul_problem
+
+    problems = []
+    for name, value in campaign.env.values.items():
+        if problem := env_key_problem(name) or nul_problem(value):
+            problems.append(f"env.values.{name}: {problem}")
+    for index, name in enumerate(campaign.env.pass_names):
+        if problem := env_key_problem(name):
+            problems.append(f"env.pass[{index}]: {problem}")
+    for where, key, values in sweep_entries(campaign):
+        if problem := key_problem(key):
+            problems.append(f"{where}: {problem}")
+            continue
+        several = where.startswith(("sweep.axes.", "sweep.zip["))
+        for index, value in enumerate(values):
+            if problem := value_problem(key, value):
+                problems.append(f"{where}{f'[{index}]' if several else ''}: {problem}")
+    for index, rule in enumerate(campaign.sweep.exclude):
+        problems += [f"sweep.exclude[{index}].{k}: {p}" for k in rule if (p := key_problem(k))]
+    return problems
+
+
+def nul_problems(data: Any, path: str = "") -> list[str]:
+    """`key.path: contains a NUL` for every string of the file holding one (no process can receive it)."""
+    from launchers.safety import nul_problem
+
+    if isinstance(data, dict):
+        return [p for key, item in data.items() for p in nul_problems(item, f"{path}.{key}" if path else str(key))]
+    if isinstance(data, list):
+        return [p for i, item in enumerate(data) for p in nul_problems(item, f"{path}[{i}]")]
+    problem = next((nul_problem(text) for text in strings_in(data) if "\0" in text), None)
+    return [f"{path or '(top level)'}: {problem}"] if problem else []
+
+
 def _settings_model(backend: str) -> type[BaseModel]:
     from launchers import registry
 
@@ -130,7 +178,10 @@ def load_campaign(path: Path) -> Campaign:
         campaign = Campaign.model_validate(data)
     except ValidationError as err:
         raise ConfigError(validation_problems(err), file=str(path)) from None
-    problems = launcher_problems(campaign)
+    problems = launcher_problems(campaign) + trust_problems(campaign)
+    if "\\u0000" in json.dumps(data, default=str):  # cheap (C) test first: the walk only locates them
+        covered = ("env.", "sweep.axes.", "sweep.zip[", "sweep.cells[")  # trust_problems located those
+        problems += [p for p in nul_problems(data) if not p.startswith(covered)]
     if problems:
         raise ConfigError(problems, file=str(path))
     return campaign

@@ -8,6 +8,12 @@ cell id names the commit, not the ref: `MBX_SOFTWARE_<NAME>_SHA`, the pins as `M
 `<workspace>/.mbx/software/` are added (`MBX_SOFTWARE_<NAME>`, PYTHONPATH); the worktrees and overlays are
 built (`ensure_built`) when an attempt's inputs are written, never at validation or in a dry run: built
 once, under a lock, with a marker written last so a half-built one is built again.
+
+These env names are reserved (orchestrator/reserved_env.py): only `SoftwareResolver` writes them, from the
+checked `software:` section. What acts on them checks them again (`checked_builds`): a repo name and a full
+hex SHA are the only parts of a worktree's path, pins are `PACKAGE==VERSION` as `software.pip` allows them,
+pip options come from an allowlist (`check_pip_args`: no requirement, file or editable can ride along), and a
+half-built directory is removed only through orchestrator/owned_dirs.py (inside `.mbx/software/`, marked).
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import fcntl
 import hashlib
 import json
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,10 +32,25 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from launchers.profile import IMAGE_ENV
+from launchers.safety import control_problem, refuse_control, shown
 from orchestrator.errors import ConfigError
+from orchestrator.owned_dirs import NotOwned, make_owned_dir, mark_owned, remove_owned_dir
 
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 PACKAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]*")
+SHA_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a full git object name (SHA-1 or SHA-256)
+# pip options software.pip_args may hold: switches, and options taking one value (the next item, or `--opt=v`).
+PIP_SWITCHES = frozenset({
+    "--no-index", "--pre", "--prefer-binary", "--no-cache-dir", "--no-build-isolation", "--use-pep517",
+    "--ignore-requires-python", "--no-compile", "--force-reinstall", "--upgrade", "-U", "--isolated",
+    "--quiet", "-q", "--verbose", "-v",
+})  # fmt: skip
+PIP_VALUED = frozenset({
+    "--find-links", "-f", "--index-url", "-i", "--extra-index-url", "--trusted-host", "--platform",
+    "--python-version", "--implementation", "--abi", "--only-binary", "--no-binary", "--timeout", "--retries",
+    "--cert", "--client-cert", "--proxy", "--progress-bar",
+})  # fmt: skip
 SHA_SUFFIX, REPO_SUFFIX, PREFIX = "_SHA", "_REPO", "MBX_SOFTWARE_"
 PIP_PINS, PIP_ARGS, IMAGE = "MBX_PIP_PINS", "MBX_PIP_ARGS", IMAGE_ENV
 NOT_IDENTITY_SUFFIXES = (REPO_SUFFIX,)  # where things live: no part of what runs
@@ -58,6 +78,11 @@ class GitRepo(_Strict):
         False,
         description="Prepend the worktree to the trainer's PYTHONPATH (e.g. a Python package checkout).",
     )
+
+    @field_validator("path", "ref")
+    @classmethod
+    def _no_control(cls, value: str) -> str:
+        return refuse_control(value)
 
 
 class Software(_Strict):
@@ -101,6 +126,11 @@ class Software(_Strict):
     def _pins(cls, pins: dict[str, Any]) -> dict[str, str]:
         return {check_package(name): check_version(name, version) for name, version in pins.items()}
 
+    @field_validator("pip_args")
+    @classmethod
+    def _pip_args(cls, args: list[str]) -> list[str]:
+        return check_pip_args(args)
+
 
 def check_package(name: str) -> str:
     if not PACKAGE_RE.fullmatch(str(name)):
@@ -110,9 +140,42 @@ def check_package(name: str) -> str:
 
 def check_version(name: str, version: Any) -> str:
     text = str(version)
-    if isinstance(version, bool) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+!_-]*", text):
-        raise ValueError(f"pip pin {name}: {text!r} is not a version (e.g. 1.2.3)")
+    if isinstance(version, bool) or not VERSION_RE.fullmatch(text):
+        raise ValueError(f"pip pin {name}: {shown(text)} is not a version (e.g. 1.2.3)")
     return text
+
+
+def check_pin(spec: str) -> str:
+    """One `PACKAGE==VERSION` pin as the overlay installs it, checked as `software.pip` checks its entries."""
+    name, sep, version = str(spec).partition("==")
+    if not sep:
+        raise ValueError(f"pip pin {shown(spec)} is not PACKAGE==VERSION")
+    return f"{check_package(name)}=={check_version(name, version)}"
+
+
+def check_pip_args(args: list[Any]) -> list[str]:
+    """pip options from the allowlist (PIP_SWITCHES, PIP_VALUED with one value each), no control character: no
+    requirement, requirements file, constraint or editable install can be added beside the checked pins."""
+    allowed = f"allowed: {', '.join(sorted(PIP_SWITCHES | PIP_VALUED))}; packages go under software.pip"
+    out, expect_value, at = [], None, 0
+    for index, arg in enumerate(args):
+        text = str(arg)
+        if problem := control_problem(text):
+            raise ValueError(f"item {index}: {problem}")
+        if expect_value is not None:
+            if not text or text.startswith("-"):
+                raise ValueError(f"item {index}: {expect_value} needs a value, got {shown(text)}")
+            expect_value = None
+        elif text in PIP_SWITCHES:
+            pass
+        elif text in PIP_VALUED:
+            expect_value, at = text, index
+        elif not (text.startswith("--") and text.partition("=")[0] in PIP_VALUED and text.partition("=")[2]):
+            raise ValueError(f"item {index}: {shown(text)} is not an allowed pip option ({allowed})")
+        out.append(text)
+    if expect_value is not None:
+        raise ValueError(f"item {at}: {expect_value} needs a value (it is the last item)")
+    return out
 
 
 # ---- sweep keys ------------------------------------------------------------------------------------------
@@ -182,7 +245,13 @@ class SoftwareResolver:
         return _repo_dir(self.software.repos[name], self.file)
 
     def env(self, assignment: dict[str, Any]) -> dict[str, str]:
-        """The point's software env (refs resolved); ConfigError for a ref that does not resolve."""
+        """The point's software env (refs resolved); ConfigError for a ref that does not resolve, and for a swept
+        `env.NAME` that mbx reserves (the loader refuses those first; this keeps every other route honest)."""
+        from orchestrator.reserved_env import name_problem
+
+        for key in assignment:
+            if key.startswith("env.") and (problem := name_problem(key[len("env.") :])):
+                raise ConfigError(f"{key}: {problem}")
         env: dict[str, str] = {}
         for name, repo in self.software.repos.items():
             ref = str(assignment.get(f"software.repos.{name}.ref", repo.ref))
@@ -217,6 +286,11 @@ def software_root(workspace: Path) -> Path:
 
 
 def worktree_dir(workspace: Path, name: str, sha: str) -> Path:
+    """<workspace>/.mbx/software/git/<name>-<sha12>; BuildError for a name or SHA that is not one (its only
+    path components: nothing like `..` or `/` can ever come through)."""
+    if not NAME_RE.fullmatch(name) or not SHA_RE.fullmatch(sha):
+        raise BuildError(f"software: refusing repo {shown(name)} at {shown(sha)}: a worktree needs a repo name "
+                         "(letters, digits, _) and a full hex commit SHA")  # fmt: skip
     return software_root(workspace) / "git" / f"{name.lower()}-{sha[:12]}"
 
 
@@ -285,16 +359,40 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def ensure_built(env: dict[str, str], workspace: Path) -> list[Path]:
-    """Build every worktree and overlay this env needs and is not built yet; the paths built now."""
-    built = []
+def checked_builds(env: dict[str, str]) -> tuple[list[tuple[str, Path, str]], list[str], list[str]]:
+    """What `ensure_built` would act on, each part checked as the `software:` section checks it, before anything
+    is built: (name, repository, SHA) per repo, the pins and the pip options. BuildError names what is wrong."""
+    repos = []
     for name, (repo, sha) in repos_of(env).items():
-        where = worktree_dir(workspace, name, sha)
-        if build_worktree(Path(repo), sha, where):
-            built.append(where)
+        worktree_dir(Path("."), name, sha)  # the name and SHA check
+        where = Path(repo)
+        if not where.is_absolute() or not ((where / ".git").exists() or (where / "HEAD").exists()):
+            raise BuildError(f"software: repo {name}: {shown(repo)} is not a git repository (an absolute path)")
+        repos.append((name, where, sha))
+    pins: list[str] = []
+    args: list[str] = []
     if env.get(PIP_PINS):
+        try:
+            pins = [check_pin(pin) for pin in env[PIP_PINS].split(",")]
+            loaded = json.loads(env.get(PIP_ARGS, "[]"))
+            args = check_pip_args(loaded if isinstance(loaded, list) else [loaded])
+        except (ValueError, TypeError) as err:
+            raise BuildError(f"software: refusing pip install: {err}") from None
+    return repos, pins, args
+
+
+def ensure_built(env: dict[str, str], workspace: Path) -> list[Path]:
+    """Build every worktree and overlay this env needs and is not built yet; the paths built now. Everything is
+    checked first (`checked_builds`): a refused value builds nothing."""
+    repos, pins, args = checked_builds(env)
+    built = []
+    for name, repo, sha in repos:
+        where = worktree_dir(workspace, name, sha)
+        if build_worktree(repo, sha, where, root=software_root(workspace)):
+            built.append(where)
+    if pins:
         where = overlay_dir(workspace, env[PIP_PINS], env.get(PIP_ARGS, "[]"))
-        if build_overlay(env[PIP_PINS].split(","), json.loads(env.get(PIP_ARGS, "[]")), where):
+        if build_overlay(pins, args, where, root=software_root(workspace)):
             built.append(where)
     return built
 
@@ -306,28 +404,44 @@ def _run(argv: list[str], what: str) -> None:
         raise BuildError(f"{what} failed (exit {done.returncode}): {' | '.join(tail)}")
 
 
-def build_worktree(repo: Path, sha: str, where: Path) -> bool:
-    """`git worktree add --detach` of `sha` at `where`, once; False when it was built already."""
+def _start_again(where: Path, root: Path) -> None:
+    """Remove a half-built worktree or overlay (no build marker) through owned_dirs: only inside `root`, only
+    when mbx's ownership marker is in it; BuildError (the attempt fails with the reason) otherwise."""
+    try:
+        remove_owned_dir(where, root=root)
+    except NotOwned as err:
+        raise BuildError(str(err)) from None
+
+
+def build_worktree(repo: Path, sha: str, where: Path, *, root: Path) -> bool:
+    """A detached worktree of `sha` at `where` (inside `root`), once; False when it was built already.
+
+    `git worktree add --no-checkout` makes the directory, the ownership marker goes in before any file is
+    checked out, and the build marker is written last."""
     with _locked(where.with_name(where.name + ".lock")):
         if (where / MARKER).exists():
             return False
-        if where.exists():  # half-built: start again
-            shutil.rmtree(where)
+        if where.exists() or where.is_symlink():  # half-built: start again
+            _start_again(where, root)
         _run(["git", "-C", str(repo), "worktree", "prune"], f"git worktree prune in {repo}")
-        _run(["git", "-C", str(repo), "worktree", "add", "--detach", "--force", str(where), sha],
+        _run(["git", "-C", str(repo), "worktree", "add", "--no-checkout", "--detach", "--force", str(where), sha],
              f"git worktree add of {sha} from {repo}")  # fmt: skip
-        exclude = where / MARKER
-        exclude.write_text(json.dumps({"repo": str(repo), "sha": sha}) + "\n")
+        mark_owned(where)
+        _run(["git", "-C", str(where), "checkout", "--force", "--quiet", "--detach", sha],
+             f"git checkout of {sha} in {where}")  # fmt: skip
+        (where / MARKER).write_text(json.dumps({"repo": str(repo), "sha": sha}) + "\n")
         return True
 
 
-def build_overlay(pins: list[str], args: list[str], where: Path) -> bool:
-    """`pip install --target` of the pins (no dependencies) into `where`, once; False when built already."""
+def build_overlay(pins: list[str], args: list[str], where: Path, *, root: Path) -> bool:
+    """`pip install --target` of the checked pins (no dependencies) into `where` (inside `root`), once; False when
+    built already."""
     with _locked(where.with_name(where.name + ".lock")):
         if (where / MARKER).exists():
             return False
-        if where.exists():
-            shutil.rmtree(where)
+        if where.exists() or where.is_symlink():
+            _start_again(where, root)
+        make_owned_dir(where)
         argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
                 "--target", str(where), *args, *pins]  # fmt: skip
         _run(argv, f"pip install of {', '.join(pins)}")

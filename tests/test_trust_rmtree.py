@@ -88,7 +88,7 @@ PARTS = st.lists(
 )
 
 
-@settings(derandomize=True, max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(derandomize=True, max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=PARTS)
 def test_fuzz_no_removal_outside_root(tree, parts):
     """Whatever path is built from generated parts, nothing outside the owned root is ever removed, and a
