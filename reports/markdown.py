@@ -148,7 +148,11 @@ def _parity_section(view: CampaignView) -> list[str]:
         return []
     columns, rows = parity_rows(view)
     icon = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}
-    out = ["", "### Numerics parity", "", "| pair (off → on) | combination | repeat | verdict | "
+    passed = sum(p["verdict"] == "pass" for p in view.parity)
+    failed_n = sum(p["verdict"] == "fail" for p in view.parity)
+    head = "FAIL" if failed_n else "PASS" if passed == len(view.parity) else "INCONCLUSIVE"
+    out = ["", "### Numerics parity", "", f"**Parity {head}**: {passed} of {len(view.parity)} pair(s) passed"
+           + (f", {failed_n} failed" if failed_n else ""), "", "| pair (off → on) | combination | repeat | verdict | "
            + " | ".join(md_code(c, table=True) for c in columns) + " |", "|---|---|--:|---|" + "---|" * len(columns)]  # fmt: skip
     for row in rows:
         pair = row["pair"]
@@ -305,13 +309,14 @@ def markdown_summary(view: CampaignView, extras: SiteExtras | None = None) -> st
         f"cells: {len(view.cells)} ({md_text(_counts([c.state for c in view.cells]))}) · points: {len(view.points)}",
         "",
     ]
+    lead = _parity_section(view)  # a parity campaign leads with what it is for
+    out += [*lead[1:], ""] if lead else []
     out += _frozen(view, best, how, extras)
     out += _performance(view, best, extras)
     out += _validation(view)
     out += _gate_sections(view)
     out += _rejected(extras)
     out += ["", "### Points", ""] + _points_table(view, best)
-    out += _parity_section(view)
     out += _damaged_section(view)
     out += _environment(view)
     return "\n".join(out) + "\n"
