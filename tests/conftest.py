@@ -102,10 +102,3 @@ def cache_env(tmp_path: Path) -> dict[str, str]:
     """Environment keeping JIT caches and W&B inside the test's tmp dir."""
     return {"MBX_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`-n 2 --dist loadgroup`) every test that uses the local Slurm runs on one worker, so
-    the session starts one cluster (its 2 CPUs are shared by these tests only)."""
-    for item in items:
-        if "slurm" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
