@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import json
 import types
 import typing
 from typing import Any, Union
 
 from pydantic import BaseModel
 
+from launchers.safety import control_problem, env_name_problem, nul_problem
+from orchestrator.reserved_env import name_problem
 from trainer.recipe import Recipe
 
 NAMESPACES = ("resources", "env", "software", "container")
@@ -103,9 +106,6 @@ SCRIPT_KEYS = ("container.image",)  # swept values written into a job script as 
 
 def env_key_problem(name: str) -> str | None:
     """Why `name` cannot be an environment name a campaign sets, sweeps or passes (None: it can)."""
-    from launchers.safety import env_name_problem
-    from orchestrator.reserved_env import name_problem
-
     return env_name_problem(name) or name_problem(name)
 
 
@@ -129,11 +129,17 @@ def strings_in(value: Any) -> list[str]:
 def value_problem(key: str, value: Any) -> str | None:
     """Why a value of sweep key `key` would be refused when rendered (None: it would not): a control character
     in a value written into a job script (container.image), a NUL anywhere (it reaches a process)."""
-    from launchers.safety import control_problem, nul_problem
-
     if key in SCRIPT_KEYS and value is not None:
         return control_problem(value)
     for text in strings_in(value):
         if problem := nul_problem(text):
             return problem
     return None
+
+
+def values_problems(key: str, values: list[Any]) -> list[tuple[int, str]]:
+    """(index, problem) of each value of `key` that `value_problem` refuses; a long list of plain values costs
+    one C-level JSON dump (a NUL shows there as \\u0000), not a Python call per value."""
+    if key not in SCRIPT_KEYS and "\\u0000" not in json.dumps(values, default=str):
+        return []
+    return [(index, problem) for index, value in enumerate(values) if (problem := value_problem(key, value))]

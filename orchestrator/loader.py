@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.campaign import TRAINER_KINDS, Campaign
 from orchestrator.errors import ConfigError
-from orchestrator.keys import env_key_problem, key_problem, model_of, strings_in, value_problem
+from orchestrator.keys import env_key_problem, key_problem, model_of, strings_in, values_problems
 from orchestrator.yamlio import load_yaml_file
 
 DRY_RUN_HINT = (
@@ -140,9 +140,8 @@ def trust_problems(campaign: Campaign) -> list[str]:
             problems.append(f"{where}: {problem}")
             continue
         several = where.startswith(("sweep.axes.", "sweep.zip["))
-        for index, value in enumerate(values):
-            if problem := value_problem(key, value):
-                problems.append(f"{where}{f'[{index}]' if several else ''}: {problem}")
+        for index, problem in values_problems(key, values):
+            problems.append(f"{where}{f'[{index}]' if several else ''}: {problem}")
     for index, rule in enumerate(campaign.sweep.exclude):
         problems += [f"sweep.exclude[{index}].{k}: {p}" for k in rule if (p := key_problem(k))]
     return problems
