@@ -60,7 +60,7 @@ def test_one_allocation_isolates_its_points(slurm, tmp_path: Path) -> None:
     specs = [_spec(workspace, cell, code) for cell, code in cells]
     (rendered,) = launcher.render(specs)
     assert (
-        "#SBATCH --array=0-0%1" in rendered.describe()
+        "#SBATCH --array" not in rendered.describe()  # one allocation: submitit submits a plain job
         and "packed: 6 point(s) in 1 allocation" in rendered.notes[0]
     )
     assert "--time=" in rendered.describe(), "the allocation asks for every point's limit, back to back"
@@ -151,7 +151,7 @@ def test_requeued_allocation_reruns_only_unfinished_points(slurm, tmp_path: Path
         "the interrupted run, archived"
     )
     assert not (specs[0].run_dir / "requeued").exists() and not (specs[2].run_dir / "requeued").exists()
-    log = next((workspace / "packed" / "slurm").glob("*/*_0_0_log.out")).read_text()
+    log = next((workspace / "packed" / "slurm").glob("*/*_0_log.out")).read_text()
     assert "first attempt 1: ended in an earlier run of this allocation, skipped" in log, log
 
 
@@ -322,7 +322,7 @@ def test_render_cuts_a_group_into_packs(tmp_path: Path) -> None:
     points = [p for allocation in pack["allocations"] for p in allocation]
     assert [table[p["index"]]["cell_id"] for p in points] == [f"p{i}" for i in range(7)]
     assert all(p["argv"][0] == "srun" and "--kill-on-bad-exit=1" in p["argv"] for p in points)
-    script = files["job.sbatch"]
+    script = next(iter(item.scripts.values()))  # the job script submitit will write (<id>_submission.sh)
     assert "#SBATCH --array=0-2%3" in script and "launchers/node/pack.py --pack" in script
     assert "#SBATCH --time=4" in script, "3 × (9 s + 60 s grace) + 30 s margin → 4 min"
     (single,) = SubmititLauncher(SubmititSettings(), tmp_path, profile).render(specs)
