@@ -114,11 +114,18 @@ def launcher_problems(campaign: Campaign) -> list[str]:
 
 
 def sweep_entries(campaign: Campaign) -> list[tuple[str, str, list[Any]]]:
-    """(where in the file, dotted key, its values) of every key the sweep sets (axes, zip groups, cells)."""
+    """(where in the file, dotted key, its values) of every key the sweep sets (axes, zip groups, cells, and the
+    parity section's toggle and pairs)."""
     sweep = campaign.sweep
     found = [(f"sweep.axes.{k}", k, list(v)) for k, v in sweep.axes.items()]
     found += [(f"sweep.zip[{i}].{k}", k, list(v)) for i, group in enumerate(sweep.zip) for k, v in group.items()]
     found += [(f"sweep.cells[{i}].{k}", k, [v]) for i, cell in enumerate(sweep.cells) for k, v in cell.items()]
+    parity = campaign.parity  # its sides become sweep factors (orchestrator/parity.py with_parity_axes)
+    if parity is not None:
+        found += [(f"parity.toggle.{k}", k, list(v)) for k, v in (parity.toggle or {}).items()]
+        for i, pair in enumerate(parity.pairs or []):
+            found += [(f"parity.pairs[{i}].{side}.{k}", k, [v]) for side in ("off", "on")
+                      for k, v in getattr(pair, side).items()]  # fmt: skip
     return found
 
 
@@ -139,7 +146,7 @@ def trust_problems(campaign: Campaign) -> list[str]:
         if problem := key_problem(key):
             problems.append(f"{where}: {problem}")
             continue
-        several = where.startswith(("sweep.axes.", "sweep.zip["))
+        several = where.startswith(("sweep.axes.", "sweep.zip[", "parity.toggle."))
         for index, problem in values_problems(key, values):
             problems.append(f"{where}{f'[{index}]' if several else ''}: {problem}")
     for index, rule in enumerate(campaign.sweep.exclude):

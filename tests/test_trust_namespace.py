@@ -115,6 +115,19 @@ def test_bisect_key_env_mbx_is_refused(repo, workspace, mbx, write_campaign):
         assert str(err.value).startswith(needle), err.value
 
 
+def test_parity_sides_are_checked_like_sweeps(write_campaign):
+    """parity.toggle and parity.pairs become sweep factors: the same name and value checks apply there."""
+    data = command_campaign("par", parity={"toggle": {"env.MBX_SOFTWARE_X_SHA": ["0" * 40, WIPE]}})
+    with pytest.raises(ConfigError) as err:
+        load_campaign(write_campaign(data))
+    assert err.value.problems[0].startswith("parity.toggle.env.MBX_SOFTWARE_X_SHA: 'MBX_SOFTWARE_X_SHA' is reserved")
+    data = command_campaign("par", parity={"pairs": [{"off": {"container.image": "a"}, "on": {"container.image": "b\r"}}]})
+    with pytest.raises(ConfigError) as err:
+        load_campaign(write_campaign(data))
+    assert err.value.problems == ["parity.pairs[0].on.container.image: 'b\\r' contains a control character (newline, "
+                                  "tab, NUL, ...); not allowed in job scripts"]  # fmt: skip
+
+
 def test_pass_names_are_refused(mbx, write_campaign):
     file = write_campaign(command_campaign("pass", env={"pass": ["HF_TOKEN", "MBX_PIP_PINS", "MASTER_ADDR"]}))
     done = mbx("campaign", "validate", str(file))
