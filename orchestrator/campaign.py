@@ -183,12 +183,16 @@ class Env(_Strict):
     """Environment of the trainer processes."""
 
     values: dict[str, str] = Field(
-        default_factory=dict, description="Non-secret variables set for the trainer (sweepable as env.NAME)."
+        default_factory=dict,
+        description="Non-secret variables set for the trainer (sweepable as env.NAME); names mbx sets or reads "
+        "itself (MBX_*, SLURM_*, TORCHELASTIC_*, RANK and the other torch.distributed variables, the JIT cache "
+        "variables: orchestrator/reserved_env.py) are refused.",
     )
     pass_names: list[str] = Field(
         default_factory=list,
         alias="pass",
-        description="Names passed through from the submitting environment (secrets go here: never their values).",
+        description="Names passed through from the submitting environment (secrets go here: never their values); "
+        "reserved names as for values are refused.",
     )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
