@@ -97,7 +97,7 @@ def plan(
     points that do not fit, or that break a parallel-layout rule, are marked INFEASIBLE with the reason:
     `mbx campaign run` skips them (--strict refuses the campaign instead).
     """
-    from orchestrator.feasibility import check_points
+    from orchestrator.feasibility import check_points, limits_of
     from orchestrator.loader import load_campaign
     from orchestrator.parity import with_parity_axes
     from orchestrator.plan_view import plan_text
@@ -106,7 +106,7 @@ def plan(
 
     campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells, strict=strict)
-    assessment = check_points(points, gpu, strict, str(file))
+    assessment = check_points(points, gpu, strict, str(file), limits_of(campaign))
     if as_json:
         rows = assessment.by_point()
         payload = [
@@ -263,7 +263,13 @@ def regate(
     gates = "gates updated" if done.gates_changed else "gates unchanged"
     console.print(Text(f"{name}: {len(points)} point(s) judged ({counts or 'none finished'}); {gates}; "
                        f"{done.rewritten} stored result(s) rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
-    raise typer.Exit(runner.verdicts_exit_code(points, inconclusive_ok))
+    if done.parity:  # a parity campaign: its pairs are judged again too, and count in the exit code
+        from orchestrator.closing import parity_lines
+
+        for line in parity_lines(done.parity):
+            console.print(line, soft_wrap=True)
+    code = runner.verdicts_exit_code(points, inconclusive_ok)
+    raise typer.Exit(runner.parity_exit_code(done.parity, code, inconclusive_ok))
 
 
 @app.command()
@@ -280,6 +286,8 @@ def status(
     console.print(status_view.status_table(view))
     for line in status_view.damaged_lines(view):
         console.print(line)
+    for line in status_view.verdict_lines(workspace, view):  # parity pairs, the best point (orchestrator/best.py)
+        console.print(line, soft_wrap=True)
 
 
 @app.command()

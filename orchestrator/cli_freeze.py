@@ -28,13 +28,19 @@ def freeze(
     best: Annotated[
         bool, typer.Option("--best", help="Freeze the best point (the default without --point).")
     ] = False,
-    by: Annotated[str, typer.Option("--by", help="What best means: tflops | step_time.")] = "tflops",
+    by: Annotated[
+        str | None,
+        typer.Option("--by", help="What best means: tflops | step_time [default: a search's objective, else tflops].",
+                     show_default=False),
+    ] = None,
     tie_break: Annotated[
         str, typer.Option(help="Among points not DIFFERENT from the leader: memory | step_time | tflops.")
     ] = "memory",
     min_effect: Annotated[
-        float, typer.Option(min=0.0, max=0.99, help="Smallest relative difference that counts as a win.")
-    ] = 0.01,
+        float | None,
+        typer.Option(min=0.0, max=0.99, help="Smallest relative difference that counts as a win "
+                     "[default: a search's min_effect, else 0.01].", show_default=False),
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Repeats in the reproducing campaign.")] = 3,
     margin: Annotated[
         float | None,
@@ -57,8 +63,11 @@ def freeze(
 
     Best means best by the verdicts, not by a noisy mean: the leader by mean TFLOP/s/GPU (--by), then every
     point whose difference from it is not DIFFERENT (Welch t on the repeats, 1% minimum effect) is a tie,
-    settled by the tie-break (less peak memory by default) and said so. Points with a failed or unfinished
-    repeat, NaN/skipped steps or a failed gate cannot win. Writes recipe.yaml (the resolved recipe),
+    settled by the tie-break (less peak memory by default) only when every tied point has that figure and it
+    separates them by more than the minimum effect; otherwise there is no winner ("tie — no figure separates
+    them", exit 3: pick one with --point). Points with a failed or unfinished repeat, NaN/skipped steps or a
+    failed gate cannot win; in a search only its full-length trials can (the search, the report and status
+    name the same point: orchestrator/best.py). Writes recipe.yaml (the resolved recipe),
     campaign.yaml (the winner with --repeats repeats and portable gates), FROZEN.md (Frozen configuration,
     Performance result, Validation, Rejected experiments: paste it into a PR) and frozen.json.
 

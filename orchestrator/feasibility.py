@@ -111,6 +111,35 @@ class Assessment:
 Estimator = Callable[[Point, bool], MemoryEstimate | None]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """The campaign's own memory limits, judged on the estimate before submission (as after, on the measure)."""
+
+    headroom_gib_min: float | None = None  # gates.headroom_gib_min: GPU memory − estimated peak at least this
+    peak_gib_max: float | None = None  # sweep.search.constraints.peak_memory_gib_max: estimated peak at most this
+
+
+def limits_of(campaign: Campaign) -> Limits:
+    """The memory limits a campaign sets: its headroom gate and its search's peak-memory constraint."""
+    search = campaign.sweep.search
+    peak = search.constraints.peak_memory_gib_max if search is not None else None
+    return Limits(campaign.gates.headroom_gib_min, peak)
+
+
+def limit_problems(est: MemoryEstimate, gpu: str | None, gpu_gib: float | None, limits: Limits) -> list[str]:
+    """Why the estimate breaks the campaign's own limits (headroom on the GPU, the search's peak constraint)."""
+    problems = []
+    if limits.peak_gib_max is not None and est.peak_gib > limits.peak_gib_max:
+        problems.append(f"memory estimate {est.peak_gib:.3g} GiB per GPU > sweep.search.constraints."
+                        f"peak_memory_gib_max {limits.peak_gib_max:g}")  # fmt: skip
+    if limits.headroom_gib_min is not None and gpu_gib is not None:
+        room = gpu_gib - est.peak_gib
+        if room < limits.headroom_gib_min:
+            problems.append(f"memory: estimated headroom {room:.2f} GiB on the {gpu} ({gpu_gib:.1f} GiB − estimated "
+                            f"peak {est.peak_gib:.2f}) < gates.headroom_gib_min {limits.headroom_gib_min:g}")  # fmt: skip
+    return problems
+
+
 def memory_problem(est: MemoryEstimate, gpu: str, gpu_gib: float) -> str | None:
     """Why the estimate does not fit on the GPU (peak + allocator slack > its memory), or None."""
     if est.headroom(int(gpu_gib * GIB)) >= 0:
@@ -122,9 +151,10 @@ def memory_problem(est: MemoryEstimate, gpu: str, gpu_gib: float) -> str | None:
     )
 
 
-def assess_point(cells: list[Point], estimator: Estimator, gpu: str | None) -> PointFeasibility:
-    """One point (its cells, repeats of it): layout problems, estimate, and the fit on `gpu` (a table name or
-    a size; None: the point's resources.gpu, else no memory check)."""
+def assess_point(cells: list[Point], estimator: Estimator, gpu: str | None,
+                 limits: Limits = Limits()) -> PointFeasibility:  # fmt: skip
+    """One point (its cells, repeats of it): layout problems, estimate, the fit on `gpu` (a table name or a
+    size; None: the point's resources.gpu, else no memory check) and the campaign's own memory `limits`."""
     first = cells[0]
     gpu = gpu or first.resources.get("gpu")
     gpu = gpu_name(gpu) if gpu else None
@@ -142,6 +172,8 @@ def assess_point(cells: list[Point], estimator: Estimator, gpu: str | None) -> P
         problem = memory_problem(est, gpu, gpu_gib)
         if problem:
             problems.append(problem)
+    if est is not None and not problems:
+        problems += limit_problems(est, gpu, gpu_gib, limits)
     return PointFeasibility(
         point_id=first.point_id,
         label=first.label,
@@ -162,7 +194,8 @@ def assess_point(cells: list[Point], estimator: Estimator, gpu: str | None) -> P
     )
 
 
-def assess(points: Sequence[Point], estimator: Estimator, gpu: str | None = None) -> Assessment:
+def assess(points: Sequence[Point], estimator: Estimator, gpu: str | None = None,
+           limits: Limits = Limits()) -> Assessment:  # fmt: skip
     """Every point of an expansion (cells grouped by point id, in order) judged; `gpu` (the CLI's --gpu)
     wins over each point's resources.gpu."""
     if gpu:
@@ -170,7 +203,7 @@ def assess(points: Sequence[Point], estimator: Estimator, gpu: str | None = None
     groups: dict[str, list[Point]] = {}
     for point in points:
         groups.setdefault(point.point_id, []).append(point)
-    rows = [assess_point(cells, estimator, gpu) for cells in groups.values()]
+    rows = [assess_point(cells, estimator, gpu, limits) for cells in groups.values()]
     bad = {row.point_id for row in rows if not row.feasible}
     return Assessment(rows, [p for p in points if p.point_id not in bad], gpu)
 
@@ -213,17 +246,23 @@ def summary_lines(assessment: Assessment, limit: int | None = None) -> list[str]
     return lines + problems
 
 
-def check_points(points: Sequence[Point], gpu: str | None, strict: bool, file: str | None) -> Assessment:
-    """The runner's and the plan's feasibility step: every point judged by its trainer kind's estimate on
-    `gpu` (None: each point's resources.gpu), refused as `refuse` says; `.runnable` are the cells to run."""
-    assessment = assess(points, memory_estimate, gpu)
+def check_points(points: Sequence[Point], gpu: str | None, strict: bool, file: str | None,
+                 limits: Limits = Limits()) -> Assessment:  # fmt: skip
+    """The runner's, the dry run's, the search's and the plan's feasibility step: every point judged by its
+    trainer kind's estimate on `gpu` (None: each point's resources.gpu) and the campaign's `limits`
+    (`limits_of`), refused as `refuse` says; `.runnable` are the cells to run."""
+    assessment = assess(points, memory_estimate, gpu, limits)
     refuse(assessment, file, strict)
     return assessment
 
 
 def with_gpu_memory(campaign: Campaign, gpu: str | None) -> Campaign:
-    """The campaign with gates.gpu_memory_gib filled from `gpu` (the CLI's --gpu) or resources.gpu when a
-    headroom gate needs it and the file does not give it (stored with the campaign, so regate sees it too)."""
+    """The campaign as run: `gpu` (the CLI's --gpu) recorded as its resources.gpu, and gates.gpu_memory_gib
+    filled from it (or resources.gpu) when a headroom gate needs it and the file does not give it (stored with
+    the campaign, so regate, status, the report and freeze judge headroom on that GPU)."""
+    if gpu:
+        resources = campaign.resources.model_copy(update={"gpu": gpu_name(gpu)})
+        campaign = campaign.model_copy(update={"resources": resources})
     gates = campaign.gates
     name = gpu or campaign.resources.gpu
     if gates.headroom_gib_min is None or gates.gpu_memory_gib is not None or not name:

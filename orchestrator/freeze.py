@@ -4,18 +4,20 @@ point lost, from stored evidence: slower by x% [CI], a failed gate, out of memor
 from __future__ import annotations
 
 import datetime as dt
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.compare import METRICS, Metric, Point, compare_pair, load_points
+from orchestrator.best import Choice, choose, clearly_worse, figure, fmt_decision, full_length, metric, versus
+from orchestrator.compare import Metric, Point, load_points
 from orchestrator.errors import RunError, UsageError
 from orchestrator.regate import gates_of, judge_campaign
+from orchestrator.search import Search
 from orchestrator.store import Store
 from reports import compare as stats
 
 OBJECTIVES = {"tflops": "tflops", "step_time": "step_time"}
+SEARCH_OBJECTIVES = {"tflops_per_gpu": "tflops", "step_time_ms": "step_time"}  # sweep.search.objective → --by
 TIE_BREAKS = {"memory": "peak_alloc", "step_time": "step_time", "tflops": "tflops"}
 
 
@@ -26,7 +28,7 @@ class Rejected:
     point_id: str
     label: str
     why: str
-    kind: str  # slower | tie | gate | failed | oom | unstable | unfinished | infeasible
+    kind: str  # slower | tie | gate | failed | oom | unstable | unfinished | infeasible | short run | reference | constraint
 
 
 @dataclass
@@ -45,16 +47,6 @@ class Frozen:
     resources: dict[str, Any] = field(default_factory=dict)
     trainer_kind: str = "bundled"
     frozen_at: str = field(default_factory=lambda: dt.date.today().isoformat())
-
-
-def _metric(name: str) -> Metric:
-    return next(m for m in METRICS if m.name == name)
-
-
-def _mean(point: Point, metric: Metric) -> float | None:
-    values = [r.summary.get(metric.summary_key) for r in point.repeats]
-    found = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    return sum(found) / len(found) if found else None
 
 
 def _unstable(point: Point) -> str | None:
@@ -115,79 +107,74 @@ def infeasible_rejected(store: Store, name: str) -> list[Rejected]:
     ]
 
 
-def _versus(winner: Point, other: Point, metric: Metric, min_effect: float) -> stats.Decision:
-    return compare_pair(winner, other, (metric,), min_effect).decisions[metric.name]
+class Tied(RunError):
+    """The best is a tie that no figure separates: freeze one with --point (exit 3, as an undecided verdict)."""
+
+    exit_code = 3
 
 
-def _fmt_decision(d: stats.Decision) -> str:
-    change = "" if d.change is None else f"{d.change:+.2%}"
-    ci = "" if d.ci_low is None or d.ci_high is None else f" [{d.ci_low:+.2%}, {d.ci_high:+.2%}]"
-    p = "" if d.p_value is None else f", p={d.p_value:.2g}"
-    return f"{change}{ci} ({d.decision.upper()}{p}, {d.n_a} vs {d.n_b} repeats)"
+def search_of(record: dict[str, Any]) -> Search | None:
+    """The stored campaign's `sweep.search` (None: not a search)."""
+    found = ((record.get("spec") or {}).get("sweep") or {}).get("search")
+    return Search.model_validate(found) if found else None
 
 
-def pick_best(
-    eligible: list[Point], objective: Metric, tie_break: Metric, min_effect: float
-) -> tuple[Point, str, set[str]]:
-    """(winner, how, ids of the points tied with the leader): the leader by mean, then every point not
-    DIFFERENT from it is a tie, settled by the tie-break metric (lower is better for time and memory)."""
-    sign = 1 if objective.higher_is_worse else -1
-    ranked = sorted(eligible, key=lambda p: sign * (_mean(p, objective) or math.inf) if _mean(p, objective)
-                    is not None else math.inf)  # fmt: skip
-    leader = ranked[0]
-    tied = [p for p in ranked[1:] if _versus(leader, p, objective, min_effect).decision != stats.DIFFERENT]
-    if not tied:
-        if len(ranked) == 1:
-            return (
-                leader,
-                f"the only eligible point ({objective.label} {_mean(leader, objective):.4g})",
-                set(),
-            )
-        runner = _versus(leader, ranked[1], objective, min_effect)
-        return leader, (f"best {objective.label}: the runner-up {ranked[1].point_id} differs by "
-                        f"{_fmt_decision(runner)}"), set()  # fmt: skip
-    group = [leader, *tied]
-    key = 1 if tie_break.higher_is_worse else -1
-    winner = min(group, key=lambda p: key * (_mean(p, tie_break) or (math.inf if key > 0 else -math.inf)))
-    names = ", ".join(p.point_id for p in group)
-    unknown = any(_versus(leader, p, objective, min_effect).decision == stats.UNKNOWN for p in tied)
-    names += " (some UNKNOWN: more repeats may separate them)" if unknown else ""
-    how = (f"{len(group)} points are not DIFFERENT in {objective.label} (min effect {min_effect:.0%}): {names}; "
-           f"picked by the tie-break, {'lower' if tie_break.higher_is_worse else 'higher'} {tie_break.label}")  # fmt: skip
-    return winner, how, {p.point_id for p in group}
+def search_rejected(points: list[Point], search: Search, trials: list[dict[str, Any]]) -> dict[str, Rejected]:
+    """A search's points that cannot win: shorter runs of its rungs, runs that are not candidates (the base
+    recipe), and full-length trials the search excluded (a constraint), each with why."""
+    rows = {r["point_id"]: r for r in trials if r.get("point_id")}
+    out: dict[str, Rejected] = {}
+    for p in points:
+        row = rows.get(p.point_id)
+        if not full_length(p.params, search):
+            steps = p.params.get(search.steps_key)
+            out[p.point_id] = Rejected(p.point_id, p.label, f"a {steps}-step trial of the search's rung "
+                                       f"{row['rung'] if row else '?'}: only full-length trials can win", "short run")  # fmt: skip
+        elif row is None:
+            out[p.point_id] = Rejected(p.point_id, p.label, "not a search candidate (the base recipe, run as the "
+                                       "loss reference)", "reference")  # fmt: skip
+        elif row["state"] in ("excluded", "failed", "infeasible"):
+            out[p.point_id] = Rejected(p.point_id, p.label, row.get("reason") or row["state"], "constraint")
+    return out
 
 
-def _reason(winner: Point, other: Point, objective: Metric, tie_break: Metric, tied: set[str],
-            min_effect: float) -> Rejected:  # fmt: skip
-    d = _versus(winner, other, objective, min_effect)
-    worse = "slower" if (d.change or 0) * (1 if objective.higher_is_worse else -1) > 0 else "faster"
-    if other.point_id in tied or d.decision != stats.DIFFERENT:
-        mine, theirs = _mean(winner, tie_break), _mean(other, tie_break)
-        detail = (
-            f"{tie_break.label} {theirs:.4g} vs {mine:.4g}" if mine is not None and theirs is not None else ""
-        )
-        return Rejected(other.point_id, other.label, f"not DIFFERENT from the winner in {objective.label}: "
-                        f"{_fmt_decision(d)}; lost the tie-break ({detail})", "tie")  # fmt: skip
-    return Rejected(other.point_id, other.label, f"{worse} than the winner in {objective.label} by "
-                    f"{_fmt_decision(d)}", "slower")  # fmt: skip
+def _reason(winner: Point, other: Point, choice: Choice, goal: Metric, breaker: Metric, min_effect: float) -> Rejected:
+    d = versus(winner, other, goal, min_effect)
+    worse = "slower" if (d.change or 0) * (1 if goal.higher_is_worse else -1) > 0 else "faster"
+    if any(p is other for p in choice.tied) or not clearly_worse(d, goal, min_effect):
+        mine, theirs = figure(winner, breaker)[0], figure(other, breaker)[0]
+        detail = f"{breaker.label} {theirs:.4g} vs {mine:.4g}" if mine and theirs else f"no {breaker.label} figure"
+        return Rejected(other.point_id, other.label, f"tied with the winner in {goal.label}: "
+                        f"{fmt_decision(d)}; lost the tie-break ({detail})", "tie")  # fmt: skip
+    return Rejected(other.point_id, other.label, f"{worse} than the winner in {goal.label} by "
+                    f"{fmt_decision(d)}", "slower")  # fmt: skip
 
 
 def freeze(
-    workspace: Path, campaign: str, *, point: str | None = None, objective: str = "tflops",
-    tie_break: str = "memory", min_effect: float = stats.MIN_EFFECT,
+    workspace: Path, campaign: str, *, point: str | None = None, objective: str | None = None,
+    tie_break: str = "memory", min_effect: float | None = None,
 ) -> Frozen:  # fmt: skip
-    """The winner (`point`, or the best by the verdicts) and every other point's reason."""
+    """The winner (`point`, or the best by orchestrator/best.py's rule) and every other point's reason. For a
+    search the objective and threshold default to its own, and only its full-length trials can win. A tie no
+    figure separates raises Tied (exit 3) unless `point` names one."""
+    with Store(workspace, create=False) as store:
+        points = load_points(store, campaign)
+        record = store.campaign(campaign) or {}
+        search = search_of(record)
+        excluded = _excluded(store, campaign, points)
+        if search is not None:
+            excluded = {**search_rejected(points, search, store.trials(campaign)), **excluded}
+        infeasible = [r for r in infeasible_rejected(store, campaign) if r.point_id not in excluded]
+        cells = {c.point_id: c for c in store.cells(campaign)}
+    objective = objective or (SEARCH_OBJECTIVES[search.objective] if search else "tflops")
     if objective not in OBJECTIVES or tie_break not in TIE_BREAKS:
         raise UsageError(f"--by {objective} / --tie-break {tie_break}: choose --by from {', '.join(OBJECTIVES)} and "
                          f"--tie-break from {', '.join(TIE_BREAKS)}")  # fmt: skip
-    goal, breaker = _metric(OBJECTIVES[objective]), _metric(TIE_BREAKS[tie_break])
-    with Store(workspace, create=False) as store:
-        points = load_points(store, campaign)
-        excluded = _excluded(store, campaign, points)
-        infeasible = [r for r in infeasible_rejected(store, campaign) if r.point_id not in excluded]
-        record = store.campaign(campaign) or {}
-        cells = {c.point_id: c for c in store.cells(campaign)}
+    if min_effect is None:
+        min_effect = search.min_effect if search else stats.MIN_EFFECT
+    goal, breaker = metric(OBJECTIVES[objective]), metric(TIE_BREAKS[tie_break])
     eligible = [p for p in points if p.point_id not in excluded and p.repeats]
+    choice = choose(eligible, goal, min_effect, breaker)
     if point is not None:
         chosen = next((p for p in points if point in (p.point_id, p.label, *p.cell_ids)), None)
         if chosen is None:
@@ -195,13 +182,15 @@ def freeze(
                              f"(points: {', '.join(p.point_id for p in points)})")  # fmt: skip
         if chosen.point_id in excluded:
             raise UsageError(f"--point {point!r} cannot be frozen: {excluded[chosen.point_id].why}")
-        winner, how, tied = chosen, "chosen with --point", set()
-    elif not eligible:
+        winner, how = chosen, "chosen with --point"
+    elif choice.undecided:
+        raise Tied(f"{campaign}: {choice.how}; freeze one of them with --point")
+    elif choice.winner is None:
         lines = "; ".join(f"{r.point_id} [{r.label}]: {r.why}" for r in [*excluded.values(), *infeasible])
         raise RunError(f"{campaign}: no point can be frozen: {lines or 'no completed point'}")
     else:
-        winner, how, tied = pick_best(eligible, goal, breaker, min_effect)
-    rejected = [_reason(winner, p, goal, breaker, tied, min_effect) for p in eligible if p is not winner]
+        winner, how = choice.winner, choice.how
+    rejected = [_reason(winner, p, choice, goal, breaker, min_effect) for p in eligible if p is not winner]
     rejected += [*excluded.values(), *infeasible]
     cell = cells[winner.point_id]
     return Frozen(campaign, record.get("spec") or {}, record.get("source_file"), winner, how, goal, rejected,

@@ -63,8 +63,19 @@ def run_spikes(
 
 
 def gates_of(record: dict[str, Any]) -> GateSpec:
-    """The gates of a stored campaign record."""
-    return GateSpec.model_validate(record["spec"].get("gates") or {})
+    """The gates of a stored campaign record; a headroom gate without gpu_memory_gib takes the memory of the
+    campaign's GPU (resources.gpu, where `run --gpu` is recorded) from orchestrator/feasibility.py's table."""
+    spec = GateSpec.model_validate(record["spec"].get("gates") or {})
+    gpu = (record["spec"].get("resources") or {}).get("gpu")
+    if spec.headroom_gib_min is None or spec.gpu_memory_gib is not None or not gpu:
+        return spec
+    from orchestrator.errors import ConfigError
+    from orchestrator.feasibility import gpu_memory_gib
+
+    try:
+        return spec.model_copy(update={"gpu_memory_gib": gpu_memory_gib(str(gpu))})
+    except ConfigError:  # an unknown name: the gate says the memory is not known
+        return spec
 
 
 def judge_campaign(store: Store, name: str, spec: GateSpec, baseline: str | None) -> Judged:
@@ -118,6 +129,7 @@ class Regated:
     changes: list[str]
     rewritten: int  # stored results written again
     gates_changed: bool
+    parity: list[dict[str, Any]] = field(default_factory=list)  # a parity campaign's pairs, judged again
 
 
 def regate(store: Store, name: str, spec: GateSpec | None = None) -> Regated:

@@ -13,13 +13,14 @@ from rich.text import Text
 from launchers.base import Launcher
 from orchestrator.baseline import baseline_summaries
 from orchestrator.campaign import Campaign
+from orchestrator.closing import print_closing
 from orchestrator.collect import campaign_view, cell_view, parity_verdicts
 from orchestrator.engine import Engine, Event, Outcome
 from orchestrator.errors import ConfigError, MbxError, RunError, UsageError, printable
-from orchestrator.feasibility import Assessment, check_points, summary_lines, with_gpu_memory
+from orchestrator.feasibility import Assessment, check_points, limits_of, summary_lines, with_gpu_memory
 from orchestrator.lock import CampaignLock
 from orchestrator.plan_view import estimate_text
-from orchestrator.progress import ProgressReporter, print_changes, print_outcome
+from orchestrator.progress import ProgressReporter, print_changes
 from orchestrator.regate import PointVerdict, Regated, regate
 from orchestrator.store import ACTIVE_STATES, STORE_FILE, CellRow, Store, check_workspace, manifest_path
 from orchestrator.sweep import Point
@@ -105,7 +106,7 @@ def run_campaign(
     launcher_name = launcher or campaign.launcher
     campaign = with_gpu_memory(campaign, gpu)  # the headroom gate's GPU memory, stored with the campaign
     backend = make_launcher(campaign, launcher_name, workspace, parallel)  # before any state is written
-    assessment = check_points(points, gpu, strict, str(source_file) if source_file else None)
+    assessment = check_points(points, gpu, strict, str(source_file) if source_file else None, limits_of(campaign))
     cells = cell_rows(campaign, assessment.runnable)
     check_plan(campaign, backend, workspace, cells)
     if dry_run:
@@ -239,7 +240,7 @@ def _drive(
         except MbxError as err:  # every cell is stored: the verdicts below still stand
             err_console.print(Text(f"warning: {err}"), soft_wrap=True)
     pairs = record_parity(store, campaign)
-    print_outcome(outcome, regated.judged.points)
+    print_closing(outcome, regated.judged.points, pairs)
     return Finished(outcome, regated.judged.points, pairs)
 
 
@@ -359,9 +360,12 @@ def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Reg
         gates = with_gpu_memory(loaded, None).gates  # headroom_gib_min: the GPU memory of resources.gpu
     workspace = check_workspace(workspace, create=False)
     with Store(workspace, create=False) as store:
-        _record(store, name)  # before the lock: an unknown name makes no directory
+        record = _record(store, name)  # before the lock: an unknown name makes no directory
         with CampaignLock(workspace / name):
-            return regate(store, name, gates)
+            done = regate(store, name, gates)
+            if record["spec"].get("parity"):  # the pairs judged again from their run dirs, and stored
+                done.parity = record_parity(store, Campaign.model_validate(record["spec"]), quiet=True)
+            return done
 
 
 def write_report(workspace: Path, campaign: CampaignView, out: Path | None) -> Path:

@@ -93,6 +93,8 @@ class CampaignEvaluator:
     def __init__(self, workspace: Path, campaign: Campaign, points: list[SweepPoint], file: Path | None,
                  options: dict[str, Any]) -> None:  # fmt: skip
         self.workspace, self.campaign, self.file, self.options = workspace, campaign, file, options
+        # what runs a rung's cells: run_campaign, or (tests/test_verdicts_search.py) a replay of recorded runs
+        self.runner = options.pop("runner", None) or run_campaign
         self.search: Search = campaign.sweep.search or Search()
         self.repeats = campaign.sweep.repeats
         self.full_steps = full_steps(points)
@@ -142,8 +144,7 @@ class CampaignEvaluator:
             with_base = " and the base recipe" if extra else ""
             console.print(Text(f"{self.campaign.name}: search {self.search.method}: {len(todo)} point(s){with_base} "
                                f"at {steps} steps"))  # fmt: skip
-            run_campaign(self.workspace, self.campaign, run, self.file, make_report=False,
-                         **self.options)  # fmt: skip
+            self.runner(self.workspace, self.campaign, run, self.file, make_report=False, **self.options)
             self.ran.update({p.cell_id: p for p in cells + base_cells})
         with Store(self.workspace, create=False) as store:
             read = StoreReader(store, self.campaign.name)

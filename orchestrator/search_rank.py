@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import best as best_rule
 from orchestrator.compare import METRICS, Metric, Point, compare_pair
-from orchestrator.freeze import pick_best
 from orchestrator.search import Search
 from orchestrator.sweep import canonical_json
 from reports import compare as stats
@@ -47,20 +46,12 @@ def metric_of(name: str) -> Metric:
 
 
 def mean_of(point: Point | None, key: str) -> float | None:
-    values = [r.summary.get(key) for r in (point.repeats if point else [])]
-    found = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    return sum(found) / len(found) if found else None
+    return best_rule.mean(point, key)
 
 
 def memory_of(point: Point | None) -> float | None:
-    """Peak memory of a point in GiB: its mean peak allocated GPU memory, else (a CPU run, where that is 0) the
-    largest resident set size its rows recorded (`rss_gib`)."""
-    peak = mean_of(point, "peak_alloc_gib")
-    if peak:
-        return peak
-    rss = [float(r["rss_gib"]) for rep in (point.repeats if point else []) for r in rep.rows
-           if isinstance(r.get("rss_gib"), (int, float))]  # fmt: skip
-    return max(rss) if rss else peak
+    """Peak memory of a point in GiB (orchestrator/best.py's `memory`: peak allocated, else a CPU run's RSS)."""
+    return best_rule.memory(point)[0]
 
 
 # ---- verdicts between points ------------------------------------------------------------------------------
@@ -108,8 +99,8 @@ def rank(
         assert leader.point is not None and other.point is not None
         decision = compare_pair(leader.point, other.point, (metric,), min_effect).decisions[metric.name]
         decided.append((other, decision))
-    contenders = [(e, d) for e, d in decided if not stats.is_bad(d, metric.higher_is_worse)]
-    worse = [(e, d) for e, d in decided if stats.is_bad(d, metric.higher_is_worse)]
+    contenders = [(e, d) for e, d in decided if not best_rule.clearly_worse(d, metric, min_effect)]
+    worse = [(e, d) for e, d in decided if best_rule.clearly_worse(d, metric, min_effect)]
     return [(leader, None), *contenders, *worse]
 
 
@@ -127,30 +118,24 @@ class Best:
     evidence: Evidence | None
     how: str
     pareto: list[Evidence] = field(default_factory=list)
+    tie: bool = False  # a tie no figure separates: no best point
 
 
-def pick(evidences: list[Evidence], search: Search, base: dict[int, Evidence | None]) -> Best:
-    """The best eligible point by the verdicts (freeze's pick, tie broken by lower peak memory)."""
-    eligible = [e for e in evidences if exclusion(e, search, base.get(e.steps)) is None]
+def target_steps(search: Search, full_steps: int) -> int:
+    """The run length the best is picked at: a halving's last rung, else the campaign's full length."""
+    return search.halving.steps[-1] if search.method == "halving" else full_steps
+
+
+def pick(evidences: list[Evidence], search: Search, base: dict[int, Evidence | None], steps: int) -> Best:
+    """The best eligible full-length (`steps`) point by orchestrator/best.py's rule, and the Pareto front."""
+    eligible = [e for e in evidences if e.steps == steps and exclusion(e, search, base.get(e.steps)) is None]
     if not eligible:
-        return Best(None, "no point completed and met the gates and constraints")
+        short = any(e.state == "completed" and e.steps != steps for e in evidences)
+        why = f"no trial ran to the full length ({steps} steps)" if short else ""
+        return Best(None, why or "no point completed and met the gates and constraints")
     by_id = {id(e.point): e for e in eligible}
-    winner, how, _tied = pick_best([e.point for e in eligible if e.point], metric_of(search.metric),
-                                    metric_of("peak_alloc"), search.min_effect)  # fmt: skip
-    return Best(by_id[id(winner)], how, pareto_front(eligible, search))
-
-
-def pareto_front(evidences: list[Evidence], search: Search) -> list[Evidence]:
-    """Points no other point beats on both the objective and peak memory (by their means)."""
-    metric = metric_of(search.metric)
-    sign = 1 if metric.higher_is_worse else -1
-
-    def cost(e: Evidence) -> tuple[float, float]:
-        return sign * (mean_of(e.point, metric.summary_key) or 0.0), memory_of(e.point) or 0.0
-
-    front = []
-    for e in evidences:
-        mine = cost(e)
-        if not any(cost(o) <= mine and cost(o) != mine for o in evidences):
-            front.append(e)
-    return sorted(front, key=cost)
+    points = [e.point for e in eligible if e.point]
+    choice = best_rule.choose(points, metric_of(search.metric), search.min_effect)
+    front = [by_id[id(p)] for p in best_rule.pareto(points, metric_of(search.metric))]
+    winner = by_id[id(choice.winner)] if choice.winner is not None else None
+    return Best(winner, choice.how, front, tie=choice.undecided)

@@ -29,7 +29,7 @@ from rich.text import Text
 from orchestrator.campaign import Campaign
 from orchestrator.collect import campaign_view
 from orchestrator.errors import MbxError
-from orchestrator.feasibility import check_points
+from orchestrator.feasibility import check_points, limits_of, with_gpu_memory
 from orchestrator.lock import CampaignLock
 from orchestrator.runner import cell_rows, write_report
 from orchestrator.search import Search
@@ -55,7 +55,10 @@ class SearchFinished:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.best.evidence is not None or self.dry_run else 1
+        """0 a best point, 3 a tie no figure separates (undecided), 1 none qualified; a dry run 0."""
+        if self.best.evidence is not None or self.dry_run:
+            return 0
+        return 3 if self.best.tie else 1
 
 
 def budget_text(search: Search) -> str:
@@ -66,21 +69,19 @@ def budget_text(search: Search) -> str:
 
 def candidates_of(evaluator: CampaignEvaluator, points: list[SweepPoint], ledger: Ledger) -> list[Candidate]:
     """The search's candidates in sweep order. Points infeasible by orchestrator/feasibility.py (a layout rule,
-    the estimate over the GPU's memory; `strict` refuses the campaign instead) or whose estimate exceeds
-    `constraints.peak_memory_gib_max` are recorded (trial rows, state infeasible) and left out."""
+    the estimate over the GPU's memory, under the headroom gate or over `constraints.peak_memory_gib_max`: the
+    set `mbx campaign plan` marks; `strict` refuses the campaign instead) are recorded (trial rows, state
+    infeasible) and left out."""
     options = evaluator.options
     file = str(evaluator.file) if evaluator.file else None
-    rows = check_points(points, options.get("gpu"), bool(options.get("strict")), file).by_point()
-    limit = evaluator.search.constraints.peak_memory_gib_max
+    limits = limits_of(evaluator.campaign)
+    rows = check_points(points, options.get("gpu"), bool(options.get("strict")), file, limits).by_point()
     out = []
     for key, cells in evaluator.expanded[evaluator.full_steps].items():
         cand = Candidate(key, cells[0].label, dict(cells[0].params))
         row = rows.get(cells[0].point_id)
-        why = None if row is None or row.feasible else row.reason
-        if why is None and row is not None and limit is not None and (row.estimate_gib or 0) > limit:
-            why = f"memory estimate {row.estimate_gib:.3g} GiB > constraints.peak_memory_gib_max {limit:g}"
-        if why:
-            ledger.record(Evidence(cand, evaluator.full_steps, "infeasible", reason=why), 0)
+        if row is not None and not row.feasible:
+            ledger.record(Evidence(cand, evaluator.full_steps, "infeasible", reason=row.reason), 0)
         else:
             out.append(cand)
     return out
@@ -152,6 +153,7 @@ def finish(workspace: Path, campaign: Campaign, evaluator: CampaignEvaluator, fi
     """Every cell the search ran becomes the campaign's active cells (for status, report, freeze); print the
     outcome and write the report."""
     ran = list(evaluator.ran.values())
+    campaign = with_gpu_memory(campaign, evaluator.options.get("gpu"))  # as run_campaign stored it for the rungs
     if ran:
         with CampaignLock(workspace / campaign.name), Store(workspace) as store:
             record = store.campaign(campaign.name) or {}
@@ -180,12 +182,15 @@ def outcome_lines(finished: SearchFinished) -> list[str]:
              f"= {share:.1%} of the grid's {finished.grid_steps}, {ledger.gpu_hours:.3g} GPU-hours"
              + (f"; stopped: {ledger.stop_reason}" if ledger.stop_reason else "")]  # fmt: skip
     if best.evidence is None:
-        return [*lines, f"NO BEST POINT: {best.how}"]
-    e = best.evidence
-    value = mean_of(e.point, ledger.search.objective)
-    lines.append(
-        f"BEST [{e.candidate.label}] {ledger.search.objective} {value:.4g} at {e.steps} steps: {best.how}"
-    )
+        lines.append(f"{'NO BEST POINT (tie)' if best.tie else 'NO BEST POINT'}: {best.how}")
+    else:
+        e = best.evidence
+        value = mean_of(e.point, ledger.search.objective)
+        lines.append(
+            f"BEST [{e.candidate.label}] {ledger.search.objective} {value:.4g} at {e.steps} steps: {best.how}"
+        )
+    if not best.pareto:
+        return lines
     front = "; ".join(f"[{p.candidate.label}] {mean_of(p.point, ledger.search.objective) or 0:.4g} / "
                       f"{memory_of(p.point) or 0:.3g} GiB" for p in best.pareto)  # fmt: skip
     lines.append(f"Pareto front ({ledger.search.objective} vs peak memory): {front}")

@@ -18,6 +18,7 @@ from orchestrator.search_rank import (
     metric_of,
     pick,
     rank,
+    target_steps,
     verdict_text,
 )
 from reports import compare as stats
@@ -67,7 +68,7 @@ def run_sequence(evaluator: Evaluator, candidates: list[Candidate], search: Sear
     if search.method == "random":
         random.Random(search.seed).shuffle(order)
     steps, found = evaluator.full_steps, Found()
-    chunk = 4 if search.budget.gpu_hours is not None else max(1, len(order))  # GPU-hours: checked after runs
+    chunk = 1 if search.budget.gpu_hours is not None else max(1, len(order))  # GPU-hours: checked before each
     while order:
         base_cost = steps * evaluator.repeats if wants_base(search) and steps not in found.bases else 0
         batch: list[Candidate] = []
@@ -108,7 +109,9 @@ def promote(
 
 
 def run_halving(evaluator: Evaluator, candidates: list[Candidate], search: Search, ledger: Ledger) -> Found:
-    """Successive halving over run length; a steps budget sizes the first rung (a seeded sample)."""
+    """Successive halving over run length; a steps budget sizes the first rung (a seeded sample). With a
+    GPU-hours budget a rung's trials are launched one at a time, the budget checked before each, so the search
+    ends at most one trial over it."""
     rungs, keep, reps = search.halving.steps, search.halving.keep, evaluator.repeats
     budget = search.budget.steps
     if budget is not None and wants_base(search):
@@ -121,11 +124,26 @@ def run_halving(evaluator: Evaluator, candidates: list[Candidate], search: Searc
         cost = (len(pool) + (1 if wants_base(search) else 0)) * steps * reps
         if not pool or not ledger.affordable([c.key for c in pool], cost):
             break
-        ran = run_batch(evaluator, pool, steps, rung, search, ledger, found)
+        ran = run_rung(evaluator, pool, steps, rung, search, ledger, found)
         found.final = ran
+        if len(ran) < len(pool):  # the GPU-hours ran out within the rung
+            break
         if rung < len(rungs) - 1:
             pool = promote(ran, search, found.bases.get(steps), rung, ledger)
     return found
+
+
+def run_rung(evaluator: Evaluator, pool: list[Candidate], steps: int, rung: int, search: Search, ledger: Ledger,
+             found: Found) -> list[Evidence]:  # fmt: skip
+    """A rung in one launch, or (a GPU-hours budget) one trial at a time while the budget lasts."""
+    if search.budget.gpu_hours is None:
+        return run_batch(evaluator, pool, steps, rung, search, ledger, found)
+    ran: list[Evidence] = []
+    for cand in pool:
+        if not ledger.affordable([cand.key], 0):
+            break
+        ran += run_batch(evaluator, [cand], steps, rung, search, ledger, found)
+    return ran
 
 
 def run_strategy(evaluator: Evaluator, candidates: list[Candidate], search: Search, ledger: Ledger,
@@ -137,7 +155,7 @@ def run_strategy(evaluator: Evaluator, candidates: list[Candidate], search: Sear
         found = run_optuna(evaluator, candidates, search, ledger, space or point_space(candidates), steps_key)
     else:
         found = run_sequence(evaluator, candidates, search, ledger)
-    best = pick(found.final, search, found.bases)
+    best = pick(found.final, search, found.bases, target_steps(search, evaluator.full_steps))
     for e in found.final:
         row = ledger.rows.get((ledger.number(e.candidate.key), rung_of(ledger, e)))
         if row is None:

@@ -3,6 +3,7 @@ every cell as JSON."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -124,3 +125,21 @@ def _repeat_cells(cell: CellView) -> list[Any]:
         *_figures(cell.summary),
         Text(verdict, style="dim"),
     ]
+
+
+def verdict_lines(workspace: Path, view: CampaignView) -> list[Text]:
+    """Below the table: a parity campaign's pairs (orchestrator/closing.py) and the best point as the search,
+    the report and `mbx freeze` name it (orchestrator/best.py), or why there is none."""
+    from orchestrator.closing import parity_lines
+    from orchestrator.errors import MbxError
+    from orchestrator.freeze import freeze
+
+    lines = parity_lines(view.parity) if view.parity else []
+    if not any(c.state == "completed" for c in view.cells):
+        return lines
+    try:
+        frozen = freeze(workspace, view.name)
+    except MbxError as err:
+        return [*lines, Text.assemble(("no best point: ", "bold yellow"), str(err))]
+    w = frozen.winner
+    return [*lines, Text.assemble(("best: ", "bold"), f"{w.point_id} [{w.label}]: {frozen.how}")]

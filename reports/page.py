@@ -255,11 +255,15 @@ def index_cells(view: CampaignView, best: PointView | None) -> list[CellView]:
 
 
 def pick_best(view: CampaignView, extras: SiteExtras) -> tuple[PointView | None, str]:
-    """The best point and how it was picked: the verdicts' winner (mbx freeze) when given, else the highest mean."""
+    """The best point and how it was picked: the verdicts' winner (orchestrator/best.py, as mbx freeze and the
+    search pick it) when given; none when the orchestrator said why there is none (a tie no figure separates,
+    nothing eligible); the highest mean only for a page rendered without the orchestrator's pick."""
     if extras.winner is not None:
         chosen = next((p for p in view.points if p.point_id == extras.winner), None)
         if chosen is not None:
             return chosen, extras.how or "picked by the verdicts"
+    if extras.freeze_note:
+        return None, extras.freeze_note
     return view.best_point(), (
         "highest mean TFLOP/s/GPU among completed points that did not fail; not compared with confidence "
         "(mbx freeze compares)"

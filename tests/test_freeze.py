@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 from conftest import TINY_MOE_RECIPE
 
+from orchestrator.best import choose
 from orchestrator.compare import METRICS, Point, Repeat
-from orchestrator.freeze import pick_best
 
 STEP_TIME = next(m for m in METRICS if m.name == "step_time")
 MEMORY = next(m for m in METRICS if m.name == "peak_alloc")
@@ -30,16 +30,16 @@ def test_a_clear_winner_is_named_with_its_confidence() -> None:
         _point("fast", [100.0, 100.4, 99.8, 100.1], 30),
         _point("slow", [110.0, 110.3, 109.9, 110.2], 20),
     )
-    winner, how, tied = pick_best([slow, fast], STEP_TIME, MEMORY, 0.01)
-    assert winner is fast and not tied
-    assert "runner-up slow differs by +10" in how and "DIFFERENT" in how and "p=" in how
+    choice = choose([slow, fast], STEP_TIME, 0.01, MEMORY)
+    assert choice.winner is fast and not choice.is_tie
+    assert "runner-up slow differs by +10" in choice.how and "DIFFERENT" in choice.how and "p=" in choice.how
 
 
 def test_points_not_different_are_a_tie_broken_by_memory() -> None:
     a, b = _point("a", [100.0, 100.4, 99.8, 100.1], 30), _point("b", [100.2, 99.9, 100.3, 100.0], 20)
-    winner, how, tied = pick_best([a, b], STEP_TIME, MEMORY, 0.01)
-    assert winner is b and tied == {"a", "b"}
-    assert "2 points are not DIFFERENT" in how and "lower peak allocated" in how
+    choice = choose([a, b], STEP_TIME, 0.01, MEMORY)
+    assert choice.winner is b and {p.point_id for p in choice.tied} == {"a", "b"}
+    assert "TIE: 2 points are not DIFFERENT" in choice.how and "lower peak allocated" in choice.how
 
 
 def test_freeze_a_real_campaign(mbx, write_campaign, tmp_path: Path, cache_env) -> None:
