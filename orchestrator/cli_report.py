@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
 from orchestrator.options import DEFAULT_WORKSPACE, CampaignNameArg, WorkspaceOpt
-from reports.views import CampaignView
+
+if TYPE_CHECKING:  # an annotation only: pydantic stays off the `mbx --help` path
+    from reports.views import CampaignView
 
 console = Console(highlight=False, markup=False, emoji=False)
 err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
