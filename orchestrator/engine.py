@@ -255,8 +255,10 @@ class Engine:
     ) -> None:
         """launch.json: the attempt as launched (its argv as `command`), with its retry budget and what the launcher
         keeps to follow and cancel it (its run dir, log files, a packed point's files): a rebuilt store keeps them."""
+        from reports.secrets import redact_tree  # detect-secrets loads on the first attempt only
+
         info = dict(job_info or {})
-        command = info.pop("argv", None)
+        command = redact_tree(info.pop("argv", None))  # a secret typed into an argv never lands in a file
         rundir.write_launch(spec.run_dir, rundir.launch_record(
             launcher=self.launcher.name, campaign=spec.campaign, cell_id=spec.cell_id, attempt=spec.attempt,
             job_id=job_id, command=command, nodes=spec.resources.nodes,
