@@ -51,7 +51,7 @@ def _bundled(folder: Path, name: str, steps: int) -> Path:
     recipe["training"]["steps"] = steps
     return _write(folder / f"{name}[/x].yaml", {
         "name": name, "description": "[bold]desc[/x] :smile:", "trainer": {"recipe": recipe},
-        "sweep": {"axes": {"env.MBX_TAG": MARKUP}}, "collect": {"window": 2},
+        "sweep": {"axes": {"env.USER_TAG": MARKUP}}, "collect": {"window": 2},
         "launchers": {"local": {"parallel": 1}}, "wandb": {"mode": "disabled"},
     })  # fmt: skip
 
@@ -68,7 +68,7 @@ def test_markup_in_values_labels_paths_and_reasons(tmp_path, cache_env):
     failing = _write(folder / "fail[/x].yaml", {
         "name": "mkfail", "trainer": {"kind": "command", "command": [
             sys.executable, "-c", f"import sys; print({OOM!r}, file=sys.stderr); sys.exit(3)"]},
-        "sweep": {"axes": {"env.MBX_TAG": ["[/x]"]}}, "wandb": {"mode": "disabled"},
+        "sweep": {"axes": {"env.USER_TAG": ["[/x]"]}}, "wandb": {"mode": "disabled"},
     })  # fmt: skip
     failed = _clean(run_mbx("campaign", "run", str(failing), "--workspace", str(workspace), env=cache_env), 1)
     assert "CUDA out of memory [/x] [bold]boom[/bold]" in failed.replace("\n", "") and "FAIL 0/1" in failed
@@ -84,9 +84,9 @@ def test_markup_in_values_labels_paths_and_reasons(tmp_path, cache_env):
     listed = _clean(run_mbx("campaign", "list", "--workspace", str(workspace)), 0)
     assert "mk" in listed and "mkfail" in listed
     plan = _clean(run_mbx("campaign", "plan", str(file)), 0)
-    assert all(text in plan for text in MARKUP) and "env.MBX_TAG" in plan
+    assert all(text in plan for text in MARKUP) and "env.USER_TAG" in plan
     resumed = _clean(run_mbx("campaign", "resume", "mk", "--workspace", str(workspace), env=cache_env), 0)
-    assert "[MBX_TAG=[/x]] already completed" in resumed.replace("\n", "")
+    assert "[USER_TAG=[/x]] already completed" in resumed.replace("\n", "")
     dry = _clean(run_mbx("campaign", "run", str(file), "--workspace", str(workspace), "--dry-run"), 0)
     assert "dry run" in dry
 
@@ -110,6 +110,6 @@ def test_resume_adopts_an_attempt_whose_label_is_markup(tmp_path, cache_env):
     first.wait()
 
     resumed = _clean(run_mbx("campaign", "resume", "adopt", "--workspace", str(workspace), env=cache_env), 0)
-    assert "adopted running attempt 1 of" in resumed and "[MBX_TAG=[/x]]" in resumed.replace("\n", "")
+    assert "adopted running attempt 1 of" in resumed and "[USER_TAG=[/x]]" in resumed.replace("\n", "")
     assert _states(workspace) == ["completed", "completed"]
     assert "PASS 2/2 completed" in resumed

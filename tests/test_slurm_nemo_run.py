@@ -31,10 +31,10 @@ def test_quickstart_through_nemo_run(
 ) -> None:
     pytest.importorskip("nemo_run", reason="NeMo-Run is optional: pip install 'mbx[nemo]'")
     workspace = tmp_path / "ws"
-    data = slurm.campaign("qs-nemo", env={"values": {"MBX_NOTE": "a b $(c)"}, "pass": ["MBX_TEST_SECRET"]})
+    data = slurm.campaign("qs-nemo", env={"values": {"USER_NOTE": "a b $(c)"}, "pass": ["TEST_SECRET"]})
     data["launcher"] = "nemo-run"  # --dry-run renders the campaign's own launcher
     file = write_campaign(data)
-    env = {**cache_env, **slurm.env, "MBX_TEST_SECRET": "nemo-s3cr3t"}
+    env = {**cache_env, **slurm.env, "TEST_SECRET": "nemo-s3cr3t"}
 
     dry = mbx("campaign", "run", str(file), "--dry-run", "--workspace", str(workspace), env=env)
     assert dry.returncode == 0, dry.stdout + dry.stderr

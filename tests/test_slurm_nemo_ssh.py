@@ -55,7 +55,7 @@ def _sshd_config(root: Path, port: int, env: dict[str, str]) -> str:
     # (OpenSSH >= 8.7) sets it for every session of this sshd only, with no file in anyone's home and without
     # PermitUserEnvironment (which reads ~/.ssh/environment, outside the temp dir). It is what a login node's
     # profile does for real users: SLURM_CONF points sbatch/squeue at the test cluster, MBX_CACHE_DIR keeps the
-    # ranks' JIT caches in the temp dir, and MBX_TEST_SECRET is a value that only the login node has.
+    # ranks' JIT caches in the temp dir, and TEST_SECRET is a value that only the login node has.
     set_env = " ".join(f"{k}={v}" for k, v in env.items())
     return f"""\
 Port {port}
@@ -114,7 +114,7 @@ def sshd(slurm, tmp_path: Path) -> Iterator[Sshd]:
     wrapper.write_text(LOGGED_COMMAND.format(commands=commands, sftp=sftp))
     wrapper.chmod(0o755)
     port = _free_port()
-    env = {"SLURM_CONF": str(slurm.conf), "MBX_CACHE_DIR": str(tmp_path / "cache"), "MBX_TEST_SECRET": SECRET}
+    env = {"SLURM_CONF": str(slurm.conf), "MBX_CACHE_DIR": str(tmp_path / "cache"), "TEST_SECRET": SECRET}
     config = root / "sshd_config"
     config.write_text(_sshd_config(root, port, env))
 
@@ -162,7 +162,7 @@ def test_quickstart_through_nemo_run_ssh_tunnel(
     pytest.importorskip("nemo_run", reason="NeMo-Run is optional: pip install 'mbx[nemo]'")
     workspace = tmp_path / "ws"
     job_dir = tmp_path / "login-node-jobs"  # NeMo-Run's remote job_dir: only rsync over SSH writes there
-    data = slurm.campaign("qs-nemo-ssh", env={"pass": ["MBX_TEST_SECRET"]})
+    data = slurm.campaign("qs-nemo-ssh", env={"pass": ["TEST_SECRET"]})
     # fabric's host shorthand carries the port ("host:port"); mbx's settings have no port field of their own
     data["launchers"]["nemo-run"].update(tunnel="ssh", host=f"127.0.0.1:{sshd.port}", user=sshd.user,
                                          identity=str(sshd.identity), job_dir=str(job_dir))  # fmt: skip
@@ -172,7 +172,7 @@ def test_quickstart_through_nemo_run_ssh_tunnel(
     env = {
         **cache_env,
         "PATH": path,
-        "MBX_TEST_SECRET": SECRET,
+        "TEST_SECRET": SECRET,
         "SLURM_CONF": "/nonexistent/slurm.conf",
         "NEMORUN_HOME": str(tmp_path / "nemo-run-home"),
     }  # its job list (.slurm_jobs) stays out of ~/.nemo_run
