@@ -76,7 +76,10 @@ UntilOpt = Annotated[
     typer.Option(
         "--until-conclusive",
         help="Run more repeats of the points of UNKNOWN verdicts (one per side per round, A then B) until every "
-        "verdict is SAME or DIFFERENT or the --budget is spent.",
+        "verdict is SAME or DIFFERENT or the --budget is spent. Looking after every round is paid for by a "
+        "Bonferroni split: with at most K = 1 + budget // 2 looks, every look (the first too) tests at α/K "
+        "(DIFFERENT at p ≤ 0.01/K; SAME when the (1 − 0.05/K) CI lies inside ±--min-effect), so over all looks a "
+        "false DIFFERENT stays ≤ 1% and a false SAME ≤ 2.5%.",
     ),
 ]
 BudgetOpt = Annotated[
@@ -84,7 +87,8 @@ BudgetOpt = Annotated[
     typer.Option(
         "--budget",
         min=2,
-        help="With --until-conclusive: extra cells to run at most, both sides together [default: 6].",
+        help="With --until-conclusive: extra cells to run at most, both sides together [default: 6]; it sets "
+        "the most looks, K = 1 + budget // 2, that the levels are split over.",
     ),
 ]
 HtmlOpt = Annotated[
@@ -110,7 +114,13 @@ def compare(
     html: HtmlOpt = None,
 ) -> None:
     """Compare two campaigns point by point: relative change with a 95% CI and SAME / DIFFERENT / UNKNOWN per
-    metric, decided on repeats (Welch t on log repeat values, p ≤ 0.01 and ≥ --min-effect for DIFFERENT).
+    metric, decided on repeats (Welch t on log repeat values, p ≤ 0.01 and ≥ --min-effect for DIFFERENT; SAME
+    only when the whole 95% CI lies inside ±--min-effect, by two one-sided tests; else UNKNOWN, whatever the
+    p-value). Peak memory is deterministic: compared against a floor of 1% or 0.25 GiB, whichever is larger
+    (within it SAME, beyond it DIFFERENT), with one run a side too.
+
+    What the sides ran differently is printed first: the resolved configuration diff (recipe, resources, env,
+    trainer, launcher), then the environment fingerprint.
 
     A side may be a Megatron-LM golden-values file (a path ending in .json; `mbx golden export` writes one): one
     point, `golden`, with one repeat of per-step samples and no fingerprint. One repeat on a side follows the
@@ -158,6 +168,8 @@ def _decide(workspace: Path, a: str, b: str, run: bool, repeats: int | None, lau
     from orchestrator import interleave
 
     failed: list[Any] = []
+    if until_conclusive:
+        options = {**options, "looks": interleave.max_looks(interleave.DEFAULT_BUDGET if budget is None else budget)}
     if run:
         a, b, driven = interleave.run_files(workspace, Path(a), Path(b), repeats=repeats, launcher=launcher)
         failed = driven.failed
@@ -197,9 +209,13 @@ def _print(result: object) -> None:
     assert isinstance(result, cmp.Comparison)
     by_name = {m.name: m for m in cmp.METRICS}
     for pair in result.pairs:
-        table = Table(title=Text(cmp.pair_title(pair)), title_justify="left")
+        console.print(Text(cmp.pair_title(pair), style="bold"))
+        for line in cmp.first_lines(pair):
+            head, _, text = line.partition(": ")
+            console.print(Text.assemble((f"{head}: ", "bold"), text))
+        table = Table()
         for column, justify in (("metric", "left"), ("A", "right"), ("B", "right"), ("Δ", "right"),
-                                ("95% CI", "left"), ("p", "right"), ("decision", "left")):  # fmt: skip
+                                (cmp.ci_header(result), "left"), ("p", "right"), ("decision", "left")):  # fmt: skip
             table.add_column(column, justify=justify)  # type: ignore[arg-type]
         for name, d in pair.decisions.items():
             word = cmp.verdict_word(d, by_name[name])
@@ -207,16 +223,13 @@ def _print(result: object) -> None:
             table.add_row(Text(by_name[name].label), cmp.fmt_value(d.mean_a), cmp.fmt_value(d.mean_b),
                           cmp.fmt_change(d), cmp.fmt_ci(d), p, Text(word, style=_STYLE.get(word, "")))  # fmt: skip
         console.print(table)
-        lines = [("fingerprint differs (first suspect): ", x) for x in pair.fingerprint_diff]
-        fingerprint = cmp.fingerprint_line(pair)
-        if fingerprint is not None:
-            lines.append(("fingerprint: ", fingerprint))
-        lines += [("note: ", x) for x in pair.notes]
+        lines = [("note: ", x) for x in pair.notes]
         lines += [("diagnosis: ", x) for x in pair.diagnosis] + [("", x) for x in cmp.advice(pair)]
         for head, text in lines:
             console.print(Text.assemble((head, "bold"), text))
     for line in result.unmatched:
         console.print(Text.assemble(("unmatched: ", "yellow"), line))
     word = {0: "SAME", 1: "WORSE", 3: "UNKNOWN"}[result.exit_code]
+    console.print(Text(f"rule: {cmp.rule_text(result)}", style="dim"))
     console.print(Text(f"{word}: {result.a} → {result.b}, practical threshold {cmp.threshold_text(result)}",
                        style="bold"))  # fmt: skip

@@ -7,8 +7,13 @@ swept values (`CellRow.params`), or the single point of each side, or explicit `
 ids. A side that is a path ending in .json that exists is a Megatron-LM (or Bridge) golden-values file: one
 point (`golden`) with one repeat of per-step samples and no fingerprint, so the single-repeat rule of
 reports/compare.py decides (never SAME; DIFFERENT only for a large effect) and hardware is not checked.
-Each metric has a practical threshold (`--min-effect`, per metric too: `2%,final_loss=0.5%`). Besides the
-signature of the decisions, the diagnosis reads the whole step curves of every repeat: the loss diverging
+Each metric has a practical threshold (`--min-effect`, per metric too: `2%,final_loss=0.5%`); peak memory,
+deterministic for a fixed configuration, is compared against a stated floor (reports/compare.py's
+MEMORY_FLOOR), with one run a side too. `looks` > 1 (`--until-conclusive`) tests each look at the levels divided
+by the number of looks (Bonferroni). What the two sides ran differs in first: the resolved configuration diff
+(`config_diff`: the cell's recipe, resources and env, the trainer, launcher and container settings, the
+measured window; argv flags one by one), then the environment fingerprint. Besides the signature of the
+decisions, the diagnosis reads the whole step curves of every repeat: the loss diverging
 from a step, grad-norm spikes only one side has (reports/compare.py on reports/numerics.py).
 Exit code: 0 every metric SAME (or below the practical threshold, or better), 1 a DIFFERENT in the bad
 direction, 3 an UNKNOWN and nothing bad, 2 bad input. `write_page` writes the comparison page
@@ -18,12 +23,14 @@ campaign files (`--run`) and extra repeats (`--until-conclusive`) are orchestrat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.baseline import params_key
 from orchestrator.collect import summary_from_dict
+from orchestrator.compare_config import config_diff, diff_line, point_config
 from orchestrator.errors import RunError, UsageError
 from orchestrator.golden import load_golden
 from orchestrator.store import CellRow, Store
@@ -41,13 +48,15 @@ class Metric:
     summary_key: str
     step_key: str | None
     higher_is_worse: bool
+    floor: stats.Floor | None = None  # deterministic: compared against this measurement floor
 
 
 METRICS = (
     Metric("step_time", "step time (ms)", "step_time_ms", "step_time_ms", True),
     Metric("tflops", "TFLOP/s/GPU", "tflops_per_gpu", "tflops_per_gpu", False),
-    Metric("peak_alloc", "peak allocated (GiB)", "peak_alloc_gib", "mem_max_allocated_gib", True),
-    Metric("peak_reserved", "peak reserved (GiB)", "peak_reserved_gib", "mem_max_reserved_gib", True),
+    Metric("peak_alloc", "peak allocated (GiB)", "peak_alloc_gib", "mem_max_allocated_gib", True, stats.MEMORY_FLOOR),
+    Metric("peak_reserved", "peak reserved (GiB)", "peak_reserved_gib", "mem_max_reserved_gib", True,
+           stats.MEMORY_FLOOR),
     Metric("final_loss", "final loss", "last_loss", None, True),
 )
 METRIC_NAMES = tuple(m.name for m in METRICS)
@@ -63,6 +72,7 @@ SUSPECT_KEYS = (
     "git_sha",
 )
 GOLDEN_POINT = "golden"  # the point id of a golden-values file (for --pair POINT:golden)
+CONFIG_SHOWN = 12  # config differences listed in text and Markdown (--json has all)
 
 
 @dataclass
@@ -85,6 +95,7 @@ class Point:
     cell_ids: list[str]
     repeats: list[Repeat] = field(default_factory=list)
     source: str = "campaign"  # "campaign" | "golden" (a golden-values file: no fingerprint)
+    config: dict[str, str] | None = None  # the resolved configuration, flattened (None: not recorded)
 
 
 @dataclass
@@ -96,6 +107,7 @@ class PairResult:
     fingerprint_diff: list[str]
     no_fingerprint: list[str] = field(default_factory=list)  # sides without a fingerprint ("B (x.json)")
     notes: list[str] = field(default_factory=list)
+    config_diff: list[dict[str, str]] = field(default_factory=list)  # {key, a, b}: what the two sides ran
 
     def worse(self) -> list[str]:
         return [m.name for m in METRICS if m.name in self.decisions
@@ -113,6 +125,11 @@ class Comparison:
     pairs: list[PairResult]
     unmatched: list[str]
     min_effects: dict[str, float] = field(default_factory=dict)  # per-metric thresholds (others: min_effect)
+    looks: int = 1  # the most looks of a sequential comparison (--until-conclusive): each at alpha / looks
+
+    @property
+    def levels(self) -> stats.Levels:
+        return stats.Levels.for_looks(self.looks)
 
     @property
     def exit_code(self) -> int:
@@ -160,14 +177,20 @@ def load_points(store: Store, name: str) -> list[Point]:
     window = _window_size(store, name)
     latest = store.latest_attempts(name)
     points: dict[str, Point] = {}
+    cells: dict[str, list[CellRow]] = {}
     for cell in store.cells(name):
         point = points.setdefault(cell.point_id, Point(name, cell.point_id, cell.label, cell.params, []))
         point.cell_ids.append(cell.cell_id)
+        cells.setdefault(cell.point_id, []).append(cell)
         attempt = latest.get(cell.cell_id)
         if attempt is not None and attempt.state == "completed":
             repeat = _repeat(store, name, cell, attempt, window)
             if repeat is not None:
                 point.repeats.append(repeat)
+    record = store.campaign(name) or {}
+    spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
+    for point_id, point in points.items():
+        point.config = point_config(spec, record.get("launcher"), cells[point_id])
     return list(points.values())
 
 
@@ -286,9 +309,10 @@ def side_notes(a: Point, b: Point) -> tuple[list[str], list[str]]:
     single = [f"{name} ({p.campaign})" for name, p in sides if len(p.repeats) == 1]
     notes = []
     if single:
-        notes.append(f"one repeat on {' and '.join(single)}: the single-repeat rule decides (never SAME; DIFFERENT "
-                     "only for a large effect on the per-step samples; a metric with no spread at all, such as peak "
-                     "memory, is compared exactly); more repeats can settle an UNKNOWN")  # fmt: skip
+        notes.append(f"one repeat on {' and '.join(single)}: the single-repeat rule decides step time and loss "
+                     "(never SAME; DIFFERENT only for a large effect on the per-step samples); peak memory is "
+                     f"deterministic and compared against its floor ({stats.MEMORY_FLOOR.text()}); more repeats "
+                     "can settle an UNKNOWN")  # fmt: skip
     return missing, notes
 
 
@@ -309,16 +333,32 @@ def curve_diagnosis(a: Point, b: Point, loss_tolerance: float) -> list[str]:
 
 
 def compare_pair(a: Point, b: Point, metrics: tuple[Metric, ...], min_effect: float,
-                 min_effects: dict[str, float] | None = None) -> PairResult:  # fmt: skip
+                 min_effects: dict[str, float] | None = None, looks: int = 1) -> PairResult:  # fmt: skip
+    """Decide every metric of B against A (`looks`: the most looks of a sequential comparison), diagnose, and
+    say what the two sides ran differently (configuration, then environment)."""
     effects = {m.name: (min_effects or {}).get(m.name, min_effect) for m in metrics}
-    decisions = {
-        m.name: stats.compare_samples(_samples(a, m), _samples(b, m), effects[m.name]) for m in metrics
-    }
+    decisions = {m.name: stats.compare_samples(_samples(a, m), _samples(b, m), effects[m.name], floor=m.floor,
+                                               looks=looks) for m in metrics}  # fmt: skip
     diagnosis = stats.diagnose(decisions, "step_time", ("peak_alloc", "peak_reserved"), "final_loss")
     diagnosis += curve_diagnosis(a, b, (min_effects or {}).get("final_loss", min_effect))
     missing, notes = side_notes(a, b)
     diff = [] if missing else fingerprint_diff(a, b)
-    return PairResult(a, b, decisions, diagnosis, diff, missing, notes)
+    configured = a.config is not None and b.config is not None
+    changed = config_diff(a.config or {}, b.config or {}) if configured else []
+    return PairResult(a, b, decisions, diagnosis, diff, missing, notes, changed)
+
+
+def config_lines(result: PairResult, limit: int | None = CONFIG_SHOWN) -> list[str]:
+    """What the two sides ran differently, first of all: `key: A → B` lines, or why there are none."""
+    if result.a.config is None or result.b.config is None:
+        sides = [f"{n} ({p.campaign})" for n, p in (("A", result.a), ("B", result.b)) if p.config is None]
+        return [f"not recorded for {' and '.join(sides)} (golden-values file): configuration not compared"]
+    if not result.config_diff:
+        return ["no difference in the resolved configuration"]
+    lines = [diff_line(item) for item in result.config_diff]
+    if limit is not None and len(lines) > limit:
+        lines = lines[:limit] + [f"… and {len(lines) - limit} more (--json lists all)"]
+    return lines
 
 
 def parse_min_effect(text: str) -> tuple[float, dict[str, float]]:
@@ -348,10 +388,11 @@ def parse_min_effect(text: str) -> tuple[float, dict[str, float]]:
 
 def compare_campaigns(workspace: Path, a: str, b: str, *, metrics: list[str] | None = None,
                       min_effect: float = stats.MIN_EFFECT, pairs: list[str] | None = None,
-                      allow_different_hardware: bool = False,
-                      min_effects: dict[str, float] | None = None) -> Comparison:  # fmt: skip
+                      allow_different_hardware: bool = False, min_effects: dict[str, float] | None = None,
+                      looks: int = 1) -> Comparison:  # fmt: skip
     """Load both sides (campaigns from the workspace's store, or golden-values files), match their points and
-    decide every metric (with `min_effects[metric]`, else `min_effect`, as its practical threshold)."""
+    decide every metric (with `min_effects[metric]`, else `min_effect`, as its practical threshold; `looks`:
+    the most looks of a sequential comparison, each tested at the levels divided by it)."""
     unknown = [m for m in metrics or [] if m not in METRIC_NAMES]
     if unknown:
         raise UsageError(f"--metric {', '.join(unknown)}: unknown (choose from {', '.join(METRIC_NAMES)})")
@@ -372,8 +413,8 @@ def compare_campaigns(workspace: Path, a: str, b: str, *, metrics: list[str] | N
             raise UsageError(f"{empty.campaign} point {empty.point_id} has no completed repeat to compare")
         if "golden" not in (left.source, right.source):  # a golden file records no GPU
             check_hardware(left, right, allow_different_hardware)
-    results = [compare_pair(left, right, chosen, min_effect, min_effects) for left, right in matched]
-    return Comparison(a, b, min_effect, results, unmatched, min_effects)
+    results = [compare_pair(left, right, chosen, min_effect, min_effects, looks) for left, right in matched]
+    return Comparison(a, b, min_effect, results, unmatched, min_effects, looks)
 
 
 # ---- rendering (plain data, Markdown) ---------------------------------------------------------------------
@@ -386,6 +427,8 @@ def fmt_change(d: stats.Decision) -> str:
 def fmt_ci(d: stats.Decision) -> str:
     if d.ci_low is None or d.ci_high is None:
         return "–"
+    if d.test.startswith(stats.FLOOR_TEST):  # a deterministic figure: its floor, not a CI
+        return f"exact, floor ±{(d.ci_high - d.ci_low) / 2:.2%}"
     return f"[{d.ci_low:+.2%}, {d.ci_high:+.2%}]"
 
 
@@ -441,11 +484,30 @@ def threshold_text(comparison: Comparison) -> str:
     return f"{comparison.min_effect:.1%}{extra}"
 
 
+def ci_header(comparison: Comparison) -> str:
+    """`95% CI`, or the wider interval of a sequential comparison (`98.75% CI`)."""
+    return f"{comparison.levels.confidence * 100:.4g}% CI"
+
+
+def rule_text(comparison: Comparison) -> str:
+    """The decision rule as run: levels (per look when sequential) and the memory floor."""
+    levels = comparison.levels
+    rule = (f"DIFFERENT at p ≤ {levels.alpha:.2g} and |Δ| ≥ the threshold; SAME only when the whole "
+            f"{ci_header(comparison)} lies inside ± the threshold (TOST at {levels.equivalence_alpha:.2g} a side); "
+            f"peak memory against a floor of {stats.MEMORY_FLOOR.text()}")  # fmt: skip
+    if comparison.looks > 1:
+        rule += (f"; up to {comparison.looks} looks (--until-conclusive), each at α/{comparison.looks} "
+                 f"(Bonferroni): at most {stats.ALPHA:g} false DIFFERENT and {stats.EQUIVALENCE_ALPHA:g} false "
+                 "SAME over all looks")  # fmt: skip
+    return rule
+
+
 def to_json(comparison: Comparison) -> dict[str, Any]:
     by_name = {m.name: m for m in METRICS}
     pairs = []
     for r in comparison.pairs:
         pairs.append({
+            "config_diff": r.config_diff, "config_lines": config_lines(r, None),
             "a": {"campaign": r.a.campaign, "point_id": r.a.point_id, "label": r.a.label, "params": r.a.params,
                   "repeats": [x.cell_id for x in r.a.repeats], "source": r.a.source},
             "b": {"campaign": r.b.campaign, "point_id": r.b.point_id, "label": r.b.label, "params": r.b.params,
@@ -456,8 +518,12 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
             "verdicts": {name: verdict_word(d, by_name[name]) for name, d in r.decisions.items()},
             "fingerprint_line": fingerprint_line(r), "advice": advice(r),
         })  # fmt: skip
+    levels = comparison.levels
     return {"a": comparison.a, "b": comparison.b, "min_effect": comparison.min_effect,
-            "min_effects": comparison.min_effects, "metric_labels": {m.name: m.label for m in METRICS},
+            "min_effects": comparison.min_effects, "looks": comparison.looks, "alpha": levels.alpha,
+            "equivalence_alpha": levels.equivalence_alpha, "confidence": levels.confidence,
+            "memory_floor": {"rel": stats.MEMORY_FLOOR.rel, "gib": stats.MEMORY_FLOOR.absolute},
+            "rule": rule_text(comparison), "metric_labels": {m.name: m.label for m in METRICS},
             "pairs": pairs, "unmatched": comparison.unmatched, "exit_code": comparison.exit_code}  # fmt: skip
 
 
@@ -473,23 +539,34 @@ def write_page(comparison: Comparison, out_dir: Path) -> Path:
                        f"{err.strerror or err}") from None  # fmt: skip
 
 
+def first_lines(result: PairResult, escape: Callable[[str], str] = str) -> list[str]:
+    """What the sides ran differently, shown before any figure: the configuration diff, then the environment
+    fingerprint (differences, or why there are none)."""
+    config = "config differs" if result.config_diff else "config"
+    lines = [f"{config}{' (first suspect)' * (not i and bool(result.config_diff))}: {escape(x)}"
+             for i, x in enumerate(config_lines(result))]  # fmt: skip
+    lines += [f"fingerprint differs{' (first suspect)' * (not i and not result.config_diff)}: {escape(x)}"
+              for i, x in enumerate(result.fingerprint_diff)]  # fmt: skip
+    fingerprint = fingerprint_line(result)
+    return lines + ([f"fingerprint: {escape(fingerprint)}"] if fingerprint else [])
+
+
 def to_markdown(comparison: Comparison) -> str:
     from reports.markdown import md_text  # GFM escaping of user text (labels, ids)
 
     by_name = {m.name: m for m in METRICS}
     lines = [f"### mbx compare {md_text(comparison.a)} → {md_text(comparison.b)} "
-             f"(practical threshold {threshold_text(comparison)})", ""]  # fmt: skip
+             f"(practical threshold {threshold_text(comparison)})", "", f"rule: {md_text(rule_text(comparison))}", ""]  # fmt: skip
     for r in comparison.pairs:
-        lines += [f"**{md_text(pair_title(r))}**", "", "| metric | A | B | Δ | 95% CI | p | decision |",
+        lines += [f"**{md_text(pair_title(r))}**", ""] + [f"- {x}" for x in first_lines(r, md_text)] + [""]
+        lines += [f"| metric | A | B | Δ | {ci_header(comparison)} | p | decision |",
                   "|---|---:|---:|---:|---|---:|---|"]  # fmt: skip
         for name, d in r.decisions.items():
             p = "–" if d.p_value is None else f"{d.p_value:.2g}"
             lines.append(f"| {md_text(by_name[name].label)} | {fmt_value(d.mean_a)} | {fmt_value(d.mean_b)} | "
                          f"{fmt_change(d)} | {fmt_ci(d)} | {p} | {verdict_word(d, by_name[name])} |")  # fmt: skip
         lines.append("")
-        notes = [f"fingerprint differs: {md_text(x)}" for x in r.fingerprint_diff]
-        notes += [f"fingerprint: {md_text(x)}" for x in [fingerprint_line(r)] if x and r.no_fingerprint]
-        notes += [f"note: {md_text(x)}" for x in r.notes]
+        notes = [f"note: {md_text(x)}" for x in r.notes]
         notes += [f"diagnosis: {md_text(x)}" for x in r.diagnosis] + [md_text(x) for x in advice(r)]
         lines += [f"- {x}" for x in notes] + ([""] if notes else [])
     lines += [f"- unmatched: {md_text(x)}" for x in comparison.unmatched]

@@ -7,8 +7,10 @@ thermals, neighbours) falls on both sides alike. A rerun reuses every completed 
 and adopts attempts still running. `--until-conclusive` adds repeat cells `<point>-r<n>` (the sweep's cell-id
 scheme) to the points of the pairs with an UNKNOWN verdict, registers them with the campaign's other active
 cells and runs them the same way, A then B, until every verdict is decided or the budget of extra cells is
-spent. Sequential looks raise the false-alarm rate a little above one test's (optional stopping), bounded by
-the budget.
+spent. Comparing after every round is optional stopping: it would raise the false-alarm (and false-SAME)
+rate above one test's, so the comparison is run with `looks = max_looks(budget)` from its first look on and
+reports/compare.py tests every look at its levels divided by that many looks (Bonferroni): over all looks the
+rates stay at most those of one test (benchmarks/compare_stats.py measures them).
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ from orchestrator.sweep import Point as PlannedPoint
 
 console = Console(highlight=False, markup=False, emoji=False)
 DEFAULT_BUDGET = 6  # extra cells --until-conclusive may run (both sides together)
+
+
+def max_looks(budget: int) -> int:
+    """The most comparisons a pair can see with `budget` extra cells: the first, then one per round of one
+    repeat per side (2 cells)."""
+    return 1 + max(int(budget), 0) // 2
 
 
 @dataclass

@@ -14,32 +14,37 @@ pooled values) calls an A/A split of those repeats DIFFERENT far more often than
 - **Test and CI**: Welch's t-test on the logarithms of the repeat values (`scipy.stats.ttest_ind`,
   `equal_var=False`); its `confidence_interval` back-transformed is the CI of the ratio B/A, so the
   relative change and its CI come from one model. Rank tests cannot decide with the repeat counts GPUs
-  afford: the smallest two-sided Mann-Whitney p at 4 vs 4 is 2/70 = 0.029 and KS is no better, so a rank
-  rule at p ≤ 0.01 never says DIFFERENT below 5 repeats per side. A percentile bootstrap of 4 values
-  under-covers badly. The t-test is robust enough for means of 10 steps (near-normal), and the benchmark
-  checks its false-alarm rate on the real samples.
-- **DIFFERENT** when p ≤ `alpha` (0.01, Pinpoint's low threshold) and |change| ≥ `min_effect` (1%).
-  p ≤ alpha with a smaller change is **below-practical** ("DIFFERENT but below the practical threshold"),
-  which counts as SAME in practice (asv's minimum factor).
-- **SAME** when p is above a high threshold that depends on the sample sizes and on the practical effect in
-  units of the measured noise (Pinpoint's idea, computed instead of tabulated): the p-value that a true
-  change of exactly `min_effect` would exceed with probability only `beta` (noncentral t,
-  `scipy.stats.nct`). Or when the whole CI lies inside ±`min_effect` (an equivalence test).
-- **UNKNOWN** otherwise, with the repeats per side that would resolve it (power of the same t-test at the
-  observed noise), capped at MAX_REPEATS.
+  afford (the smallest two-sided Mann-Whitney p at 4 vs 4 is 2/70 = 0.029), and a percentile bootstrap of 4
+  values under-covers badly.
+- **DIFFERENT** when p ≤ `alpha` (0.01) and |change| ≥ `min_effect` (1%).
+- **SAME** only by equivalence: two one-sided Welch tests (TOST, `scipy.stats.ttest_ind` with
+  `alternative=`) reject a change of −`min_effect` and of +`min_effect`, each at `EQUIVALENCE_ALPHA` (0.025),
+  which is the same as the whole 95% CI lying inside ±`min_effect`. A high p-value is not evidence of
+  sameness: a wide CI is UNKNOWN whatever its p. When the change is also significant (p ≤ alpha) it is
+  **below-practical** ("SAME in practice"): real but smaller than anything that matters.
+- **UNKNOWN** otherwise, with the repeats per side that would likely resolve it (power of the same tests at
+  the observed noise), capped at MAX_REPEATS.
 
-One repeat on a side: the run-to-run spread cannot be estimated, so the verdict is never SAME. It is
+Several looks (`looks` = K, `mbx compare --until-conclusive`, which compares again after every round of extra
+repeats): each look is tested at alpha / K and EQUIVALENCE_ALPHA / K (Bonferroni), and the CI shown is the
+1 − 2·EQUIVALENCE_ALPHA / K interval, so over all K looks the chance of a false DIFFERENT stays ≤ alpha and
+of a false SAME ≤ EQUIVALENCE_ALPHA however the looks fall (benchmarks/compare_stats.py measures both).
+
+One repeat on a side: the run-to-run spread cannot be estimated, so the verdict is never SAME by a test. It is
 DIFFERENT only when Mann-Whitney on the per-step window samples gives p ≤ alpha and the change is at least
 SINGLE_RUN_FACTOR times the within-run coefficient of variation (and at least 2 × min_effect); else
 UNKNOWN. Its CI is a t-interval on the per-step logs and ignores both autocorrelation and run-to-run drift.
 
-A metric with no spread on either side (peak memory is deterministic for a fixed configuration) is
-compared exactly: equal → SAME, else DIFFERENT or below-practical by the size of the change.
+Deterministic figures (peak memory allocated and reserved: fixed for a fixed configuration, up to allocator
+rounding) are compared against a stated measurement floor (`Floor`; MEMORY_FLOOR: 1% or 0.25 GiB, whichever
+is larger) whenever each side's values spread less than that floor — with one run a side too: a change
+within the floor is SAME, beyond it DIFFERENT (below-practical when under `min_effect`). Any other metric
+with no spread at all on both sides (a CPU's final loss at a fixed seed) is compared exactly.
 
 Curves (reports/numerics.py): `loss_divergence` says from which step the mean loss curves of B and A part by
-more than their repeats' own spread and a relative tolerance, and stay apart (or part more and more);
-`grad_norm_spikes` names the steps where a repeat's grad norm jumps far above its rolling median, with the
-events (skipped or NaN steps, evaluations) just before.
+more than their repeats' own spread and a relative tolerance, and stay apart to the end (or part more and
+more); `grad_norm_spikes` names the steps where a repeat's grad norm jumps far above its rolling median, with
+the events (skipped or NaN steps, evaluations) just before.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import stats
 
 from reports.numerics import Spike, curve_gap, find_spikes
 
@@ -61,11 +66,48 @@ UNKNOWN = "unknown"
 DECISIONS = (SAME, DIFFERENT, BELOW_PRACTICAL, UNKNOWN)
 
 MIN_EFFECT = 0.01  # the smallest relative change that matters in practice
-ALPHA = 0.01  # DIFFERENT at p ≤ ALPHA (Pinpoint's low threshold)
-BETA = 0.05  # SAME when a practical-sized change would have given a larger p only this often
-CONFIDENCE = 0.95  # of the reported CI
+ALPHA = 0.01  # DIFFERENT at p ≤ ALPHA (the false-alarm rate of one look)
+EQUIVALENCE_ALPHA = 0.025  # each one-sided test of TOST (the false-SAME rate of one look)
+CONFIDENCE = 1 - 2 * EQUIVALENCE_ALPHA  # of the reported CI: SAME ⟺ this CI inside ±min_effect
 SINGLE_RUN_FACTOR = 4.0  # one repeat: the change must be this many within-run CVs
 MAX_REPEATS = 30  # repeats per side beyond which "more samples" is not suggested
+FLOOR_TEST = "exact within a floor of"  # the test named by a deterministic figure's decision
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The measurement floor of a deterministic figure: changes within max(rel × A, absolute) are noise."""
+
+    rel: float
+    absolute: float
+    unit: str
+
+    def width(self, reference: float) -> float:
+        return max(self.rel * abs(reference), self.absolute)
+
+    def text(self) -> str:
+        return f"{self.rel:.0%} or {self.absolute:g} {self.unit}, whichever is larger"
+
+
+MEMORY_FLOOR = Floor(0.01, 0.25, "GiB")  # peak memory: allocator rounding and fragmentation stay far below
+
+
+@dataclass(frozen=True)
+class Levels:
+    """The error rates of one look: DIFFERENT at p ≤ alpha, SAME when TOST's p ≤ equivalence_alpha."""
+
+    alpha: float = ALPHA
+    equivalence_alpha: float = EQUIVALENCE_ALPHA
+
+    @classmethod
+    def for_looks(cls, looks: int) -> Levels:
+        """Bonferroni over at most `looks` looks: each at alpha / looks."""
+        looks = max(int(looks), 1)
+        return cls(ALPHA / looks, EQUIVALENCE_ALPHA / looks)
+
+    @property
+    def confidence(self) -> float:
+        return 1 - 2 * self.equivalence_alpha
 
 
 @dataclass(frozen=True)
@@ -85,7 +127,7 @@ class Decision:
     ci_low: float | None
     ci_high: float | None
     p_value: float | None
-    high_threshold: float | None
+    equivalence_p: float | None  # TOST: the larger of the two one-sided p-values against ±min_effect
     test: str
     n_a: int
     n_b: int
@@ -110,46 +152,36 @@ def _ratio_ci(res: Any, confidence: float) -> tuple[float, float]:
     return math.expm1(interval.low), math.expm1(interval.high)
 
 
-def _inside(cut: float, df: float, effect_se: float) -> float:
-    """P(|T| < cut) for a t statistic whose true standardized effect is `effect_se` (noncentral t; the normal
-    approximation where scipy's nct gives no finite value)."""
-    value = stats.nct.cdf(cut, df, effect_se) - stats.nct.cdf(-cut, df, effect_se)
-    if not math.isfinite(value):
-        value = stats.norm.cdf(cut - effect_se) - stats.norm.cdf(-cut - effect_se)
-    return float(value)
-
-
-def high_threshold(df: float, effect_se: float, beta: float = BETA) -> float:
-    """The p-value a true change of `effect_se` standard errors exceeds with probability `beta` (two-sided
-    t-test with `df` degrees of freedom): p above it rejects "the change is at least that large"."""
-    if math.isnan(effect_se) or effect_se <= 0:
-        return 1.0  # no practical effect to rule out: p never proves sameness
-    effect_se = min(effect_se, 40.0)  # beyond this the threshold is ~0 anyway
-    upper = effect_se + 50.0
-    if _inside(upper, df, effect_se) <= beta:
-        return float(2 * stats.t.sf(upper, df))
-    cut = optimize.brentq(lambda c: _inside(c, df, effect_se) - beta, 0.0, upper)
-    return float(2 * stats.t.sf(cut, df))
+def equivalence_p(la: np.ndarray, lb: np.ndarray, min_effect: float) -> float:
+    """TOST on log values (Welch, `scipy.stats.ttest_ind_from_stats`): the larger p of H0 "B/A ≤ 1 − min_effect"
+    and H0 "B/A ≥ 1 + min_effect"; SAME needs it ≤ the equivalence level."""
+    if min_effect <= 0:
+        return 1.0
+    sides = (float(lb.mean()), float(lb.std(ddof=1)), len(lb), float(la.mean()), float(la.std(ddof=1)), len(la))
+    mean_b, *rest = sides
+    above = stats.ttest_ind_from_stats(mean_b - math.log1p(-min_effect), *rest, equal_var=False,
+                                       alternative="greater").pvalue  # fmt: skip
+    below = stats.ttest_ind_from_stats(mean_b - math.log1p(min_effect), *rest, equal_var=False,
+                                       alternative="less").pvalue  # fmt: skip
+    return float(max(above, below))
 
 
 def repeats_needed(sd: float, change: float, min_effect: float, alpha: float = ALPHA,
-                   power: float = 0.8) -> int | None:  # fmt: skip
-    """Repeats per side with which a Welch test at the noise `sd` (of log values) would decide: DIFFERENT with
+                   power: float = 0.8, equivalence_alpha: float = EQUIVALENCE_ALPHA) -> int | None:  # fmt: skip
+    """Repeats per side with which Welch tests at the noise `sd` (of log values) would decide: DIFFERENT with
     `power` when |change| ≥ min_effect, else SAME by the equivalence CI. None beyond MAX_REPEATS."""
     log_change = abs(math.log1p(change))
     log_min = math.log1p(min_effect)
-    for n in range(2, MAX_REPEATS + 1):
-        df = 2 * n - 2
-        se = sd * math.sqrt(2.0 / n)
-        if se == 0:
-            return n
-        if log_change >= log_min:
-            crit = stats.t.ppf(1 - alpha / 2, df)
-            if stats.nct.sf(crit, df, log_change / se) >= power:
-                return n
-        elif log_change + stats.t.ppf(1 - BETA, df) * se < log_min:
-            return n
-    return None
+    n = np.arange(2, MAX_REPEATS + 1)
+    df = 2 * n - 2
+    se = sd * np.sqrt(2.0 / n)
+    if sd == 0:
+        return 2
+    if log_change >= log_min:
+        ok = stats.nct.sf(stats.t.ppf(1 - alpha / 2, df), df, log_change / se) >= power
+    else:
+        ok = log_change + stats.t.ppf(1 - equivalence_alpha, df) * se < log_min
+    return int(n[np.argmax(ok)]) if ok.any() else None
 
 
 def _exact(a: np.ndarray, b: np.ndarray, min_effect: float) -> Decision:
@@ -166,34 +198,54 @@ def _exact(a: np.ndarray, b: np.ndarray, min_effect: float) -> Decision:
                     mean_a, mean_b, reason)  # fmt: skip
 
 
-def _repeats_test(a: np.ndarray, b: np.ndarray, min_effect: float, alpha: float, beta: float,
-                  confidence: float) -> Decision:  # fmt: skip
-    """≥ 2 repeats per side: Welch's t on log repeat values."""
+def within_floor(values: np.ndarray, floor: Floor) -> bool:
+    """The values of one side agree to within the floor (one value always does)."""
+    return float(np.ptp(values)) <= floor.width(float(values.mean()))
+
+
+def _floored(a: np.ndarray, b: np.ndarray, min_effect: float, floor: Floor) -> Decision:
+    """A deterministic figure: the change of the means against the measurement floor."""
+    mean_a, mean_b = float(a.mean()), float(b.mean())
+    change = mean_b / mean_a - 1
+    width = floor.width(mean_a)
+    band = width / mean_a
+    test = f"{FLOOR_TEST} {floor.text()}"
+    common = dict(ci_low=change - band, ci_high=change + band, p_value=None, equivalence_p=None, test=test,
+                  n_a=len(a), n_b=len(b), mean_a=mean_a, mean_b=mean_b)  # fmt: skip
+    delta = f"{mean_b - mean_a:+.3g} {floor.unit}"
+    if abs(mean_b - mean_a) <= width:
+        return Decision(SAME, change, reason=f"{delta} is within the floor ({floor.text()})", **common)
+    if abs(change) >= min_effect:
+        return Decision(DIFFERENT, change, reason=f"{delta} is beyond the floor ({floor.text()})", **common)
+    return Decision(BELOW_PRACTICAL, change, reason=f"{delta} is beyond the floor but below the {min_effect:.1%} "
+                    "practical threshold", **common)  # fmt: skip
+
+
+def _repeats_test(a: np.ndarray, b: np.ndarray, min_effect: float, levels: Levels) -> Decision:
+    """≥ 2 repeats per side: Welch's t on log repeat values; SAME by TOST."""
     la, lb = np.log(a), np.log(b)
     res = stats.ttest_ind(lb, la, equal_var=False)
     p = float(res.pvalue)
     change = math.expm1(float(lb.mean() - la.mean()))
-    low, high = _ratio_ci(res, confidence)
-    va, vb = la.var(ddof=1) / len(la), lb.var(ddof=1) / len(lb)
-    se = math.sqrt(va + vb)
-    h = high_threshold(float(res.df), math.log1p(min_effect) / se if se else math.inf, beta)
-    common = dict(ci_low=low, ci_high=high, p_value=p, high_threshold=h, test="welch-t on log repeat values",
+    low, high = _ratio_ci(res, levels.confidence)
+    p_eq = equivalence_p(la, lb, min_effect)
+    common = dict(ci_low=low, ci_high=high, p_value=p, equivalence_p=p_eq, test="welch-t on log repeat values",
                   n_a=len(a), n_b=len(b), mean_a=float(a.mean()), mean_b=float(b.mean()))  # fmt: skip
-    if p <= alpha:
-        if abs(change) >= min_effect:
-            return Decision(DIFFERENT, change, reason=f"p={p:.2g} ≤ {alpha:g}", **common)
-        return Decision(BELOW_PRACTICAL, change, reason=f"p={p:.2g} ≤ {alpha:g} but the change is below the "
-                        f"{min_effect:.1%} practical threshold", **common)  # fmt: skip
-    if p > h:
-        return Decision(SAME, change, reason=f"p={p:.2g} above the high threshold {h:.2g}", **common)
-    if -min_effect < low and high < min_effect:
-        return Decision(SAME, change, reason=f"the CI lies within ±{min_effect:.1%}", **common)
+    alpha, eq_alpha = levels.alpha, levels.equivalence_alpha
+    if p <= alpha and abs(change) >= min_effect:
+        return Decision(DIFFERENT, change, reason=f"p={p:.2g} ≤ {alpha:.2g}", **common)
+    inside = f"the {levels.confidence:.4g} CI lies within ±{min_effect:.1%} (TOST p={p_eq:.2g} ≤ {eq_alpha:.2g})"
+    if p_eq <= eq_alpha:
+        if p <= alpha:
+            return Decision(BELOW_PRACTICAL, change, reason=f"p={p:.2g} ≤ {alpha:.2g} but {inside}", **common)
+        return Decision(SAME, change, reason=inside, **common)
     sd = math.sqrt((la.var(ddof=1) + lb.var(ddof=1)) / 2)
-    more = repeats_needed(sd, change, min_effect, alpha)
+    more = repeats_needed(sd, change, min_effect, alpha, equivalence_alpha=eq_alpha)
     have = min(len(a), len(b))
     more = None if more is None else max(more - have, 1)
-    return Decision(UNKNOWN, change, reason=f"p={p:.2g} between {alpha:g} and {h:.2g}", more_repeats=more,
-                    **common)  # fmt: skip
+    why = (f"p={p:.2g} > {alpha:.2g}" if p > alpha else f"p={p:.2g} but |change| < {min_effect:.1%}")
+    return Decision(UNKNOWN, change, reason=f"{why} and the CI is not within ±{min_effect:.1%} (TOST p={p_eq:.2g} "
+                    f"> {eq_alpha:.2g})", more_repeats=more, **common)  # fmt: skip
 
 
 def within_cv(steps: list[list[float]]) -> float | None:
@@ -206,20 +258,21 @@ def within_cv(steps: list[list[float]]) -> float | None:
     return float(np.mean(cvs)) if cvs else None
 
 
-def _single_run(a: Samples, b: Samples, ra: np.ndarray, rb: np.ndarray, min_effect: float, alpha: float,
-                confidence: float) -> Decision:  # fmt: skip
+def _single_run(a: Samples, b: Samples, ra: np.ndarray, rb: np.ndarray, min_effect: float,
+                levels: Levels) -> Decision:  # fmt: skip
     """A side with one repeat: per-step samples may show a large change, never sameness."""
     mean_a, mean_b = float(ra.mean()), float(rb.mean())
     change = mean_b / mean_a - 1
     sa = _clean([v for s in a.steps for v in s])
     sb = _clean([v for s in b.steps for v in s])
-    base = dict(n_a=len(ra), n_b=len(rb), mean_a=mean_a, mean_b=mean_b, high_threshold=None)
+    base = dict(n_a=len(ra), n_b=len(rb), mean_a=mean_a, mean_b=mean_b, equivalence_p=None)
     if len(sa) < 3 or len(sb) < 3 or min(sa.min(), sb.min()) <= 0:
         return Decision(UNKNOWN, change, None, None, None, test="one repeat, no step samples",
                         reason="one repeat and no per-step samples: no spread to judge by", more_repeats=1,
                         **base)  # fmt: skip
+    alpha = levels.alpha
     p = float(stats.mannwhitneyu(sb, sa, alternative="two-sided").pvalue)
-    low, high = _ratio_ci(stats.ttest_ind(np.log(sb), np.log(sa), equal_var=False), confidence)
+    low, high = _ratio_ci(stats.ttest_ind(np.log(sb), np.log(sa), equal_var=False), levels.confidence)
     cv = max(within_cv(a.steps) or 0.0, within_cv(b.steps) or 0.0)
     needed = max(2 * min_effect, SINGLE_RUN_FACTOR * cv)
     common = dict(
@@ -229,13 +282,16 @@ def _single_run(a: Samples, b: Samples, ra: np.ndarray, rb: np.ndarray, min_effe
         return Decision(DIFFERENT, change, reason=f"p={p:.2g} and |change| ≥ {needed:.1%} "
                         f"({SINGLE_RUN_FACTOR:g} × within-run CV)", **common)  # fmt: skip
     return Decision(UNKNOWN, change, reason=f"one repeat on a side: run-to-run spread unknown (DIFFERENT needs "
-                    f"p ≤ {alpha:g} and |change| ≥ {needed:.1%})", more_repeats=3 - min(len(ra), len(rb)),
+                    f"p ≤ {alpha:.2g} and |change| ≥ {needed:.1%})", more_repeats=3 - min(len(ra), len(rb)),
                     **common)  # fmt: skip
 
 
-def compare_samples(a: Samples, b: Samples, min_effect: float = MIN_EFFECT, alpha: float = ALPHA,
-                    beta: float = BETA, confidence: float = CONFIDENCE) -> Decision:  # fmt: skip
-    """Decide whether metric samples B differ from A (see the module docstring for the rule)."""
+def compare_samples(a: Samples, b: Samples, min_effect: float = MIN_EFFECT, *, floor: Floor | None = None,
+                    looks: int = 1) -> Decision:  # fmt: skip
+    """Decide whether metric samples B differ from A (see the module docstring for the rule). `floor`: the
+    metric is deterministic, compared against that measurement floor; `looks`: the most looks of a sequential
+    comparison, each tested at the levels divided by it."""
+    levels = Levels.for_looks(looks)
     ra, rb = _clean(a.repeats), _clean(b.repeats)
     if not len(ra) or not len(rb):
         return Decision(UNKNOWN, None, None, None, None, None, "none", len(ra), len(rb),
@@ -244,6 +300,8 @@ def compare_samples(a: Samples, b: Samples, min_effect: float = MIN_EFFECT, alph
     if min(ra.min(), rb.min()) <= 0:
         return Decision(UNKNOWN, None, None, None, None, None, "none", len(ra), len(rb), float(ra.mean()),
                         float(rb.mean()), "non-positive values: relative change undefined")  # fmt: skip
+    if floor is not None and within_floor(ra, floor) and within_floor(rb, floor):
+        return _floored(ra, rb, min_effect, floor)
     steps = [_clean(s) for s in a.steps + b.steps]
     steps_flat = bool(a.steps and b.steps) and all(len(s) and np.ptp(s) == 0 for s in steps)
     if np.ptp(ra) == 0 and np.ptp(rb) == 0 and (min(len(ra), len(rb)) >= 2 or steps_flat):
@@ -251,8 +309,8 @@ def compare_samples(a: Samples, b: Samples, min_effect: float = MIN_EFFECT, alph
     with warnings.catch_warnings():  # scipy's precision notes on near-identical data: not for the user
         warnings.simplefilter("ignore", RuntimeWarning)
         if min(len(ra), len(rb)) < 2:
-            return _single_run(a, b, ra, rb, min_effect, alpha, confidence)
-        return _repeats_test(ra, rb, min_effect, alpha, beta, confidence)
+            return _single_run(a, b, ra, rb, min_effect, levels)
+        return _repeats_test(ra, rb, min_effect, levels)
 
 
 def is_bad(decision: Decision, higher_is_worse: bool) -> bool:
@@ -315,22 +373,28 @@ def mean_curve(runs: list[list[dict[str, Any]]], key: str) -> tuple[dict[int, fl
 def loss_divergence(runs_a: list[list[dict[str, Any]]], runs_b: list[list[dict[str, Any]]],
                     tolerance_rel: float) -> str | None:  # fmt: skip
     """ "loss diverges from step N" when the mean loss curves part by more than the repeats' own spread and
-    `tolerance_rel` of the loss, and stay apart to the last common step (or the gap grows)."""
+    `tolerance_rel` of the loss from step N on and stay apart to the last common step: at least
+    max(3 steps, 10% of the common steps) in a row, so a few noisy steps (or a last step that happens to be
+    outside) are not a divergence."""
     a, noise_a = mean_curve(runs_a, "loss")
     b, noise_b = mean_curve(runs_b, "loss")
     common = sorted(set(a) & set(b))
     if len(common) < 3:
         return None
-    gap = curve_gap(list(a), list(a.values()), list(b), list(b.values()),
-                    tolerance_abs=max(noise_a, noise_b), tolerance_rel=tolerance_rel)  # fmt: skip
-    last = common[-1]
-    band = max(max(noise_a, noise_b), tolerance_rel * abs(a[last]))
-    persists = abs(b[last] - a[last]) > band
-    if gap.first_outside is None or not (persists or gap.growing):
+    tolerance_abs = max(noise_a, noise_b)
+    va, vb = np.array([a[s] for s in common]), np.array([b[s] for s in common])
+    outside = (np.abs(vb - va) > tolerance_abs) & (np.abs(vb - va) > tolerance_rel * np.abs(va))
+    inside_at = np.flatnonzero(~outside)
+    apart = len(common) - (int(inside_at[-1]) + 1 if len(inside_at) else 0)  # steps apart at the end
+    if apart < max(3, math.ceil(0.1 * len(common))):
         return None
-    trend = f"|gap| growing (p={gap.slope_p:.2g})" if gap.growing else "still apart at the last step"
-    return (f"loss diverges from step {gap.first_outside}: B − A reaches {gap.max_abs:.4g} ({gap.max_rel:.2%}), "
-            f"beyond the repeats' spread and {tolerance_rel:.1%}; {trend}")  # fmt: skip
+    start = common[len(common) - apart]
+    gap = curve_gap(list(a), list(a.values()), list(b), list(b.values()),
+                    tolerance_abs=tolerance_abs, tolerance_rel=tolerance_rel)  # fmt: skip
+    trend = f"; |gap| growing (p={gap.slope_p:.2g})" if gap.growing else ""
+    return (f"loss diverges from step {start}: B − A reaches {gap.max_abs:.4g} ({gap.max_rel:.2%}), beyond the "
+            f"repeats' spread and {tolerance_rel:.1%}, and stays apart for the last {apart} of {len(common)} "
+            f"common steps{trend}")  # fmt: skip
 
 
 def _events(rows: list[dict[str, Any]]) -> dict[int, str]:

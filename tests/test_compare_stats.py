@@ -1,6 +1,7 @@
 """reports/compare.py on synthetic samples with known answers: A/A never DIFFERENT beyond the false-alarm
 budget, large effects DIFFERENT, tiny real effects below the practical threshold, one-repeat and exact rules,
-the high threshold, repeat suggestions and the diagnosis signatures."""
+SAME only by equivalence (TOST), the levels of several looks, repeat suggestions and the diagnosis
+signatures."""
 
 from __future__ import annotations
 
@@ -28,9 +29,7 @@ def test_aa_false_alarms_within_budget_at_fixed_seed() -> None:
     rng = np.random.default_rng(1234)
     decisions = [compare_samples(side(rng, 4), side(rng, 4)).decision for _ in range(400)]
     assert decisions.count(stats.DIFFERENT) / len(decisions) <= 0.02
-    assert (
-        decisions.count(stats.SAME) > decisions.count(stats.UNKNOWN) / 4
-    )  # SAME is reachable, not only UNKNOWN
+    assert decisions.count(stats.SAME) / len(decisions) > 0.1  # SAME (by equivalence) is reachable
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
@@ -63,9 +62,8 @@ def test_noisy_small_effect_is_unknown_with_a_repeat_suggestion() -> None:
     a = Samples([100.0, 101.5, 99.0])
     b = Samples([101.5, 103.0, 101.0])
     d = compare_samples(a, b)
-    assert (
-        d.decision == stats.UNKNOWN and d.p_value is not None and stats.ALPHA < d.p_value <= d.high_threshold
-    )
+    assert d.decision == stats.UNKNOWN and d.p_value is not None and stats.ALPHA < d.p_value
+    assert d.equivalence_p is not None and d.equivalence_p > stats.EQUIVALENCE_ALPHA
     assert d.more_repeats is not None and d.more_repeats >= 1
 
 
@@ -103,13 +101,13 @@ def test_degenerate_inputs_are_unknown() -> None:
     assert d.decision == stats.UNKNOWN and "non-positive" in d.reason
 
 
-def test_high_threshold_depends_on_effect_and_samples() -> None:
-    assert stats.high_threshold(6, 0.0) == 1.0
-    small, large = stats.high_threshold(6, 1.5), stats.high_threshold(6, 4.0)
-    assert 0 < large < small < 1
-    assert stats.high_threshold(30, 3.0) < stats.high_threshold(3, 3.0)
-    assert 0 < stats.high_threshold(1.2, 1e6) < 0.05  # huge effect: finite, small (heavy tails at df 1.2)
-    assert stats.high_threshold(20, 1e6) < 1e-6
+def test_levels_of_several_looks_are_split_bonferroni() -> None:
+    one, four = stats.Levels.for_looks(1), stats.Levels.for_looks(4)
+    assert (one.alpha, one.equivalence_alpha, one.confidence) == (stats.ALPHA, 0.025, pytest.approx(0.95))
+    assert four.alpha == pytest.approx(0.0025) and four.equivalence_alpha == pytest.approx(0.00625)
+    assert four.confidence == pytest.approx(0.9875)
+    a, b = Samples([100.0, 100.4, 99.8, 100.1]), Samples([100.2, 100.3, 99.9, 100.2])
+    assert compare_samples(a, b, looks=4).ci_high > compare_samples(a, b).ci_high  # a wider CI per look
 
 
 def test_repeats_needed() -> None:
