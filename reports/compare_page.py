@@ -49,14 +49,25 @@ def ci_bar(metric: dict[str, Any], min_effect: float) -> dict[str, Any] | None:
     return bar
 
 
+def _ci(m: dict[str, Any]) -> str:
+    """`[low, high]`, or a deterministic figure's floor (`exact, floor ±1.26%`), as the CLI shows it."""
+    from reports.compare import FLOOR_TEST  # numpy/scipy: only when a page is written
+
+    low, high = m.get("ci_low"), m.get("ci_high")
+    if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+        return "–"
+    if str(m.get("test", "")).startswith(FLOOR_TEST):
+        return f"exact, floor ±{(high - low) / 2:.2%}"
+    return f"[{_pct(low)}, {_pct(high)}]"
+
+
 def _metric_rows(pair: dict[str, Any], labels: dict[str, str], min_effect: float) -> list[dict[str, Any]]:
     rows = []
     for name, m in pair["metrics"].items():
         word = pair.get("verdicts", {}).get(name, str(m.get("decision", "")).upper())
         p = m.get("p_value")
         rows.append({"name": name, "label": labels.get(name, name), "a": _value(m.get("mean_a")),
-                     "b": _value(m.get("mean_b")), "change": _pct(m.get("change")),
-                     "ci": f"[{_pct(m.get('ci_low'))}, {_pct(m.get('ci_high'))}]" if m.get("ci_low") is not None else "–",
+                     "b": _value(m.get("mean_b")), "change": _pct(m.get("change")), "ci": _ci(m),
                      "p": "–" if p is None else f"{p:.2g}", "decision": m.get("decision", ""), "word": word,
                      "style": STYLE.get(word, "same"), "reason": m.get("reason", ""), "n": f"{m.get('n_a')} / {m.get('n_b')}",
                      "bar": ci_bar(m, min_effect)})  # fmt: skip
@@ -77,13 +88,16 @@ def page_context(data: dict[str, Any], generated_at: str | None = None) -> dict[
                       "rows": _metric_rows(pair, labels, min_effect),
                       "fingerprint_diff": pair.get("fingerprint_diff", []),
                       "fingerprint_line": pair.get("fingerprint_line"), "notes": pair.get("notes", []),
+                      "config_lines": pair.get("config_lines", []), "config_diff": pair.get("config_diff", []),
                       "diagnosis": pair.get("diagnosis", []), "advice": pair.get("advice", []),
                       "worse": pair.get("worse", []), "unknown": pair.get("unknown", [])})  # fmt: skip
     word = {0: "SAME", 1: "WORSE", 3: "UNKNOWN"}.get(data.get("exit_code", -1), "?")
     when = generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"a": data["a"], "b": data["b"], "min_effect": f"{min_effect:.1%}", "overall": word,
             "exit_code": data.get("exit_code"), "pairs": pairs, "unmatched": data.get("unmatched", []),
-            "generated_at": when, "min_effects": data.get("min_effects", {})}  # fmt: skip
+            "generated_at": when, "min_effects": data.get("min_effects", {}),
+            "rule": data.get("rule", "DIFFERENT at p ≤ 0.01 and at least the threshold"),
+            "ci_header": f"{float(data.get('confidence') or 0.95) * 100:.4g}% CI"}  # fmt: skip
 
 
 def _environment() -> Any:

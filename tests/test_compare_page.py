@@ -54,13 +54,21 @@ def test_page_written_by_the_cli_matches_the_json(workspace: Path, tmp_path: Pat
         row = rows[name]
         assert row.attrs["data-decision"] == metric["decision"]
         assert _col(row, "change") == f"{metric['change']:+.2%}"
-        assert _col(row, "ci") == f"[{metric['ci_low']:+.2%}, {metric['ci_high']:+.2%}]"
+        if metric["test"].startswith("exact within a floor"):  # peak memory: its floor, not a CI
+            assert _col(row, "ci") == f"exact, floor ±{(metric['ci_high'] - metric['ci_low']) / 2:.2%}"
+        else:
+            assert _col(row, "ci") == f"[{metric['ci_low']:+.2%}, {metric['ci_high']:+.2%}]"
         assert _col(row, "decision") == pair["verdicts"][name]
         assert _col(row, "a") == f"{metric['mean_a']:.5g}" and _col(row, "b") == f"{metric['mean_b']:.5g}"
     assert _col(rows["step_time"], "decision") == "DIFFERENT (worse)"
     diagnosis = [li.text() for li in section.find_all("li", cls="diagnosis")]
     assert diagnosis and all(line.startswith("diagnosis: ") for line in diagnosis)
     assert any("recompute (or offload) newly on?" in line for line in diagnosis)
+    first = section.find_all("ul", cls="first")[0]  # what the sides ran differently: before the table
+    assert [li.attrs["data-kind"] for li in first.find_all("li")][:1] == ["config"]
+    tags = [(child.tag, child.classes) for child in section.children]
+    assert tags.index(("ul", {"lines", "first"})) < tags.index(("table", {"metrics"}))
+    assert dom.by_id("rule").text().startswith("DIFFERENT at p ≤ 0.01") and "TOST" in dom.by_id("rule").text()
     suspects = [li.text() for li in section.find_all("li", cls="suspect")]
     assert any("torch: 2.11.0+cu130 → 2.12.0" in line for line in suspects)
     assert any("git_sha: ? → c0ffee1" in line for line in suspects)
