@@ -58,6 +58,7 @@ SLURM = ("submitit", "nemo-run")
 ALL = (*SLURM, "local")
 BASE_SETTINGS: dict[str, dict[str, Any]] = {"submitit": {}, "nemo-run": {}, "local": {"python": "python3"}}
 STUBS = ("srun", "sbatch", "scontrol", "python3")
+SUBMITIT_TASK = "# each task runs (a submitit.helpers.CommandFunction): "  # its argv, shlex-joined
 END = "MBX-END-OF-CALL"
 
 
@@ -220,6 +221,9 @@ def execute(items: list[Rendered], backend: str, cwd: Path, env: dict[str, str])
             path.write_text(text)
         printed = item.describe()
         runs = [("job scripts", ["bash", str(path)]) for path in item.scripts]
+        for text in item.scripts.values():  # submitit: the script starts submitit's entry, which runs this argv
+            task = [line for line in text.split("\n") if line.startswith(SUBMITIT_TASK)]  # (as bash splits)
+            runs += [("submitit tasks", shlex.split(line[len(SUBMITIT_TASK) :])) for line in task]
         for argv in item.commands:  # as a dry run prints them, for a user to paste into a shell
             assert "$ " + shlex.join(argv) in printed
             runs.append(("printed commands", ["bash", "-c", shlex.join(argv)]))

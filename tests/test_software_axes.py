@@ -148,7 +148,7 @@ def test_container_image_per_point_on_slurm_refused_locally(tmp_path, mbx, write
     for tag in ("26.04", "26.05"):
         assert f"--container-image=nvcr.io/nvidia/pytorch:{tag}-py3" in done.stdout
         assert f'"container_image": "nvcr.io/nvidia/pytorch:{tag}-py3"' in done.stdout
-    assert done.stdout.count("$ sbatch") == 2  # one job per image
+    assert done.stdout.count("/%j_submission.sh\n") == 2  # one job (script) per image
     assert "--container-mounts=/data:/data" in done.stdout
 
     done = mbx("campaign", "run", str(file), "--launcher", "local", "-w", str(workspace))

@@ -282,7 +282,7 @@ class SubmititLauncher(SlurmLauncher):
         setup = setup_lines(group, folder, command, self.settings.pack > 1)
         entry_python = runner_python(self.profile, self.settings, request.container_image)
         plan = JobPlan(folder, entry_python, plan_parameters(group, request, self.settings, setup), command, count)
-        notes.append(f"submitit: {count} task(s) submitted with SlurmExecutor(folder={shlex.quote(str(folder))})")
+        notes.append(f"submitit: {count} task(s) of one SlurmExecutor(folder={shlex.quote(str(folder))}).batch()")
         return plan, files, notes
 
     def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
