@@ -154,6 +154,34 @@ def trust_problems(campaign: Campaign) -> list[str]:
     return problems
 
 
+def secret_problems(campaign: Campaign) -> list[str]:
+    """`key.path: contains a credential (NAME=<redacted>): ...` for a secret value typed into the places that reach
+    a process, a run dir or a report: env values (set and swept), a command trainer's argv and params, the
+    description. Secrets are passed by name (`env.pass`); the scanner is reports/secrets.py."""
+    from reports.secrets import may_hold_secret, scan_text
+
+    texts: list[tuple[str, str, str]] = [(f"env.values.{k}", k, v) for k, v in campaign.env.values.items()]
+    texts.append(("description", "", campaign.description or ""))
+    trainer = campaign.trainer
+    if getattr(trainer, "kind", None) == "command":
+        texts += [(f"trainer.command[{i}]", "", word) for i, word in enumerate(trainer.command)]
+        texts += [(f"trainer.params.{k}", k, v) for k, v in trainer.params.items() if isinstance(v, str)]
+        words = trainer.command
+        texts += [(f"trainer.command[{i + 1}]", words[i].lstrip("-"), w) for i, w in enumerate(words[1:])
+                  if words[i].startswith("--")]  # fmt: skip
+    for where, key, values in sweep_entries(campaign):
+        name = key.rsplit(".", 1)[-1]
+        several = where.startswith(("sweep.axes.", "sweep.zip[", "parity.toggle."))
+        texts += [(f"{where}[{i}]" if several else where, name, v) for i, v in enumerate(values[:1000])
+                  if isinstance(v, str)]  # fmt: skip
+    problems = []
+    for where, key, text in texts:
+        if may_hold_secret(text, key) and (found := scan_text(text, where, key)):
+            problems.append(f"{where}: contains {found[0].describe()}: pass secrets by name with env.pass "
+                            "(their values are read from the submitting environment), never in the file")
+    return list(dict.fromkeys(problems))
+
+
 def nul_problems(data: Any, path: str = "") -> list[str]:
     """`key.path: contains a NUL` for every string of the file holding one (no process can receive it)."""
     from launchers.safety import nul_problem
@@ -184,7 +212,7 @@ def load_campaign(path: Path) -> Campaign:
         campaign = Campaign.model_validate(data)
     except ValidationError as err:
         raise ConfigError(validation_problems(err), file=str(path)) from None
-    problems = launcher_problems(campaign) + trust_problems(campaign)
+    problems = launcher_problems(campaign) + trust_problems(campaign) + secret_problems(campaign)
     if "\\u0000" in json.dumps(data, default=str):  # cheap (C) test first: the walk only locates them
         covered = ("env.", "sweep.axes.", "sweep.zip[", "sweep.cells[")  # trust_problems located those
         problems += [p for p in nul_problems(data) if not p.startswith(covered)]

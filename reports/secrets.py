@@ -143,6 +143,23 @@ def _rule_findings(text: str, where: str) -> Iterator[Finding]:
                 pos = match.start(group)
 
 
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9_+/=-]{20,}")
+
+
+def may_hold_secret(text: str, key: str = "") -> bool:
+    """A cheap pre-check (no detect-secrets import): False only for texts that no rule or plugin can flag — no
+    credential-like word, no token-like run of 20+ characters mixing letters and digits (bare hex aside)."""
+    if not isinstance(text, str) or len(text) < MIN_TEXT:
+        return False
+    if key and credential_name(key):
+        return True
+    if _CREDENTIAL_WORD.search(text) and any(credential_name(m.group("name")) for pattern in (_ASSIGNMENT, _FLAG)
+                                             for m in pattern.finditer(text)):  # fmt: skip
+        return True  # prose that merely says "token" (MoE: token dropping) is not scanned
+    return any(_LETTER.search(run) and re.search(r"\d", run) and not _HEX.match(run)
+               for run in _TOKEN_RUN.findall(text))  # fmt: skip
+
+
 def scan_text(text: str, where: str = "", key: str = "") -> list[Finding]:
     """Every secret in `text` (`key`: the document key it is the value of, if any), in order, overlaps merged."""
     if not isinstance(text, str) or not text.strip():
