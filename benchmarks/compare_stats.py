@@ -1,8 +1,9 @@
 """False alarms and power of `mbx compare`'s decision rule (reports/compare.py) on real H200 step samples.
 
 Run:  .venv/bin/python benchmarks/compare_stats.py [--trials 1000] [--seed 7] [--samples DIR] [--json]
+      .venv/bin/python benchmarks/compare_stats.py --rates [--trials 1000]   # only the error-rate table
 
-Data: ../shared/data/h200-samples/aa-samples-h200 — 4 recorded runs (22 steps) of each of three points (base,
+Data: tests/data/h200-samples/aa-samples-h200 (else ../shared/data/h200-samples/...) — 4 recorded runs (22 steps) of each of three points (base,
 static capacity, fused cross entropy) on one H200. A run's usable steps are 2..22 (the first step never
 counts). A *pseudo-repeat* is a window of 10 consecutive usable steps of one recorded run, at a uniformly
 random offset (12 offsets); its value is the window's mean step time and its per-step samples are the 10 step
@@ -20,8 +21,14 @@ of the noise.
 - Baselines, same trials: Pinpoint's rule applied to pooled per-step samples (min(KS, Mann-Whitney) ≤ 0.01
   over 10 × n steps per side, ignoring runs), and Mann-Whitney on the n repeat values at p ≤ 0.01.
 - Until conclusive: `mbx compare --until-conclusive` simulated on resampled repeats: 2 per side, then one more
-  per side while UNKNOWN, at most 6 extra cells (n → the mean repeats per side used). Looking again after each
-  round raises the false-alarm rate above one test's (optional stopping): the A/A row measures by how much.
+  per side while UNKNOWN, at most 6 extra cells (n → the mean repeats per side used), every look at α/K.
+- Error rates (`--rates`, issue 23): false alarms (A/A called DIFFERENT), false SAME (a real change called
+  SAME) and power (a real change called DIFFERENT) of fixed-n and sequential designs, on the H200 samples (A/A
+  of the base point; the real fused-cross-entropy point against it, +17.9%; +1% injected, the threshold
+  itself) and on synthetic lognormal repeats with a 40% CV (the seed-004 CPU case A: A/A and +17%). The
+  sequential designs start at 3 repeats a side and add one a side per round while UNKNOWN, budget 6 extra
+  cells (K = 4 looks): "α/K" tests every look at the split levels (what `mbx compare` does), "uncorrected"
+  tests every look at the one-look levels (what optional stopping costs).
 - Real pairs: all 4 recorded runs per side, every metric, through orchestrator.compare (decision, diagnosis).
 """
 
@@ -32,6 +39,7 @@ import json
 import sys
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +53,9 @@ from reports import compare as stats  # noqa: E402
 from reports.window import summarize, window_rows  # noqa: E402
 from trainer import rundir  # noqa: E402
 
-SAMPLES = ROOT.parent / "shared" / "data" / "h200-samples" / "aa-samples-h200"
+SAMPLES = next((p for p in (ROOT / "tests" / "data" / "h200-samples" / "aa-samples-h200",
+                            ROOT.parent / "shared" / "data" / "h200-samples" / "aa-samples-h200") if p.is_dir()),
+               ROOT / "tests" / "data" / "h200-samples" / "aa-samples-h200")  # fmt: skip
 POINTS = {"base": "45ad6c6851", "static capacity": "a8ddbee1ab", "fused cross entropy": "7db0e86111"}
 WINDOW = 10
 
@@ -113,23 +123,103 @@ def _grow(
 def sequential_set(rng: np.random.Generator, runs: list[np.ndarray], start: int, budget: int, trials: int,
                    effect: float = 0.0) -> dict[str, float]:  # fmt: skip
     """`--until-conclusive` on resampled repeats: start with `start` per side, add one per side while UNKNOWN
-    and 2 extra cells fit in `budget`; final decision shares and the mean repeats per side used."""
+    and 2 extra cells fit in `budget`, every look at the levels split over its looks; final decision shares and
+    the mean repeats per side used."""
     counts: Counter[str] = Counter()
     used = 0
+    looks = 1 + budget // 2
     for _ in range(trials):
         a, b = pseudo_repeats(rng, runs, start), pseudo_repeats(rng, runs, start, 1 + effect)
         spent = 0
-        d = stats.compare_samples(a, b)
+        d = stats.compare_samples(a, b, looks=looks)
         while d.decision == stats.UNKNOWN and spent + 2 <= budget:
             a, b = _grow(rng, a, runs, 1.0), _grow(rng, b, runs, 1 + effect)
             spent += 2
-            d = stats.compare_samples(a, b)
+            d = stats.compare_samples(a, b, looks=looks)
         counts["different" if d.decision == stats.DIFFERENT else d.decision] += 1
         counts["worse"] += stats.is_bad(d, higher_is_worse=True)
         used += len(a.repeats)
     row = {k: counts[k] / trials for k in (*stats.DECISIONS, "worse")}
     row.update(pinpoint_pooled_steps=float("nan"), mwu_repeats=float("nan"), mean_repeats=used / trials)
     return row
+
+
+# ---- error rates of fixed-n and sequential designs (issue 23) ------------------------------------------------
+Draw = Callable[[np.random.Generator, int], tuple[list[float], list[float]]]  # n → (A values, B values)
+
+
+def real_draw(runs_a: list[np.ndarray], runs_b: list[np.ndarray], scale: float = 1.0) -> Draw:
+    """Pseudo-repeats of two recorded points (B × scale)."""
+    return lambda rng, n: (pseudo_repeats(rng, runs_a, n).repeats, pseudo_repeats(rng, runs_b, n, scale).repeats)
+
+
+def lognormal_draw(effect: float, cv: float) -> Draw:
+    """Synthetic repeats: lognormal with coefficient of variation `cv`, B's median × (1 + effect)."""
+    sd = float(np.sqrt(np.log1p(cv**2)))
+    return lambda rng, n: (list(np.exp(rng.normal(0, sd, n))), list(np.exp(rng.normal(np.log1p(effect), sd, n))))
+
+
+def design_run(rng: np.random.Generator, draw: Draw, start: int, rounds: int, looks: int) -> tuple[str, int]:
+    """One comparison: `start` repeats a side, then up to `rounds` rounds of one more a side while UNKNOWN, each
+    look at the levels split over `looks`; (final decision, repeats per side used)."""
+    a, b = draw(rng, start)
+    for round_ in range(rounds + 1):
+        d = stats.compare_samples(stats.Samples(a), stats.Samples(b), looks=looks)
+        if d.decision != stats.UNKNOWN or round_ == rounds:
+            return d.decision, len(a)
+        more_a, more_b = draw(rng, 1)
+        a, b = a + more_a, b + more_b
+    raise AssertionError("unreachable")
+
+
+DESIGNS = (  # name, start, rounds, looks the levels are split over
+    ("fixed n = 3", 3, 0, 1),
+    ("fixed n = 6", 6, 0, 1),
+    ("sequential 3→6, α/K (mbx)", 3, 3, 4),
+    ("sequential 3→6, uncorrected", 3, 3, 1),
+)
+
+
+def rates(samples: Path, trials: int, seed: int) -> list[dict]:
+    """False alarms, false SAME and power of each design on the real and synthetic cases."""
+    rng = np.random.default_rng(seed)
+    base = usable_steps(samples, POINTS["base"])
+    fused = usable_steps(samples, POINTS["fused cross entropy"])
+    cases = (
+        ("H200 A/A (base)", 0.0, real_draw(base, base)),
+        ("H200 real: fused CE vs base (+17.9%)", 0.179, real_draw(base, fused)),
+        ("H200 +1% injected (the threshold)", 0.01, real_draw(base, base, 1.01)),
+        ("synthetic A/A, CV 40%", 0.0, lognormal_draw(0.0, 0.40)),
+        ("synthetic +17%, CV 40%", 0.17, lognormal_draw(0.17, 0.40)),
+    )
+    rows = []
+    for case, effect, draw in cases:
+        for design, start, rounds, looks in DESIGNS:
+            counts: Counter[str] = Counter()
+            used = 0
+            for _ in range(trials):
+                decision, n = design_run(rng, draw, start, rounds, looks)
+                counts[decision] += 1
+                used += n
+            share = {k: counts[k] / trials for k in stats.DECISIONS}
+            rows.append({"case": case, "effect": effect, "design": design, **share, "mean_repeats": used / trials})
+    return rows
+
+
+def print_rates(rows: list[dict], trials: int, seed: int) -> None:
+    """Markdown: per case and design, false alarm (A/A DIFFERENT), false SAME and power (DIFFERENT)."""
+    print(f"{trials} comparisons per row, seed {seed}; the goals: false alarm ≤ {stats.ALPHA:.0%}, false SAME ≤ "
+          f"{stats.EQUIVALENCE_ALPHA:.1%} (a change of at least the {stats.MIN_EFFECT:.0%} threshold called SAME)\n")
+    print("| case | design | false alarm (A/A DIFFERENT) | false SAME | power (DIFFERENT) | SAME (any) | "
+          "UNKNOWN | repeats a side |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|")
+    for r in rows:
+        aa = r["effect"] == 0
+        alarm = f"{r['different']:.1%}" if aa else ""
+        false_same = "" if aa else f"{r['same'] + r['below-practical']:.1%}"
+        power = "" if aa else f"{r['different']:.1%}"
+        print(f"| {r['case']} | {r['design']} | {alarm} | {false_same} | {power} | "
+              f"{r['same'] + r['below-practical']:.1%} | {r['unknown']:.1%} | {r['mean_repeats']:.2f} |")
 
 
 def real_pairs(samples: Path) -> list[dict]:
@@ -210,8 +300,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--samples", type=Path, default=SAMPLES)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--rates", action="store_true", help="only the error-rate table of the designs")
     args = parser.parse_args()
     warnings.simplefilter("ignore", RuntimeWarning)  # scipy notes (KS exact → asymptotic), not findings
+    if args.rates:
+        rows = rates(args.samples, args.trials, args.seed)
+        print(json.dumps(rows, indent=2)) if args.json else print_rates(rows, args.trials, args.seed)
+        return
     result = run(args.samples, args.trials, args.seed)
     if args.json:
         print(json.dumps(result, indent=2))
