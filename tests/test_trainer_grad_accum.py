@@ -136,8 +136,7 @@ def test_recipe_refuses_what_fusion_cannot_serve():
     ok = Recipe.model_validate(recipe_dict(**{"optimizer.grad_accumulation_fusion": True, "device": "cuda",
                                               "optimizer.main_grads": "bf16"}))
     assert not knob_problems(ok, "cuda", 90)
-    assert any(p.startswith("optimizer.grad_accumulation_fusion works on one rank only")
-               for p in layout_problems(ok, 2))
+    assert not layout_problems(ok, 2)  # more ranks: trainer/grad_reduce.py reduces the fused gradients (issue 24)
     assert not layout_problems(ok, 1)
     te_wgrad = Recipe.model_validate(recipe_dict(**{"model.moe.expert_wgrad": "te"}))
     problems = knob_problems(te_wgrad, "cpu", None)

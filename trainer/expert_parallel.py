@@ -10,13 +10,17 @@ its own tokens, as in Megatron), so routing and dropping are those of EP = 1; th
     combine:   the inverse, row for row.
 
 With `pad_to_capacity` every (rank, expert) block is `capacity` rows: equal splits, the regroup is a
-transpose, and nothing syncs with the host. Dropless or compact dropping needs the split sizes on the host
-(one count all-to-all and one `.tolist()`, marked SYNC).
+transpose, and nothing syncs with the host. Dropless or compact dropping needs the split sizes on the host:
+the pipeline exchanges the per-expert counts of ALL the layer's chunks in one all-to-all right after routing
+(`exchange_counts`), copies the split sizes to pinned host memory without waiting, and reads them once, just
+before the first chunk's rows go out (one host sync per layer and micro-batch, in the forward only: the
+backward reuses the splits), while the GPU still has the first chunk's permutation queued.
 
 Gradients: expert parameters are outside DDP; after the last micro-batch their gradients (which already
 hold every EP peer's tokens, brought back by the all-to-all's backward) are summed over the
-expert-data-parallel group and divided by DP, which equals DDP's average over all ranks for EP = 1. The
-global gradient norm adds the experts' squares summed over the EP group.
+expert-data-parallel group and divided by DP (trainer.grad_reduce), which equals DDP's average over all ranks
+for EP = 1; with EP = DP that group is one rank and there is no collective. The global gradient norm adds the
+experts' squares summed over the EP group.
 On a GPU with `dispatcher_sms`, the EP group's NCCL communicator is limited to that many CTAs (NCCL's
 max_ctas), as the permutation work is limited to the green context's SMs. That caps how many SMs the all-to-all
 takes; whether its kernels also run inside the green context depends on torch issuing them on the current
@@ -29,7 +33,6 @@ Applied from outside: trainer.parallelize.apply_expert_parallel shards every MoE
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +86,33 @@ def _inverse(order: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
+class ChunkCounts:
+    """Every chunk's split sizes of one MoE layer, exchanged at once: `received` [chunk, src, local expert] rows
+    on the device, the host splits copied without waiting and read on first use (`splits`)."""
+
+    def __init__(self, received: torch.Tensor, sizes: torch.Tensor):
+        self.received = received  # [n_chunks, EP·local]: rows each source rank sends my experts, per chunk
+        self._sizes = sizes  # [n_chunks, 2, EP]: (rows I send each rank, rows I get from each rank)
+        self._host: list | None = None
+        self._event = None
+        if sizes.is_cuda:
+            self._pinned = torch.empty(sizes.shape, dtype=sizes.dtype, pin_memory=True)
+            self._pinned.copy_(sizes, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(sizes.device))
+
+    def splits(self, chunk: int) -> tuple[list[int], list[int]]:
+        """(in_splits: rows sent to each rank, out_splits: rows received from each) of chunk `chunk`."""
+        if self._host is None:
+            if self._event is not None:
+                self._event.synchronize()  # SYNC: once per layer and micro-batch (all_to_all_single takes host splits)
+                self._host = self._pinned.tolist()
+            else:
+                self._host = self._sizes.tolist()  # the CPU: already there
+        send, recv = self._host[chunk]
+        return send, recv
+
+
 class LocalBatch:
     """The rows this rank's experts compute, and how to send their outputs back."""
 
@@ -100,6 +130,7 @@ class ExpertParallel:
     dp: int  # data-parallel size (the gradient average is over DP ranks)
     group: Any  # the EP process group
     expert_dp_group: Any  # the ranks holding the same experts (None when DP == EP)
+    count_exchanges: int = 0  # count all-to-alls issued (dropless / compact dropping: one per layer and micro-batch)
 
     def local_experts(self, num_experts: int) -> slice:
         """The experts this rank holds: a run of E / EP consecutive ones."""
@@ -123,8 +154,24 @@ class ExpertParallel:
 
     # -- the exchange ----------------------------------------------------------------------------------
 
-    def send(self, buf: torch.Tensor, plan: DispatchPlan) -> tuple[torch.Tensor, LocalBatch]:
-        """Permuted rows of all E experts → the rows of this rank's experts, grouped by local expert."""
+    def exchange_counts(self, counts: torch.Tensor) -> ChunkCounts:
+        """One all-to-all of every chunk's per-expert row counts ([n_chunks, E], this rank's pairs kept per chunk):
+        what each rank will receive, and the split sizes of every chunk's row exchange."""
+        chunks, num_experts = counts.shape
+        local = num_experts // self.size
+        self.count_exchanges += 1
+        by_rank = counts.view(chunks, self.size, local).transpose(0, 1).contiguous()  # [dest, chunk, local]
+        got = _exchange(by_rank, self.group, None, None)  # [src, chunk, local]: rows src sends my experts
+        received = got.transpose(0, 1).reshape(chunks, self.size * local)
+        sizes = torch.stack([by_rank.sum(2).t(), got.sum(2).t()], dim=1)  # [chunk, (send, recv), rank]
+        return ChunkCounts(received, sizes)
+
+    def send(self, buf: torch.Tensor, plan: DispatchPlan, counts: ChunkCounts | None = None, chunk: int = 0
+             ) -> tuple[torch.Tensor, LocalBatch]:
+        """Permuted rows of all E experts → the rows of this rank's experts, grouped by local expert.
+
+        `counts` (dropless or compact dropping): the layer's counts from `exchange_counts`, `chunk` this chunk's
+        index in them; None exchanges this chunk's counts here (one count all-to-all and a host sync)."""
         num_experts = plan.counts.shape[0]
         local = num_experts // self.size
         if plan.capacity is not None:  # static shapes: equal splits, a transpose
@@ -135,12 +182,11 @@ class ExpertParallel:
             local_plan = plan._replace(counts=counts, offs=counts.cumsum(0).to(torch.int32),
                                        capacity=self.size * cap)
             return rows, LocalBatch(local_plan, None, None, None)
-        # Data-dependent sizes: exchange the per-expert counts, then the rows.
-        received = _exchange(plan.counts, self.group, None, None)  # [src · local]: rows src sends my experts
-        send = plan.counts.view(self.size, local).sum(1)
-        recv = received.view(self.size, local).sum(1)
-        sizes = torch.cat([send, recv]).tolist()  # SYNC: all_to_all_single takes its splits on the host
-        in_splits, out_splits = sizes[: self.size], sizes[self.size:]
+        # Data-dependent sizes: the per-expert counts (exchanged for the whole layer, or here), then the rows.
+        if counts is None:
+            counts, chunk = self.exchange_counts(plan.counts.unsqueeze(0)), 0
+        received = counts.received[chunk]  # [src · local]: rows src sends my experts
+        in_splits, out_splits = counts.splits(chunk)
         got = _AllToAll.apply(buf, self.group, out_splits, in_splits)  # [src, local expert, row]
         expert_of_block = torch.arange(self.size * local, device=buf.device) % local
         expert_of_row = torch.repeat_interleave(expert_of_block, received, output_size=sum(out_splits))
@@ -162,19 +208,6 @@ class ExpertParallel:
         return _AllToAll.apply(rows, self.group, in_splits, out_splits)
 
     # -- gradients -------------------------------------------------------------------------------------
-
-    def reduce_expert_grads(self, grads: Iterable[torch.Tensor | None]) -> None:
-        """Sum over the expert-data-parallel group, divide by DP: DDP's average, for sharded experts."""
-        present = [g for g in grads if g is not None]
-        if self.expert_dp_group is not None and present:  # one all-reduce per dtype, not one per parameter
-            for dtype in {g.dtype for g in present}:
-                group = [g for g in present if g.dtype == dtype]
-                flat = torch.cat([g.reshape(-1) for g in group])
-                dist.all_reduce(flat, group=self.expert_dp_group)
-                torch._foreach_copy_(group, [f.view_as(g) for f, g in zip(flat.split([g.numel() for g in group]),
-                                                                           group, strict=True)])
-        if present and self.dp > 1:
-            torch._foreach_div_(present, float(self.dp))
 
     def global_norm(self, dense: list[torch.Tensor], experts: list[torch.Tensor]) -> torch.Tensor:
         """L2 norm over all parameters: replicated ones once, each EP rank's experts added."""

@@ -14,8 +14,12 @@ weight's `main_grad`, which the fused GEMMs accumulate into (GEMM with beta = 1)
   autograd's accumulation (torch's grouped_mm has no accumulating form).
 
 The fused functions return no gradient for the weight, so autograd never touches `param.grad`; this needs
-the gradients on the weights (not fp32 main grads filled by hooks) and one data-parallel rank (DDP learns
-that a gradient is ready from autograd). `trainer.recipe` refuses the other cases.
+the gradients on the weights (not fp32 main grads filled by hooks; `trainer.recipe` refuses that). DDP learns
+that a gradient is ready from autograd, so with more than one rank the fused weights stay out of DDP and
+`trainer.grad_reduce` all-reduces their main_grad: `watch` gives a weight two callbacks, told when a fused GEMM
+reading it runs forward (`used`) and when its backward has accumulated into main_grad (`accumulated`), so the
+reduction of a weight starts as soon as the last micro-batch's last accumulation into it is done (Megatron's DDP
+learns the same from a hook on the weight's gradient accumulator).
 """
 
 from __future__ import annotations
@@ -63,6 +67,19 @@ def prepare(params: Iterable[nn.Parameter]) -> None:
         p.grad = p.main_grad = buf  # a step starts from zero whatever an earlier step left
 
 
+def watch(weight: nn.Parameter, used: Callable[[nn.Parameter], None],
+          accumulated: Callable[[nn.Parameter], None]) -> None:
+    """Tell `used(weight)` when a fused GEMM reading `weight` runs forward, `accumulated(weight)` when its backward
+    has added into weight.main_grad (plain functions, not bound methods: a deep copy of the model shares them)."""
+    weight.mbx_fused_hooks = (used, accumulated)
+
+
+def _tell(weight: torch.Tensor, which: int) -> None:
+    hooks = getattr(weight, "mbx_fused_hooks", None)
+    if hooks is not None:
+        hooks[which](weight)
+
+
 def release(params: Iterable[nn.Parameter]) -> None:
     """Drop the main_grad buffers (the memory goes back when the gradients are dropped too)."""
     for p in params:
@@ -76,6 +93,7 @@ class _LinearAccumulating(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.weight = weight  # the leaf itself: an unpacked saved tensor need not be the same object
+        _tell(weight, 0)
         return x @ weight.t()
 
     @staticmethod
@@ -84,6 +102,7 @@ class _LinearAccumulating(torch.autograd.Function):
         dx = grad @ weight if ctx.needs_input_grad[0] else None
         g2 = grad.reshape(-1, grad.shape[-1]).to(weight.dtype)
         ctx.weight.main_grad.addmm_(g2.t(), x.reshape(-1, x.shape[-1]).to(weight.dtype))
+        _tell(ctx.weight, 1)
         return dx, None
 
 
@@ -109,6 +128,7 @@ class _GroupedMMAccumulating(torch.autograd.Function):
         ctx.weight = weight  # the leaf itself: an unpacked saved tensor need not be the same object
         ctx.accumulate = accumulate
         ctx.splits = _host_splits(offs) if x.is_cuda else None
+        _tell(weight, 0)
         return F.grouped_mm(x, weight.transpose(-2, -1), offs=offs)
 
     @staticmethod
@@ -118,6 +138,7 @@ class _GroupedMMAccumulating(torch.autograd.Function):
         dx = F.grouped_mm(grad, weight, offs=offs) if ctx.needs_input_grad[0] else None
         splits = ctx.splits.result() if ctx.splits is not None else _splits_now(offs)
         ctx.accumulate(ctx.weight.main_grad, x, grad, offs, splits)
+        _tell(ctx.weight, 1)
         return dx, None, None, None
 
 

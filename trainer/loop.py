@@ -24,12 +24,20 @@ from trainer.data import MockData
 from trainer.distributed import Dist, all_reduce_sum
 from trainer.energy import StepEnergy
 from trainer.flops import padded_vocab_size, step_flops, tflops_per_gpu
+from trainer.grad_reduce import OutsideDDP, Reduction, data_parallel_group
 from trainer.green import dispatcher_stream
 from trainer.master import MasterWeights
 from trainer.model import GPT
 from trainer.moe import per_expert_grads, stacked_expert_weights
 from trainer.optim import build_optimizer, clip_divisor, grad_norm, lr_at, set_lr
-from trainer.parallelize import apply_expert_parallel, attach_dispatcher, no_sync, parallelize, unwrap
+from trainer.parallelize import (
+    apply_expert_parallel,
+    attach_dispatcher,
+    expert_parameters,
+    no_sync,
+    parallelize,
+    unwrap,
+)
 from trainer.profiling import StepProfiler
 from trainer.recipe import QUANTIZED_PRECISIONS, Recipe, arch_number, te_knobs
 from trainer.support import check_supported
@@ -52,7 +60,10 @@ def peak_rss_gib() -> float:
 
 
 class Trainer:
-    def __init__(self, recipe: Recipe, dist: Dist, log: Callable[[str], None] = print):
+    def __init__(self, recipe: Recipe, dist: Dist, log: Callable[[str], None] = print,
+                 expert_wgrad: str | None = None):
+        """`expert_wgrad` overrides the recipe's fused expert weight-gradient backend (grad_accum.ACCUMULATORS):
+        "torch" is the CPU stand-in for `model.moe.expert_wgrad: te` (the tests' way to fuse experts on a CPU)."""
         self.recipe, self.dist, self.log = recipe, dist, log
         self.device = dist.device
         # Refuse what this machine cannot run before anything is built (status.json names the key).
@@ -83,11 +94,14 @@ class Trainer:
         # EP > 1: keep this rank's experts only (drawn in full first: every EP layout starts from EP = 1's weights).
         self.ep = expert_parallel.build(recipe.parallel.expert, dist.world_size, dist.rank, self.device,
                                         m.moe.dispatcher_sms if m.moe else None)
-        self.expert_params = apply_expert_parallel(model, self.ep) if self.ep else []
-        self._expert_ids = {id(p) for p in self.expert_params}
+        if self.ep:
+            apply_expert_parallel(model, self.ep)
         self.te = prepare_model(model, recipe, self.device)  # TE modules in, before master weights are taken
         if self.te.paths.uses_te:
             self.compute += f" + {self.te.describe()}"
+        # The sharded experts' parameters, taken after TE may have swapped GroupedLinear experts in.
+        self.expert_params = expert_parameters(model) if self.ep else []
+        self._expert_ids = {id(p) for p in self.expert_params}
         expert_numel = sum(p.numel() for p in self.expert_params)
         self.params = sum(p.numel() for p in model.parameters()) + expert_numel * (recipe.parallel.expert - 1)
         opt = recipe.optimizer
@@ -105,13 +119,15 @@ class Trainer:
         self.fused_weights: list = []
         if opt.grad_accumulation_fusion:  # the weights whose gradient GEMMs accumulate (trainer/grad_accum.py)
             # grouped_mm experts only with expert_wgrad: te (torch's grouped GEMM cannot accumulate)
-            expert_backend = "te" if m.moe is not None and m.moe.expert_wgrad == "te" else None
+            expert_backend = expert_wgrad or ("te" if m.moe is not None and m.moe.expert_wgrad == "te" else None)
             dtype = torch.bfloat16 if self.bf16 or self.master else torch.float32  # what the GEMMs compute in
             self.fused_weights = grad_accum.fused_weights(model, expert_backend, dtype)
             self.compute += f" + gradient-accumulation fusion ({len(self.fused_weights)} weights)"
         self._stacked_experts = stacked_expert_weights(model)  # their grads count per expert in the grad norm
+        self.outside = self._outside_ddp()
         self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist,
-                                 recompute_modules=recipe.selective_modules() or None, sharded=self.expert_params)
+                                 recompute_modules=recipe.selective_modules() or None,
+                                 outside_ddp=self.outside.params if self.outside else None)
         self.param_list = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.master.optimizer if self.master else build_optimizer(self.model, opt)
         # With TP = PP = CP = 1 every rank is its own data-parallel rank.
@@ -119,6 +135,19 @@ class Trainer:
                              self.accum, self.device)
         self.inject_nan = _inject_nan_steps()
         self.skipped = self.nan_steps = self.completed = 0
+
+    def _outside_ddp(self) -> OutsideDDP | None:
+        """With world > 1: the gradients DDP cannot reduce (EP experts over the expert-data-parallel group, fused
+        weights over every rank), reduced by trainer.grad_reduce into DDP's average; None on one rank."""
+        if not self.dist.initialized:
+            return None
+        reductions = []
+        if self.ep:
+            reductions.append(Reduction(self.expert_params, self.ep.expert_dp_group, self.ep.dp))
+        dense_fused = [w for w in self.fused_weights if id(w) not in self._expert_ids]
+        if dense_fused:  # replicated on every rank: summed over all of them
+            reductions.append(Reduction(dense_fused, data_parallel_group(self.dist.world_size), self.dp))
+        return OutsideDDP(reductions, self.fused_weights)
 
     def _dispatcher_stream(self) -> tuple[object, object]:
         """(green context, stream) the MoE dispatcher runs on: a green context's with dispatcher_sms, a plain
@@ -164,6 +193,8 @@ class Trainer:
         grad_accum.prepare(self.fused_weights)  # their gradients exist (zeroed) before the first micro-batch
         for micro in range(self.accum):
             inputs, targets = self.data.train_batch(step, micro)
+            if self.outside is not None and micro == self.accum - 1:
+                self.outside.arm()  # fused weights start their all-reduce inside this backward
             with no_sync(self.model, sync=micro == self.accum - 1), self.autocast():
                 out = self.forward(inputs, targets)
                 loss = out.loss
@@ -219,9 +250,9 @@ class Trainer:
         }
 
     def _grad_norm(self) -> torch.Tensor:
-        """Global gradient norm (device tensor); with EP, first average the sharded experts' gradients."""
-        if self.ep is not None:
-            self.ep.reduce_expert_grads(p.grad for p in self.expert_params)  # before any fp32 cast of them
+        """Global gradient norm (device tensor); first the gradients outside DDP get DDP's average."""
+        if self.outside is not None:
+            self.outside.finish()  # before any fp32 cast of them
         pairs = self.master.grads_by_param() if self.master else [(p, p.grad) for p in self.param_list]
         # Single [E, ...] expert weights count as E tensors, as discrete ones do: the same sums, bitwise.
         pairs = per_expert_grads(pairs, self._stacked_experts)

@@ -380,7 +380,7 @@ def fused_gradients(recipe: Recipe, params: Params, prec: Precision) -> tuple[in
     experts with expert_wgrad: te, and the TE block linears under quantized precisions; 0s when it is off."""
     layers = len(params.attention)
     weights_in_compute_dtype = prec.master or not prec.autocast
-    if not recipe.optimizer.grad_accumulation_fusion or prec.fp32_main_grads or prec.ddp:
+    if not recipe.optimizer.grad_accumulation_fusion or prec.fp32_main_grads:
         return 0, [0] * layers
     output = params.output if recipe.cross_entropy != "fused" and weights_in_compute_dtype else 0
     moe = recipe.model.moe
@@ -389,6 +389,16 @@ def fused_gradients(recipe: Recipe, params: Params, prec: Precision) -> tuple[in
     per_layer = [(params.experts[i] if experts else 0) + (params.attention[i] + params.mlp[i] if te_linears else 0)
                  for i in range(layers)]
     return output, per_layer
+
+
+def fused_sharded_experts(recipe: Recipe, params: Params, prec: Precision) -> int:
+    """Parameters of the expert-parallel experts whose gradients fusion keeps all run long (0 without EP)."""
+    if recipe.parallel.expert == 1:
+        return 0
+    _, per_layer = fused_gradients(recipe, params, prec)
+    moe = recipe.model.moe
+    fused = moe is not None and moe.expert_wgrad == "te" and any(per_layer)
+    return sum(params.experts) if fused else 0
 
 
 def static_parts(recipe: Recipe, params: Params, prec: Precision) -> dict[str, int]:
@@ -402,10 +412,10 @@ def static_parts(recipe: Recipe, params: Params, prec: Precision) -> dict[str, i
     }
     if prec.fp32_main_grads:
         parts["gradients"] = 4 * p
-    elif prec.ddp:  # DDP's buckets (gradient_as_bucket_view): every non-expert gradient, all run long
-        parts["gradients"] = (
-            p - (sum(params.experts) if recipe.parallel.expert > 1 else 0)
-        ) * prec.param_bytes
+    elif prec.ddp:  # DDP's buckets (gradient_as_bucket_view) or fused buffers: every non-expert gradient, all run
+        # long; the sharded experts' too when fused (trainer/grad_reduce.py reduces them outside DDP)
+        sharded = sum(params.experts) if recipe.parallel.expert > 1 else 0
+        parts["gradients"] = (p - sharded + fused_sharded_experts(recipe, params, prec)) * prec.param_bytes
     else:  # gradient-accumulation fusion: the fused weights' gradients, all run long
         output, per_layer = fused_gradients(recipe, params, prec)
         parts["gradients"] = (output + sum(per_layer)) * prec.param_bytes
@@ -420,7 +430,9 @@ def grads_made_in_backward(recipe: Recipe, params: Params, prec: Precision, accu
     if prec.fp32_main_grads or accum > 1:
         return 0
     if prec.ddp:
-        return sum(params.experts) * prec.param_bytes if recipe.parallel.expert > 1 else 0
+        if recipe.parallel.expert == 1 or fused_sharded_experts(recipe, params, prec):
+            return 0
+        return sum(params.experts) * prec.param_bytes
     output, per_layer = fused_gradients(recipe, params, prec)
     return (params.total - output - sum(per_layer)) * prec.param_bytes
 
@@ -515,8 +527,8 @@ def fwd_bwd_moments(
     fused_from = [*itertools.accumulate(reversed(fused_layers))][::-1]
     for i in reversed(range(count)):
         made = params.output - fused_output + layers_from[i] - fused_from[i]  # fused ones exist already
-        if prec.ddp:  # DDP's buckets exist already: only the sharded experts' gradients are new
-            made = experts_from[i]
+        if prec.ddp:  # DDP's buckets exist already: only the sharded (unfused) experts' gradients are new
+            made = 0 if fused_sharded_experts(recipe, params, prec) else experts_from[i]
         la = step.layers[i]
         buffers = 2 * la.largest + 2 * step.token_bytes
         if not new_grads:  # gradients persist: the layer's largest fresh gradient exists beside them

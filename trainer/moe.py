@@ -581,13 +581,35 @@ class MoELayer(nn.Module):
         plan = self.plan(routing)
         return combine(self.run_experts(dispatch(tokens, plan), plan, tokens), plan), plan.dropped
 
+    def capacity(self, num_tokens: int) -> int | None:
+        """Rows per expert of a chunk of `num_tokens` tokens (None: dropless)."""
+        cfg = self.cfg
+        if cfg.capacity_factor is None:
+            return None
+        return expert_capacity(num_tokens, cfg.top_k, cfg.num_experts, cfg.capacity_factor)
+
     def plan(self, routing: Routing) -> DispatchPlan:
         """Capacity (counted over this chunk's tokens) and the permutation of one chunk."""
         cfg = self.cfg
-        capacity = None
-        if cfg.capacity_factor is not None:
-            capacity = expert_capacity(routing.experts.shape[0], cfg.top_k, cfg.num_experts, cfg.capacity_factor)
+        capacity = self.capacity(routing.experts.shape[0])
         return plan_dispatch(routing, cfg.num_experts, capacity, cfg.drop_policy, cfg.pad_to_capacity)
+
+    def chunk_counts(self, routing: Routing, parts: list[slice]) -> torch.Tensor:
+        """[chunks, E] int64: the rows each chunk's plan gives each expert (its `plan(...).counts`: pairs routed
+        there, at most the chunk's capacity), for all chunks at once (one scatter, no host sync)."""
+        experts, num_experts = routing.experts, self.cfg.num_experts
+        num_tokens, top_k = experts.shape
+        size = parts[0].stop - parts[0].start  # every chunk but the last has this many tokens
+        chunk = torch.arange(num_tokens, device=experts.device) // size
+        index = (chunk.unsqueeze(1) * num_experts + experts).reshape(-1)
+        counts = torch.zeros(len(parts) * num_experts, dtype=torch.long, device=experts.device)
+        counts = counts.scatter_add_(0, index, torch.ones_like(index)).view(len(parts), num_experts)
+        capacities = [self.capacity(part.stop - part.start) for part in parts]
+        if capacities[0] is None:
+            return counts
+        limit = torch.full((len(parts), 1), capacities[0], dtype=torch.long, device=experts.device)
+        limit[-1].fill_(capacities[-1])  # a fill, not a host→device copy (that would wait for the stream)
+        return torch.minimum(counts, limit)
 
     def run_experts(self, buf: torch.Tensor, plan: DispatchPlan, tokens: torch.Tensor) -> torch.Tensor:
         """The experts over the permuted buffer `buf` of `tokens`; with moe_dispatch recompute the backward re-gathers it."""

@@ -5,14 +5,20 @@ for chunked dispatch (`dispatch_chunk_tokens`), a dispatcher stream (`dispatch_o
 ordinary side stream or a green context's, trainer.green) or expert parallelism (an `Exchange`:
 trainer.expert_parallel.ExpertParallel). The layer's own `routed` computes the same thing in plain order.
 
-Issue order (one CPU thread): permute chunk 0 (dispatcher stream) · shared experts (compute stream) · then per
-chunk i: GEMMs i (compute, after permute i) · permute i+1 (dispatcher, beside GEMMs i) · combine i (dispatcher,
-after GEMMs i, beside GEMMs i+1). Outputs join on the compute stream at the end. CUDA events order the two
-streams; `record_stream` keeps the caching allocator from handing a buffer to one stream while the other still
-reads it. With expert parallelism a chunk's all-to-alls run on the dispatcher stream too: the send after its
-permutation, the receive before its combine. Without a dispatcher stream (the CPU, `dispatch_overlap: false`)
-the very same code runs the chunks one after another. The backward runs each op on its forward's stream.
-Device→host syncs: none here (the exchange marks its own).
+Issue order (one CPU thread): with expert parallelism and data-dependent sizes (dropless, compact dropping),
+every chunk's expert counts in one all-to-all (dispatcher stream) · shared experts (compute stream) · permute
+chunk 0 (dispatcher) · then per chunk i: GEMMs i (compute, after permute i) · permute i+1 (dispatcher, beside
+GEMMs i) · combine i (dispatcher, after GEMMs i, beside GEMMs i+1). Outputs join on the compute stream at the
+end. CUDA events order the two streams; `record_stream` keeps the caching allocator from handing a buffer to one
+stream while the other still reads it. With expert parallelism a chunk's all-to-alls run on the dispatcher
+stream too: the send after its permutation, the receive before its combine, so chunk i+1's send and chunk i-1's
+receive overlap chunk i's GEMMs. Without a dispatcher stream (the CPU, `dispatch_overlap: false`) the very same
+code runs the chunks one after another.
+
+The backward runs each op on its forward's stream, and autograd takes ready ops newest first, which interleaves
+the chunks the same way: chunk i's receive-backward all-to-all and combine-backward (dispatcher) run beside
+chunk i+1's expert-GEMM backward (compute), chunk i+1's send-backward beside chunk i's GEMM backward.
+Device→host syncs: none here; the exchange marks its one per layer (the split sizes of dropless chunks).
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ class Exchange(Protocol):
     def receive(self, y: torch.Tensor, batch: Any) -> torch.Tensor:
         """The local experts' outputs → the sending ranks' rows, in their permuted order."""
         ...
+
+    # Optional: `exchange_counts(counts [chunks, E]) -> record`, every chunk's per-expert row counts sent at once;
+    # where an exchange has it, the pipeline calls `send(buf, plan, record, chunk_index)` for data-dependent sizes.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,8 +120,13 @@ class MoEPipeline:
         if side is not None:
             side.wait_stream(main)  # x and the routing are ready before the first permutation
             _used_by(side, flat, routing.experts, routing.weights)
-        pending = self._permute(layer, flat, routing, parts[0], side, main)
+        counts = None
+        exchange_counts = getattr(self.exchange, "exchange_counts", None)  # optional in an Exchange
+        if exchange_counts is not None and not layer.cfg.pad_to_capacity:  # sizes known only on the device
+            with _on(side):  # one count all-to-all for every chunk, issued first; read before the first send
+                counts = exchange_counts(layer.chunk_counts(routing, parts))
         shared = layer.shared(flat) if layer.shared is not None else None  # compute stream, beside permute 0
+        pending = self._permute(layer, flat, routing, parts, 0, side, main, counts)
         outs, dropped = [], []
         for i in range(len(parts)):
             chunk = pending
@@ -120,8 +134,8 @@ class MoEPipeline:
             y = self._experts(layer, chunk)
             done = _record(main)
             _used_by(side, y)
-            if i + 1 < len(parts):
-                pending = self._permute(layer, flat, routing, parts[i + 1], side, main)  # beside these GEMMs
+            if i + 1 < len(parts):  # beside these GEMMs
+                pending = self._permute(layer, flat, routing, parts, i + 1, side, main, counts)
             outs.append(self._combine(y, chunk, done, side))
             dropped.append(chunk.plan.dropped)
             _used_by(main, outs[-1])
@@ -133,15 +147,17 @@ class MoEPipeline:
         return out, dropped[0] if len(dropped) == 1 else torch.stack(dropped).sum()
 
     def _permute(
-        self, layer: MoELayer, flat: torch.Tensor, routing: Routing, part: slice, side: Any, main: Any
+        self, layer: MoELayer, flat: torch.Tensor, routing: Routing, parts: list[slice], i: int, side: Any,
+        main: Any, counts: Any
     ) -> _Permuted:
-        """Plan and permute one chunk on the dispatcher stream, then send its rows (EP); record when it is ready."""
+        """Plan and permute chunk i on the dispatcher stream, then send its rows (EP); record when it is ready."""
         with _on(side):
-            tokens = flat[part]
-            plan = layer.plan(routing.rows(part))
+            tokens = flat[parts[i]]
+            plan = layer.plan(routing.rows(parts[i]))
             buf, batch = dispatch(tokens, plan), None
             if self.exchange is not None:  # rows to their experts' ranks (all-to-all on this stream)
-                buf, batch = self.exchange.send(buf, plan)
+                more = (counts, i) if counts is not None else ()
+                buf, batch = self.exchange.send(buf, plan, *more)
             ready = _record(side)
         local = batch.plan if batch is not None else plan
         _used_by(main, buf, *(t for t in (*plan, *local) if isinstance(t, torch.Tensor)))

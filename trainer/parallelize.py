@@ -84,6 +84,12 @@ def apply_expert_parallel(model: nn.Module, ep: ExpertParallel) -> list[nn.Param
     return params
 
 
+def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The routed experts' parameters of every MoE layer (grouped_mm experts, or TE GroupedLinear ones swapped in
+    after sharding): what expert parallelism shards and keeps out of DDP."""
+    return [p for layer in moe_layers(model) for p in layer.experts.parameters() if p.requires_grad]
+
+
 def apply_compile(model: GPT) -> None:
     """torch.compile each transformer layer separately (fast compiles, one graph per layer kind)."""
     for i, layer in enumerate(model.layers):
@@ -92,18 +98,19 @@ def apply_compile(model: GPT) -> None:
 
 def parallelize(model: GPT, *, recompute: str, compile: bool, dist: Dist,
                 recompute_modules: frozenset[str] | None = None,
-                sharded: list[nn.Parameter] | None = None) -> nn.Module:
+                outside_ddp: list[nn.Parameter] | None = None) -> nn.Module:
     """Apply recompute, then compile, then DDP when world > 1 (gradients all-reduced in buckets during backward).
 
-    `sharded` parameters (expert-parallel experts) stay out of DDP: trainer.expert_parallel reduces them.
+    `outside_ddp` parameters (expert-parallel experts, gradient-accumulation-fused weights) stay out of DDP:
+    trainer.grad_reduce reduces them.
     """
     apply_recompute(model, recompute, recompute_modules)
     if compile:
         apply_compile(model)
     if not dist.initialized:
         return model
-    if sharded:
-        ids = {id(p) for p in sharded}
+    if outside_ddp:
+        ids = {id(p) for p in outside_ddp}
         names = [name for name, p in model.named_parameters() if id(p) in ids]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     return DistributedDataParallel(

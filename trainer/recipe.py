@@ -194,7 +194,8 @@ class OptimizerConfig(_Strict):
         "--gradient-accumulation-fusion) instead of autograd adding each micro-batch's gradient in a separate "
         "pass: the output layer, TE Linear/GroupedLinear layers, and grouped_mm experts with "
         "model.moe.expert_wgrad: te. Needs the gradients on the weights (main_grads: bf16, or no master "
-        "weights) and one data-parallel rank.",
+        "weights). With more than one rank the fused weights stay out of DDP and are all-reduced by the trainer "
+        "(started inside the last micro-batch's backward).",
     )
 
 
@@ -304,10 +305,6 @@ def layout_problems(recipe: Recipe, world_size: int) -> list[str]:
         problems.append(f"parallel: {err}")
         return problems
     problems.extend(expert_parallel_problems(recipe, dp))
-    if recipe.optimizer.grad_accumulation_fusion and world_size > 1:
-        problems.append(f"optimizer.grad_accumulation_fusion works on one rank only (world size {world_size}): "
-                        "the fused GEMMs write the gradients themselves, and DDP learns from autograd that a "
-                        "gradient is ready to all-reduce")
     t = recipe.training
     if t.global_batch_size is not None and t.global_batch_size % (t.micro_batch_size * dp):
         problems.append(
@@ -318,17 +315,16 @@ def layout_problems(recipe: Recipe, world_size: int) -> list[str]:
 
 
 def expert_parallel_problems(recipe: Recipe, dp: int) -> list[str]:
-    """What an EP > 1 layout needs: EP divides DP·CP (experts are sharded inside data parallelism), and the
-    knobs that cannot cross ranks yet are off."""
+    """What an EP > 1 layout needs: EP divides DP·CP (experts are sharded inside data parallelism), and
+    moe_dispatch recompute (which cannot work across ranks) is off. Everything else runs under EP: TE
+    GroupedLinear experts, gradient-accumulation fusion (trainer.grad_reduce reduces the fused gradients),
+    TE cross entropy, bf16 moments, compile."""
     p, moe = recipe.parallel, recipe.model.moe
     if p.expert == 1 or moe is None:
         return []
     problems = []
     if (dp * p.context) % p.expert:
         problems.append(f"parallel.expert: EP ({p.expert}) must divide DP·CP ({dp * p.context})")
-    if moe.grouped_gemm == "te":
-        problems.append("model.moe.grouped_gemm: te (TE GroupedLinear) is not wired for expert parallelism yet "
-                        f"(parallel.expert = {p.expert}); use torch or loop")
     if recipe.recompute_modules is not None and "moe_dispatch" in recipe.recompute_modules:
         problems.append("recompute_modules: moe_dispatch re-makes the permuted buffer from local tokens, which "
                         f"expert parallelism (parallel.expert = {p.expert}) receives from other ranks; drop it")
