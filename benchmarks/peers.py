@@ -19,7 +19,16 @@ Peers:
   the third), force-balanced aux-loss router in fp32, permute fusion, TE cross entropy, RoPE fusion, bf16
   params, DDP with bf16 gradient buffers + distributed optimizer (fp32 main params), clip 1.0;
   `-cutlass` sets NVTE_USE_CUTLASS_GROUPED_GEMM=1 (TE's CUTLASS grouped GEMM on Hopper).
-Each peer runs in its own process; a peer that cannot run records its error.
+- `mcore-te-ep2`, `mcore-te-ep2-a2a-overlap` (issue 24): the same megatron-core model with expert parallelism
+  2 on 2 GPUs of one node (torchrun, one process per GPU, NVLink multicast off): 64 experts per GPU, alltoall
+  dispatcher with permute fusion, TEGroupedMLP with the CUTLASS grouped GEMM, 16 sequences per GPU per step
+  (micro-batch 2 × 8 on each of the 2 data-parallel ranks: global batch 32), DDP with the gradient all-reduce
+  overlapped with the backward (`overlap_grad_reduce`, finalize_model_grads) and the distributed optimizer.
+  `-a2a-overlap` adds megatron-core's batch-level EP all-to-all overlap (`overlap_moe_expert_parallel_comm`
+  with `delay_wgrad_compute`: one micro-batch's all-to-alls hidden behind another's compute), the EP
+  communication overlap that applies on one node (no DeepEP/HybridEP: not installed; no shared experts to
+  overlap). TFLOP/s per GPU from the trainer's accounting of the same global batch on 2 GPUs.
+Each peer runs in its own process (torchrun for the EP peers); a peer that cannot run records its error.
 """
 
 from __future__ import annotations
@@ -37,14 +46,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MOE_PROXY = ROOT / "benchmarks/recipes/moe_proxy.yaml"
-PEERS = ("hf-eager", "hf-compiled", "mcore-te", "mcore-te-cutlass", "mcore-te-allgather")
+PEERS = ("hf-eager", "hf-compiled", "mcore-te", "mcore-te-cutlass", "mcore-te-allgather", "mcore-te-ep2",
+         "mcore-te-ep2-a2a-overlap")
+# Expert-parallel peers: EP size (= GPUs: EP = DP, one node) and whether megatron-core's batch-level EP overlap is on.
+EP_PEERS = {"mcore-te-ep2": (2, False), "mcore-te-ep2-a2a-overlap": (2, True)}
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 WINDOW = 10
 
 
-def load_proxy(path: Path = MOE_PROXY):
+def load_proxy(path: Path = MOE_PROXY, gpus: int = 1):
+    """The MoE proxy recipe; on `gpus` GPUs the global batch grows with them (16 sequences per GPU per step)."""
     from trainer.cli import load_recipe
 
-    return load_recipe(str(path), [])
+    recipe = load_recipe(str(path), [])
+    if gpus > 1:
+        recipe = recipe.model_copy(update={"training": recipe.training.model_copy(
+            update={"global_batch_size": recipe.training.global_batch_size * gpus})})
+    return recipe
 
 
 def hf_config_kwargs(recipe) -> dict:
@@ -74,10 +92,15 @@ def hf_config_kwargs(recipe) -> dict:
     }
 
 
-def mcore_config_kwargs(recipe, dispatcher: str = "alltoall") -> dict:
+def mcore_config_kwargs(recipe, dispatcher: str = "alltoall", ep: int = 1, a2a_overlap: bool = False) -> dict:
     """megatron.core TransformerConfig keyword arguments (torch-free: the caller adds dtypes/activation)."""
     m, moe = recipe.model, recipe.model.moe
-    return {
+    extra = {}
+    if ep > 1:
+        extra["expert_model_parallel_size"] = ep
+    if a2a_overlap:  # batch-level EP all-to-all overlap (megatron-core ≥ 0.14)
+        extra.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
+    return {**extra,
         "num_layers": m.num_layers,
         "hidden_size": m.hidden_size,
         "num_attention_heads": m.num_attention_heads,
@@ -110,6 +133,12 @@ def mcore_config_kwargs(recipe, dispatcher: str = "alltoall") -> dict:
     }
 
 
+def mcore_ddp_kwargs(ep: int = 1) -> dict:
+    """megatron.core DistributedDataParallelConfig keyword arguments: with EP the data-parallel gradient
+    all-reduce overlaps the backward (overlap_grad_reduce), as Megatron's MoE recipes run it."""
+    return {"grad_reduce_in_fp32": False, "overlap_grad_reduce": ep > 1, "use_distributed_optimizer": True}
+
+
 def describe() -> dict:
     recipe = load_proxy()
     return {
@@ -124,12 +153,32 @@ def describe() -> dict:
             "config": mcore_config_kwargs(recipe),
             "spec": "get_gpt_layer_with_transformer_engine_spec("
             "num_experts, moe_grouped_gemm=True, qk_layernorm=True)",
-            "ddp": {"grad_reduce_in_fp32": False, "use_distributed_optimizer": True},
+            "ddp": mcore_ddp_kwargs(),
             "optimizer": "adam, lr 1e-4, bf16, distributed, clip 1.0",
         },
+        **{peer: _ep_peer(recipe, peer) for peer in EP_PEERS},
         "micro_batch": recipe.training.micro_batch_size,
         "accumulation": recipe.training.global_batch_size // recipe.training.micro_batch_size,
         "seq_length": recipe.training.seq_length,
+    }
+
+
+def _ep_peer(recipe, peer: str) -> dict:
+    """What an expert-parallel megatron-core peer runs: its config, DDP, layout and batch."""
+    ep, overlap = EP_PEERS[peer]
+    scaled = load_proxy(gpus=ep)
+    t = scaled.training
+    return {
+        "launch": f"torchrun --standalone --nproc-per-node {ep} (one process per GPU, NCCL, NVLink multicast off)",
+        "config": mcore_config_kwargs(recipe, "alltoall", ep=ep, a2a_overlap=overlap),
+        "env": {"NVTE_USE_CUTLASS_GROUPED_GEMM": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1", **NO_MULTICAST},
+        "ddp": mcore_ddp_kwargs(ep),
+        "layout": {"gpus": ep, "expert_parallel": ep, "data_parallel": ep, "experts_per_gpu":
+                   recipe.model.moe.num_experts // ep},
+        "micro_batch": t.micro_batch_size,
+        "accumulation_per_rank": t.global_batch_size // (t.micro_batch_size * ep),
+        "global_batch": t.global_batch_size,
+        "sequences_per_gpu_per_step": t.global_batch_size // ep,
     }
 
 
@@ -200,15 +249,16 @@ def run_hf(recipe, steps: int, compiled: bool) -> dict:
     }
 
 
-def run_mcore(recipe, steps: int, dispatcher: str) -> dict:
+def run_mcore(recipe, steps: int, dispatcher: str, ep: int = 1, a2a_overlap: bool = False) -> dict:
     import torch
     import torch.nn.functional as F
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    torch.cuda.set_device(0)
-    torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    torch.distributed.init_process_group("nccl", rank=rank, world_size=world)
     import megatron.core
     import transformer_engine
     from megatron.core import parallel_state
@@ -220,11 +270,11 @@ def run_mcore(recipe, steps: int, dispatcher: str) -> dict:
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    parallel_state.initialize_model_parallel(1, 1)
+    parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=ep)
     t, m = recipe.training, recipe.model
     model_parallel_cuda_manual_seed(t.seed)
     cfg = TransformerConfig(
-        **mcore_config_kwargs(recipe, dispatcher),
+        **mcore_config_kwargs(recipe, dispatcher, ep=ep, a2a_overlap=a2a_overlap),
         activation_func=F.silu,
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
@@ -243,10 +293,13 @@ def run_mcore(recipe, steps: int, dispatcher: str) -> dict:
         position_embedding_type="rope",
         rotary_base=int(m.rope_theta),
     ).cuda()
-    ddp_cfg = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=False, overlap_grad_reduce=False, use_distributed_optimizer=True
-    )
+    ddp_cfg = DistributedDataParallelConfig(**mcore_ddp_kwargs(ep))
     model = DistributedDataParallel(config=cfg, ddp_config=ddp_cfg, module=model)
+    if world > 1:  # gradients synced as Megatron's training loop wires it: no sync but on the last micro-batch
+        from megatron.core.distributed import finalize_model_grads
+
+        cfg.no_sync_func = model.no_sync
+        cfg.finalize_model_grads_func = finalize_model_grads
     opt = get_megatron_optimizer(
         OptimizerConfig(
             optimizer="adam",
@@ -258,8 +311,8 @@ def run_mcore(recipe, steps: int, dispatcher: str) -> dict:
         ),
         [model],
     )
-    accum = t.global_batch_size // t.micro_batch_size
-    gen = torch.Generator(device="cuda").manual_seed(t.seed)
+    accum = t.global_batch_size // (t.micro_batch_size * world)
+    gen = torch.Generator(device="cuda").manual_seed(t.seed + rank)
     batches = [
         torch.randint(0, m.vocab_size, (t.micro_batch_size, t.seq_length), device="cuda", generator=gen)
         for _ in range(accum)
@@ -312,12 +365,13 @@ def run_mcore(recipe, steps: int, dispatcher: str) -> dict:
 def child(peer: str, steps: int) -> dict:
     from trainer.flops import step_flops
 
-    recipe = load_proxy()
-    flops = step_flops(recipe, 1).total
+    ep, overlap = EP_PEERS.get(peer, (1, False))
+    recipe = load_proxy(gpus=ep)
+    flops = step_flops(recipe, ep).total / ep  # per GPU: window_summary divides by the step time only
     if peer.startswith("hf-"):
         raw = run_hf(recipe, steps, compiled=peer == "hf-compiled")
     else:
-        raw = run_mcore(recipe, steps, "allgather" if peer.endswith("allgather") else "alltoall")
+        raw = run_mcore(recipe, steps, "allgather" if peer.endswith("allgather") else "alltoall", ep, overlap)
     return {
         "peer": peer,
         "state": "completed",
@@ -330,9 +384,20 @@ def child(peer: str, steps: int) -> dict:
 
 def peer_env(peer: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if peer == "mcore-te-cutlass":
+    if peer == "mcore-te-cutlass" or peer in EP_PEERS:
         env["NVTE_USE_CUTLASS_GROUPED_GEMM"] = "1"
+    if peer in EP_PEERS:
+        env.update(NO_MULTICAST)
     return env
+
+
+def peer_argv(peer: str, steps: int) -> list[str]:
+    """The child's command: one process, or torchrun with one process per GPU for the EP peers."""
+    if peer in EP_PEERS:
+        gpus = EP_PEERS[peer][0]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
+                __file__, "_child", peer, str(steps)]
+    return [sys.executable, __file__, "_child", peer, str(steps)]
 
 
 def main() -> None:
@@ -343,7 +408,8 @@ def main() -> None:
         except Exception as err:  # noqa: BLE001 (a peer that cannot run: record why)
             traceback.print_exc()
             row = {"peer": peer, "state": "failed", "error": f"{type(err).__name__}: {err}"[:1500]}
-        print("PEER_RESULT " + json.dumps(row), flush=True)
+        if int(os.environ.get("RANK", 0)) == 0:  # torchrun: rank 0 speaks for the peer
+            print("PEER_RESULT " + json.dumps(row), flush=True)
         os._exit(0)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -363,7 +429,7 @@ def main() -> None:
     for peer in args.peer or ["hf-compiled", "mcore-te"]:
         started = time.time()
         proc = subprocess.run(
-            [sys.executable, __file__, "_child", peer, str(args.steps)],
+            peer_argv(peer, args.steps),
             env=peer_env(peer),
             capture_output=True,
             text=True,

@@ -100,3 +100,41 @@ def test_mcore_config_builds(recipe):
         pipeline_dtype=torch.bfloat16,
     )
     assert cfg.num_moe_experts == 128 and cfg.moe_ffn_hidden_size == 768
+
+
+def test_ep_peers_are_listed_with_their_layout_and_batch(recipe):
+    """Issue 24: megatron-core with EP = 2 on 2 GPUs, 16 sequences per GPU per step, the same shapes."""
+    listed = peers.describe()
+    for name, overlap in (("mcore-te-ep2", False), ("mcore-te-ep2-a2a-overlap", True)):
+        peer = listed[name]
+        cfg = peer["config"]
+        assert cfg["expert_model_parallel_size"] == 2 and cfg["moe_token_dispatcher_type"] == "alltoall"
+        assert cfg["moe_permute_fusion"] and cfg["moe_grouped_gemm"] and cfg["num_moe_experts"] == 128
+        assert cfg.get("overlap_moe_expert_parallel_comm", False) is overlap
+        assert cfg.get("delay_wgrad_compute", False) is overlap
+        assert peer["layout"] == {"gpus": 2, "expert_parallel": 2, "data_parallel": 2, "experts_per_gpu": 64}
+        assert (peer["micro_batch"], peer["accumulation_per_rank"], peer["global_batch"]) == (2, 8, 32)
+        assert peer["sequences_per_gpu_per_step"] == 16 and peer["ddp"]["overlap_grad_reduce"]
+        assert peer["env"]["NCCL_NVLS_ENABLE"] == "0" and peer["env"]["NVTE_USE_CUTLASS_GROUPED_GEMM"] == "1"
+    assert "expert_model_parallel_size" not in peers.mcore_config_kwargs(recipe)  # the 1-GPU peers unchanged
+    argv = peers.peer_argv("mcore-te-ep2", 12)
+    assert argv[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    assert argv[-3:] == ["_child", "mcore-te-ep2", "12"] and peers.peer_argv("mcore-te", 12)[2:] == ["_child",
+                                                                                                   "mcore-te", "12"]
+
+
+def test_ep_peer_flops_are_per_gpu_of_the_doubled_batch(recipe):
+    from trainer.flops import step_flops
+
+    doubled = peers.load_proxy(gpus=2)
+    assert doubled.training.global_batch_size == 2 * recipe.training.global_batch_size
+    assert step_flops(doubled, 2).total / 2 == pytest.approx(step_flops(recipe, 1).total)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
+def test_mcore_ep_config_builds(recipe):
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(**peers.mcore_config_kwargs(recipe, ep=2), activation_func=F.silu)
+    assert cfg.expert_model_parallel_size == 2
