@@ -159,7 +159,8 @@ def run(
     With `sweep.search` (grid | random | halving | optuna, a budget and an objective) only the points the
     search picks run, rung by rung; every trial, the best point with its evidence and the Pareto front go to
     the store and the report. Running the same file again (or `mbx campaign resume NAME`) resumes a killed
-    search without repeating finished trials. Exit 0 when a best point was found, 1 when none qualified.
+    search without repeating finished trials. Exit 0 when a best point was found, 1 when none qualified, 3 when
+    the best is a tie no figure separates (orchestrator/best.py).
 
     Before anything is submitted, every point's peak memory per GPU is estimated; a point that breaks a
     parallel-layout rule, or whose estimate does not fit the GPU (--gpu, else resources.gpu), is infeasible:

@@ -139,7 +139,7 @@ def verdict_lines(workspace: Path, view: CampaignView) -> list[Text]:
         return lines
     try:
         frozen = freeze(workspace, view.name)
-    except MbxError as err:
+    except (MbxError, KeyError, ValueError) as err:  # as the report: nothing eligible yet, a tie, ...
         return [*lines, Text.assemble(("no best point: ", "bold yellow"), str(err))]
     w = frozen.winner
     return [*lines, Text.assemble(("best: ", "bold"), f"{w.point_id} [{w.label}]: {frozen.how}")]

@@ -54,7 +54,8 @@ def test_neutral_toggle_and_eval_check_pass_and_survive_rebuild(tmp_path, mbx, w
         ("none", 3), ("none", None), ("full", 3), ("full", None)}  # fmt: skip
     done = mbx("campaign", "run", str(file), "-w", str(ws), "--no-report", env=cache_env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("parity PASS") == 4, done.stdout
+    assert sum(line.startswith("parity PASS") for line in done.stdout.splitlines()) == 4, done.stdout
+    assert done.stdout.splitlines()[-1].startswith("PASS 4/4 completed") and "parity PASS: 4 of 4" in done.stdout
     pairs = stored_parity(ws, "neutral")
     assert sorted(p["kind"] for p in pairs) == ["eval", "eval", "toggle", "toggle"]
     toggles = [p for p in pairs if p["kind"] == "toggle"]
@@ -93,7 +94,9 @@ def test_changed_numerics_fail_with_the_step_and_pass_beside_them(tmp_path, mbx,
     ws = tmp_path / "ws"
     done = mbx("campaign", "run", str(file), "-w", str(ws), "--no-report", env=cache_env)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "PASS 3/3 completed" in done.stdout  # every cell passed its gates: parity alone fails the run
+    closing = next(line for line in done.stdout.splitlines() if line.startswith("FAIL 3/3 completed"))
+    assert "every gate passed; parity FAIL" in closing  # every cell passed its gates: parity alone fails the run
+    assert not any(line.startswith("PASS") for line in done.stdout.splitlines())
     verdicts = {p["title"]: p for p in stored_parity(ws, "changed")}
     seed = verdicts["training.seed: 7 → 8, recompute: none → none"]
     assert seed["verdict"] == "fail"

@@ -113,8 +113,11 @@ def test_halving_search_runs_rungs_records_trials_and_resumes_without_rerunning(
     path = _search_campaign(write_campaign, "halve", search, {"training.micro_batch_size": [1, 2, 4, 512]})
     workspace = tmp_path / "ws"
     first = mbx("campaign", "run", str(path), "--workspace", str(workspace), env=cache_env)
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert "search halving" in first.stdout and "BEST [micro_batch_size=" in first.stdout
+    # one repeat a side on a busy CPU: the last rung's two points may be a tie no figure separates (exit 3)
+    assert first.returncode in (0, 3), first.stdout + first.stderr
+    tie = first.returncode == 3
+    assert "search halving" in first.stdout
+    assert ("tie — no figure separates them" in first.stdout) if tie else ("BEST [" in first.stdout)
     with Store(workspace) as store:
         trials = store.trials("halve")
         attempts = store.attempts("halve")
@@ -129,15 +132,15 @@ def test_halving_search_runs_rungs_records_trials_and_resumes_without_rerunning(
     assert len(by_state["promoted"]) == 2 and len(by_state["dropped"]) == 1
     assert "vs the leader" in by_state["dropped"][0]["reason"]
     best = [r for r in trials if r["best"]]
-    assert len(best) == 1 and best[0]["steps"] == 8 and best[0]["rung"] == 1
+    assert len(best) == (0 if tie else 1) and all(r["steps"] == 8 and r["rung"] == 1 for r in best)
     assert "micro_batch_size=1, steps=4" in labels and "steps=4" in labels  # rung 0 cells and the base recipe
     assert (workspace / "halve" / "report" / "index.html").exists()
 
     again = mbx("campaign", "run", str(path), "--workspace", str(workspace), env=cache_env)
-    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.returncode == first.returncode, again.stdout + again.stderr
     with Store(workspace) as store:
         assert len(store.attempts("halve")) == len(attempts)  # nothing ran twice
-        assert [r["label"] for r in store.trials("halve") if r["best"]] == [best[0]["label"]]
+        assert [r["label"] for r in store.trials("halve") if r["best"]] == [r["label"] for r in best]
 
 
 def test_dry_run_of_a_halving_search_renders_its_first_rung_and_writes_nothing(mbx, write_campaign, tmp_path,
@@ -164,13 +167,13 @@ def test_optuna_search_stays_in_its_point_budget(mbx, write_campaign, tmp_path, 
     )
     workspace = tmp_path / "ws"
     result = mbx("campaign", "run", str(path), "--workspace", str(workspace), "--no-report", env=cache_env)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode in (0, 3), result.stdout + result.stderr  # 3: a tie no figure separates
     assert "budget of 3 point(s) reached" in result.stdout or "3 trial(s)" in result.stdout
     with Store(workspace) as store:
         trials = store.trials("tpe")
     assert len({r["trial"] for r in trials}) <= 3
     assert {r["state"] for r in trials} <= {"promoted", "completed", "pruned", "excluded"}
-    assert sum(r["best"] for r in trials) == 1
+    assert sum(r["best"] for r in trials) == (1 if result.returncode == 0 else 0)
     assert {r["steps"] for r in trials} <= {4, 8}
 
 
@@ -212,11 +215,11 @@ def test_a_killed_search_resumes_without_repeating_finished_trials(
     proc.wait()
     assert len(done) >= 2
     resumed = mbx("campaign", "resume", "killed", "--workspace", str(workspace), "--no-report", env=cache_env)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "BEST [" in resumed.stdout
+    assert resumed.returncode in (0, 3), resumed.stdout + resumed.stderr  # 3: a tie no figure separates
+    assert ("BEST [" if resumed.returncode == 0 else "tie — no figure separates them") in resumed.stdout
     with Store(workspace) as store:
         completed = [a.cell_id for a in store.attempts("killed") if a.state == "completed"]
         trials = store.trials("killed")
     assert len(completed) == len(set(completed))  # no finished run was run again
     assert {a.cell_id for a in done} <= set(completed)
-    assert sum(r["best"] for r in trials) == 1 and {r["rung"] for r in trials} == {0, 1}
+    assert sum(r["best"] for r in trials) == (resumed.returncode == 0) and {r["rung"] for r in trials} == {0, 1}
