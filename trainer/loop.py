@@ -4,7 +4,8 @@ CPU-GPU syncs, all marked `# SYNC` (here and in trainer/moe.py): one `torch.cuda
 end of each step (the step time is measured after it), then reads of the already-computed scalars.
 Non-finite steps are skipped on the device (fused AdamW's `found_inf`), so a step never waits on the
 host; only the opt-in MoE paths (capacity drops without padding, the loop GEMM, TE GroupedLinear experts
-without padding) sync inside it.
+without padding, and expert parallelism without padding: one read of the layer's split sizes per layer and
+micro-batch, trainer/expert_parallel.py) sync inside it.
 """
 
 from __future__ import annotations
