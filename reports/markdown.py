@@ -239,6 +239,9 @@ def _performance(view: CampaignView, best: PointView | None, extras: SiteExtras)
     """Performance result of the winner: window, averages, peak memory, loss range, skipped/NaN, baseline."""
     out = ["", "### Performance result", ""]
     if best is None or not best.completed:
+        if any(p.completed for p in view.points):
+            return out + ["No winner picked (see Frozen configuration): every completed point's figures are in the "
+                          "table below."]  # fmt: skip
         return out + ["No completed point to report."]
     first = best.completed[0].summary
     skipped = sum(c.summary.skipped_iterations for c in best.completed)  # type: ignore[union-attr]
