@@ -3,7 +3,7 @@
 Run:  .venv/bin/python benchmarks/compare_stats.py [--trials 1000] [--seed 7] [--samples DIR] [--json]
       .venv/bin/python benchmarks/compare_stats.py --rates [--trials 1000]   # only the error-rate table
 
-Data: tests/data/h200-samples/aa-samples-h200 (else ../shared/data/h200-samples/...) — 4 recorded runs (22 steps) of each of three points (base,
+Data: tests/data/h200-samples/aa-samples-h200 — 4 recorded runs (22 steps) of each of three points (base,
 static capacity, fused cross entropy) on one H200. A run's usable steps are 2..22 (the first step never
 counts). A *pseudo-repeat* is a window of 10 consecutive usable steps of one recorded run, at a uniformly
 random offset (12 offsets); its value is the window's mean step time and its per-step samples are the 10 step
@@ -53,9 +53,7 @@ from reports import compare as stats  # noqa: E402
 from reports.window import summarize, window_rows  # noqa: E402
 from trainer import rundir  # noqa: E402
 
-SAMPLES = next((p for p in (ROOT / "tests" / "data" / "h200-samples" / "aa-samples-h200",
-                            ROOT.parent / "shared" / "data" / "h200-samples" / "aa-samples-h200") if p.is_dir()),
-               ROOT / "tests" / "data" / "h200-samples" / "aa-samples-h200")  # fmt: skip
+SAMPLES = ROOT / "tests" / "data" / "h200-samples" / "aa-samples-h200"
 POINTS = {"base": "45ad6c6851", "static capacity": "a8ddbee1ab", "fused cross entropy": "7db0e86111"}
 WINDOW = 10
 

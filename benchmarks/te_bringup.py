@@ -1,6 +1,6 @@
 """Bring Transformer Engine 2.20.2 (and megatron-core 0.19.2) to a GPU machine that has no network.
 
-Two steps, one command each side (../shared/NOTES.md has the route and why):
+Two steps, one command each side:
 
     # here (network, no GPU): wheels into .whl/, the 276 MB TE wheel cut in parts, the device calls printed
     python benchmarks/te_bringup.py prepare --dest /work/main/.whl

@@ -60,12 +60,16 @@ def refuse_control(value: Any) -> Any:
     return value
 
 
-def check_value(where: str, value: Any) -> str:
-    """A value going into a job script as one quoted token: refuse control characters (a newline ends a line)."""
-    problem = control_problem(value)
+def _checked(where: str, value: Any, problem: str | None) -> str:
+    """`value` as text, or UnsafeValue(`where: problem`)."""
     if problem:
         raise UnsafeValue(f"{where}: {problem}")
     return str(value)
+
+
+def check_value(where: str, value: Any) -> str:
+    """A value going into a job script as one quoted token: refuse control characters (a newline ends a line)."""
+    return _checked(where, value, control_problem(value))
 
 
 def is_plain(text: str) -> bool:
@@ -121,10 +125,7 @@ def nul_problem(value: Any, show: bool = True) -> str | None:
 
 def check_no_nul(where: str, value: Any) -> str:
     """A value passed to a process as an argument or environment value: NUL cannot be passed at all."""
-    problem = nul_problem(value)
-    if problem:
-        raise UnsafeValue(f"{where}: {problem}")
-    return str(value)
+    return _checked(where, value, nul_problem(value))
 
 
 def env_name_problem(name: Any) -> str | None:

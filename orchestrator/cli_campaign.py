@@ -195,19 +195,8 @@ def run(
         searched = run_search(workspace, campaign, points, file, make_report=report, launcher=launcher,
                               parallel=parallel, log_wandb=wandb, gpu=gpu, strict=strict, dry_run=dry_run)  # fmt: skip
         raise typer.Exit(searched.exit_code)
-    finished = runner.run_campaign(
-        workspace,
-        campaign,
-        points,
-        file,
-        launcher=launcher,
-        parallel=parallel,
-        make_report=report,
-        log_wandb=wandb,
-        dry_run=dry_run,
-        gpu=gpu,
-        strict=strict,
-    )
+    finished = runner.run_campaign(workspace, campaign, points, file, launcher=launcher, parallel=parallel,
+                                   make_report=report, log_wandb=wandb, dry_run=dry_run, gpu=gpu, strict=strict)
     raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
 
 

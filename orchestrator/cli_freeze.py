@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,12 +18,8 @@ def freeze(
     campaign: CampaignNameArg,
     point: Annotated[
         str | None,
-        typer.Option(
-            "--point",
-            "-p",
-            help="Freeze this point (id, label or cell id) instead of the best.",
-            show_default=False,
-        ),  # fmt: skip
+        typer.Option("--point", "-p", help="Freeze this point (id, label or cell id) instead of the best.",
+                     show_default=False),
     ] = None,
     best: Annotated[
         bool, typer.Option("--best", help="Freeze the best point (the default without --point).")
@@ -44,12 +40,8 @@ def freeze(
     repeats: Annotated[int, typer.Option(min=1, help="Repeats in the reproducing campaign.")] = 3,
     margin: Annotated[
         float | None,
-        typer.Option(
-            min=0.0,
-            max=0.5,
-            help="Margin of the portable gates [default: from the repeats' noise].",
-            show_default=False,
-        ),  # fmt: skip
+        typer.Option(min=0.0, max=0.5, help="Margin of the portable gates [default: from the repeats' noise].",
+                     show_default=False),
     ] = None,
     out: Annotated[
         Path | None,
@@ -89,14 +81,15 @@ def freeze(
         written = write_frozen(frozen, target, repeats=repeats, margin=margin)
     except OSError as err:  # a folder that cannot be made or written after the check (read-only file system...)
         raise UsageError(f"--out {target}: cannot be written ({err.strerror or err})") from None
+    _print_frozen(campaign, frozen, written)
+
+
+def _print_frozen(campaign: str, frozen: Any, written: list[Path]) -> None:
+    """The winner and how it was picked, each rejected point and why, the files written."""
     w = frozen.winner
-    console.print(
-        Text.assemble(("frozen ", "bold green"), f"{campaign} point {w.point_id} [{w.label}]: {frozen.how}")
-    )
+    console.print(Text.assemble(("frozen ", "bold green"), f"{campaign} point {w.point_id} [{w.label}]: {frozen.how}"))
     for rejected in frozen.rejected:
-        console.print(
-            Text(f"  rejected {rejected.point_id} [{rejected.label}] ({rejected.kind}): {rejected.why}")
-        )
+        console.print(Text(f"  rejected {rejected.point_id} [{rejected.label}] ({rejected.kind}): {rejected.why}"))
     for path in written:
         console.print(Text(f"  wrote {path}"))
 

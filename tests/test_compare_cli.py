@@ -1,4 +1,4 @@
-"""`mbx compare` end to end on stores built from the real H200 run dirs (../shared/data/h200-samples): exit
+"""`mbx compare` end to end on stores built from the real H200 run dirs (tests/data/h200-samples): exit
 codes, the table, --json, --markdown, --pair, the fingerprint line, the diagnosis and hardware refusal."""
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from orchestrator.store import CellRow, Store
 from reports.window import summarize
 from trainer import rundir
 
-SAMPLES = next((p for p in (ROOT / "tests" / "data" / "h200-samples" / "aa-samples-h200",
-                ROOT.parent / "shared" / "data" / "h200-samples" / "aa-samples-h200") if p.is_dir()),
-               ROOT / "tests" / "data" / "h200-samples" / "aa-samples-h200")
+SAMPLES = ROOT / "tests" / "data" / "h200-samples" / "aa-samples-h200"
 BASE, CAPACITY, FUSED = "45ad6c6851", "a8ddbee1ab", "7db0e86111"
 PARAMS = {
     BASE: {"model.moe.capacity_factor": None, "model.moe.pad_to_capacity": False},

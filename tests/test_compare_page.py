@@ -8,13 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from test_compare_cli import BASE, FUSED, SAMPLES, add_campaign, compare
+from test_compare_cli import BASE, FUSED, add_campaign, compare
 from test_report_page import console_messages, needs_chromium, parse, render_in_chromium
 
 from orchestrator import compare as cmp
 from reports.compare_page import render_compare_page, write_compare_page
 
-pytestmark = pytest.mark.skipif(not SAMPLES.is_dir(), reason="h200 samples not present")
 HOSTILE = '<script>alert("x")</script> & <b>bold</b> <img src=x onerror=alert(1)>'
 
 
