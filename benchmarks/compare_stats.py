@@ -29,7 +29,7 @@ of the noise.
   sequential designs start at 3 repeats a side and add one a side per round while UNKNOWN, budget 6 extra
   cells (K = 4 looks): "α/K" tests every look at the split levels (what `mbx compare` does), "uncorrected"
   tests every look at the one-look levels (what optional stopping costs).
-- Real pairs: all 4 recorded runs per side, every metric, through orchestrator.compare (decision, diagnosis).
+- Real pairs: all 4 recorded runs per side, every metric, through orchestrator.judge.compare (decision, diagnosis).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from scipy import stats as sps
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import compare as cmp  # noqa: E402
+from orchestrator.judge import compare as cmp  # noqa: E402
 from reports import compare as stats  # noqa: E402
 from reports.window import summarize, window_rows  # noqa: E402
 from trainer import rundir  # noqa: E402

@@ -65,8 +65,8 @@ def write_campaign(path: Path, cells: int, shape: str) -> int:
 
 
 def in_process(argv: list[str]) -> tuple[float, float, int]:
-    """(wall s, CPU s, exit code) of one `orchestrator.cli.main` call with stdout captured."""
-    from orchestrator.cli import main
+    """(wall s, CPU s, exit code) of one `orchestrator.cli.app.main` call with stdout captured."""
+    from orchestrator.cli.app import main
 
     saved = sys.argv
     sys.argv = ["mbx", *argv]

@@ -6,7 +6,7 @@
 `record` runs benchmarks/data/search_space_cpu.yaml (4 micro-batch sizes × 3 top-k × 2 recompute × 2 expert-
 GEMM paths = 48 points of quickstart's CPU-sized MoE GPT, each at 100 steps and, independently, at 10 steps)
 through `mbx campaign run` and writes every run's metrics rows to benchmarks/data/search_budget_cpu.json.
-The replay runs orchestrator/search_strategies.py's strategies (the code `sweep.search` runs) through its
+The replay runs orchestrator/flow/search_strategies.py's strategies (the code `sweep.search` runs) through its
 TableEvaluator: a 10-step rung is the independent 10-step run, a 30-step rung the first 30 steps of the
 100-step run. The grid's best is the best 100-step TFLOP/s/GPU of the table; a search's answer is scored by
 its point's 100-step value. Target (issue 14): within 3% of the grid's best with ≤ 35% of its steps (median).
@@ -28,11 +28,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.search import Search  # noqa: E402
-from orchestrator.search_evaluators import TableEvaluator  # noqa: E402
-from orchestrator.search_ledger import Ledger  # noqa: E402
-from orchestrator.search_rank import Candidate, candidate_key  # noqa: E402
-from orchestrator.search_strategies import product_space, run_strategy  # noqa: E402
+from orchestrator.flow.search_evaluators import TableEvaluator  # noqa: E402
+from orchestrator.flow.search_strategies import product_space, run_strategy  # noqa: E402
+from orchestrator.judge.search_ledger import Ledger  # noqa: E402
+from orchestrator.judge.search_rank import Candidate, candidate_key  # noqa: E402
+from orchestrator.spec.search import Search  # noqa: E402
 
 SPACE = ROOT / "benchmarks" / "data" / "search_space_cpu.yaml"
 TABLE = ROOT / "benchmarks" / "data" / "search_budget_cpu.json"
@@ -54,7 +54,7 @@ def record(workspace: Path) -> None:
 
 def export(workspace: Path, seconds: float | None = None) -> None:
     """The table from a workspace where the space ran: every completed cell's rows, by swept values and length."""
-    from orchestrator.store import Store
+    from orchestrator.run.store import Store
     from trainer import rundir
 
     points: dict[str, dict[str, Any]] = {}

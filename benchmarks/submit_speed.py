@@ -35,9 +35,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import yaml  # noqa: E402
 
 from launchers.base import LaunchSpec, Resources  # noqa: E402
-from orchestrator.campaign import Campaign  # noqa: E402
+from orchestrator.spec.campaign import Campaign  # noqa: E402
+from orchestrator.spec.yamlio import dump_yaml  # noqa: E402
 from orchestrator.trainers import expand  # noqa: E402
-from orchestrator.yamlio import dump_yaml  # noqa: E402
 
 
 def campaign(points: int) -> Campaign:

@@ -1,6 +1,6 @@
 """The Slurm profile a campaign gives its launcher: the `cluster` and `container` sections, typed and frozen.
 
-`Cluster` and `Container` are the campaign file's sections (orchestrator/campaign.py imports them from here);
+`Cluster` and `Container` are the campaign file's sections (orchestrator/spec/campaign.py imports them from here);
 `SlurmProfile` is built once by the orchestrator and passed to the launcher instead of the whole campaign::
 
     SlurmProfile(cluster=campaign.cluster, container=campaign.container, git_sha=project_git_sha())
@@ -94,5 +94,5 @@ class SlurmProfile(BaseModel):
     container: Container = Field(default_factory=Container, description="The campaign's `container` section.")
     git_sha: str | None = Field(
         None,
-        description="Commit of the mbx checkout (orchestrator.fingerprint.project_git_sha); into node.json.",
+        description="Commit of the mbx checkout (orchestrator.run.fingerprint.project_git_sha); into node.json.",
     )

@@ -10,7 +10,7 @@ Two kinds of values reach a shell through the launchers:
 Errors are `UnsafeValue` (a ValueError: pydantic validators and the orchestrator report it as bad input), one
 line, naming where the value came from and showing it shortened. Each rule is one `*_problem` function (the
 reason, or None); the `check_*` functions raise it at render, and `mbx campaign validate` asks the same
-functions about every campaign and swept value (orchestrator/keys.py `value_problem`), so nothing render would
+functions about every campaign and swept value (orchestrator/spec/keys.py `value_problem`), so nothing render would
 refuse gets past validation.
 """
 

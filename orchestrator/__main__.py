@@ -1,5 +1,5 @@
 """`python -m orchestrator` runs the mbx CLI."""
 
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 
 main()

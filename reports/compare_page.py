@@ -1,5 +1,5 @@
 """The comparison page of `mbx compare --html DIR`: one static HTML file (no script, no network) from the
-plain data of a comparison (orchestrator/compare.py's `to_json`), user text escaped by Jinja's autoescape."""
+plain data of a comparison (orchestrator/judge/compare.py's `to_json`), user text escaped by Jinja's autoescape."""
 
 from __future__ import annotations
 

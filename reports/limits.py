@@ -4,7 +4,7 @@ A campaign is a few KB, a golden-values file a few hundred KB, a trace a few hun
 above real inputs and only stop hostile or broken ones, quickly and with the limit named
 ("x.json.gz: too large (inflates to more than 512 MiB; the limit for a profiler trace)").
 
-Nothing here imports orchestrator (reports/ never does); orchestrator/yamlio.py takes its YAML limits from here.
+Nothing here imports orchestrator (reports/ never does); orchestrator/spec/yamlio.py takes its YAML limits from here.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Any
 
 MiB = 1 << 20
 
-# YAML: campaign, recipe and card files (orchestrator/yamlio.py).
+# YAML: campaign, recipe and card files (orchestrator/spec/yamlio.py).
 MAX_YAML_BYTES = 4 * MiB  # file size
 MAX_YAML_DEPTH = 64  # levels of nesting, counted through aliases
 MAX_YAML_VALUES = 100_000  # values (scalars, lists, mappings, aliases) the file spells out
 MAX_YAML_ALIAS_VALUES = 100_000  # values aliases may add to what the file spells out
 
-# Sweeps (orchestrator/sweep.py): cells a campaign may name before exclusions (--max-cells raises it).
+# Sweeps (orchestrator/spec/sweep.py): cells a campaign may name before exclusions (--max-cells raises it).
 DEFAULT_MAX_CELLS = 10_000
 
 # JSON documents: golden values, Bridge cards, traces. Python's reader stops near 1,000 levels.

@@ -255,7 +255,7 @@ def index_cells(view: CampaignView, best: PointView | None) -> list[CellView]:
 
 
 def pick_best(view: CampaignView, extras: SiteExtras) -> tuple[PointView | None, str]:
-    """The best point and how it was picked: the verdicts' winner (orchestrator/best.py, as mbx freeze and the
+    """The best point and how it was picked: the verdicts' winner (orchestrator/judge/best.py, as mbx freeze and the
     search pick it) when given; none when the orchestrator said why there is none (a tie no figure separates,
     nothing eligible); the highest mean only for a page rendered without the orchestrator's pick."""
     if extras.winner is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-NSYS_REPORT = "profile.rank0.nsys-rep"  # orchestrator/profile_spec.py: rank 0 records
+NSYS_REPORT = "profile.rank0.nsys-rep"  # orchestrator/spec/profile_spec.py: rank 0 records
 NSYS_SQLITE = (
     "profile.sqlite"  # an export made beside the report (by a user or an earlier run of this module)
 )

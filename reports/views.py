@@ -118,7 +118,7 @@ class CampaignView:
     points: list[PointView] = field(default_factory=list)
     parity: list[dict[str, Any]] = field(
         default_factory=list
-    )  # on/off pair verdicts (orchestrator/parity.py)
+    )  # on/off pair verdicts (orchestrator/judge/parity_verdicts.py)
 
     def __post_init__(self) -> None:
         if self.cells and not self.points:  # a view built by hand: judge its points from the cells

@@ -10,7 +10,7 @@ from typing import Any
 from reports.views import CampaignView
 from reports.wandb_log import WandbSettings
 
-SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # campaign names (orchestrator.campaign.NAME_PATTERN)
+SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # campaign names (orchestrator.spec.campaign.NAME_PATTERN)
 STEP_PANELS = (
     ("TFLOP/s/GPU per step", "tflops_per_gpu"),
     ("Step time (ms) per step", "step_time_ms"),

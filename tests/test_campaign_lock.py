@@ -15,11 +15,11 @@ import pytest
 from conftest import ROOT, TINY_MOE_RECIPE
 
 from orchestrator.errors import RunError
-from orchestrator.lock import CampaignLock
-from orchestrator.store import Store
+from orchestrator.run.lock import CampaignLock
+from orchestrator.run.store import Store
 
 TRY_FROM_ANOTHER_PROCESS = (
-    "import sys\nfrom orchestrator.lock import CampaignLock\nfrom orchestrator.errors import RunError\n"
+    "import sys\nfrom orchestrator.run.lock import CampaignLock\nfrom orchestrator.errors import RunError\n"
     "try:\n    CampaignLock(sys.argv[1]).__enter__()\nexcept RunError as err:\n    print(err); sys.exit(7)\n"
 )
 

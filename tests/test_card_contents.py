@@ -13,8 +13,8 @@ import yaml
 from conftest import TINY_MOE_RECIPE, run_mbx
 
 from orchestrator.errors import UsageError
-from orchestrator.freeze import freeze
-from orchestrator.freeze_out import write_frozen
+from orchestrator.judge.freeze import freeze
+from orchestrator.judge.freeze_out import write_frozen
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from conftest import ROOT
 PROBE = """
 import sys
 sys.argv = ["mbx", *{args!r}]
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 try:
     main()
 except SystemExit:

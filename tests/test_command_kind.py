@@ -13,9 +13,9 @@ import yaml
 from conftest import MEGATRON_LOG, ROOT, TINY_MOE_RECIPE
 
 from orchestrator import trainers
-from orchestrator.campaign import Campaign
-from orchestrator.store import AttemptRow, CellRow
-from orchestrator.sweep import Point
+from orchestrator.run.store import AttemptRow, CellRow
+from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.sweep import Point
 from reports.parsers.follow import LogFollower
 from trainer import rundir
 
@@ -139,7 +139,7 @@ def test_expand_is_one_loop_for_both_kinds():
 
 def test_expansion_never_imports_torch():
     """Login-node code: expanding both kinds' points (the recipe schema included) leaves torch unimported."""
-    code = ("import sys; from orchestrator import trainers; from orchestrator.loader import load_campaign; "
+    code = ("import sys; from orchestrator import trainers; from orchestrator.spec.loader import load_campaign; "
             "trainers.expand(load_campaign(sys.argv[1])); assert 'torch' not in sys.modules, 'torch imported'")  # fmt: skip
     for name in ("quickstart.yaml", "megatron_bridge_moe_dispatcher.yaml"):
         done = subprocess.run([sys.executable, "-c", code, str(ROOT / "campaigns" / name)], capture_output=True,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.campaign import Campaign
-from orchestrator.command import (
+from orchestrator.errors import ConfigError
+from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.command import (
     TemplateError,
     attempt_argv,
     render_megatron_bridge,
     render_megatron_lm,
 )
-from orchestrator.errors import ConfigError
 from orchestrator.trainers import expand
 
 HOSTILE = "a b 'c' \"d\" $(touch /tmp/pwned) `id`; rm -rf / && echo\nnext line {x} ${HOME} *"
@@ -209,7 +209,7 @@ def test_schema_errors(mbx, write_campaign):
 def test_dispatcher_template_campaign_validates():
     from conftest import ROOT
 
-    from orchestrator.loader import load_campaign
+    from orchestrator.spec.loader import load_campaign
 
     path = ROOT / "campaigns" / "megatron_bridge_moe_dispatcher.yaml"
     points = expand(load_campaign(path), path)

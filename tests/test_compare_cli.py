@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from orchestrator.store import CellRow, Store
+from orchestrator.run.store import CellRow, Store
 from reports.window import summarize
 from trainer import rundir
 

@@ -25,8 +25,8 @@ import pytest
 from conftest import MEGATRON_LOG, run_mbx
 from scipy import stats as sps
 
-from orchestrator.interleave import max_looks
-from orchestrator.store import CellRow, Store
+from orchestrator.flow.interleave import max_looks
+from orchestrator.run.store import CellRow, Store
 from reports import compare as stats
 from reports.compare import Samples, compare_samples
 from reports.window import summarize

@@ -11,7 +11,7 @@ import pytest
 from test_compare_cli import BASE, FUSED, add_campaign, compare
 from test_report_page import console_messages, needs_chromium, parse, render_in_chromium
 
-from orchestrator import compare as cmp
+from orchestrator.judge import compare as cmp
 from reports.compare_page import render_compare_page, write_compare_page
 
 HOSTILE = '<script>alert("x")</script> & <b>bold</b> <img src=x onerror=alert(1)>'
@@ -126,7 +126,7 @@ def test_page_directory_that_is_a_file_is_one_clean_error(workspace: Path, tmp_p
 
 
 def test_baseline_page_for_the_campaign_report(workspace: Path) -> None:
-    from orchestrator.store import Store
+    from orchestrator.run.store import Store
 
     add_campaign(workspace, "fused-vs-base", [(FUSED, r) for r in range(2)])
     with Store(workspace) as store:

@@ -74,7 +74,7 @@ def _pause(spec, index):
 for index, spec in enumerate(s for s in os.environ.get("MBX_TEST_PAUSE", "").split(",") if s):
     _pause(spec, index)
 sys.argv = ["mbx", *sys.argv[1:]]
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 main()
 """
 
@@ -213,7 +213,7 @@ def test_orchestrator_killed_while_collecting(mbx, tmp_path):
     file = write(tmp_path, command_campaign("collecting", ["a", "b"]))
     workspace = tmp_path / "ws"
     with orchestrator(tmp_path, "campaign", "run", str(file), "--workspace", str(workspace), "--no-report",
-                      pause=["orchestrator.store:Store.record_outcome"]) as (proc, folder):  # fmt: skip
+                      pause=["orchestrator.run.store:Store.record_outcome"]) as (proc, folder):  # fmt: skip
         wait_for(lambda: (folder / "paused-0").exists(), "the first collection", proc)
         assert [s for (s,) in rows(workspace, "SELECT state FROM attempts")] == ["running"]
         kill(proc)
@@ -297,7 +297,7 @@ def test_corrupt_run_dir_files(tmp_path):
                                          "training.steps": [150 if f == WHILE else 6 for f in faults]}]})  # fmt: skip
     file = write(tmp_path, data)
     workspace = tmp_path / "ws"
-    pause = ["launchers.base:Launcher.submit", "orchestrator.engine:Engine._finish"]
+    pause = ["launchers.base:Launcher.submit", "orchestrator.run.engine:Engine._finish"]
     with orchestrator(tmp_path, "campaign", "run", str(file), "--workspace", str(workspace), "--no-report",
                       pause=pause) as (proc, folder):  # fmt: skip
         wait_for(lambda: (folder / "paused-0").exists(), "the submission", proc)
@@ -355,7 +355,7 @@ def test_corrupt_files_of_a_command_attempt(tmp_path):
     file = write(tmp_path, command_campaign("cmdcorrupt", tags, launchers={"local": {"parallel": len(tags)}}))
     workspace = tmp_path / "ws"
     with orchestrator(tmp_path, "campaign", "run", str(file), "--workspace", str(workspace), "--no-report",
-                      pause=["orchestrator.engine:Engine._finish"]) as (proc, folder):  # fmt: skip
+                      pause=["orchestrator.run.engine:Engine._finish"]) as (proc, folder):  # fmt: skip
         wait_for(lambda: (folder / "paused-0").exists(), "the first collection", proc)
         dirs = {json.loads(params)["tag"]: Path(run_dir) for params, run_dir in rows(
             workspace, "SELECT c.params_json, a.run_dir FROM attempts a JOIN cells c USING (campaign, cell_id)")}

@@ -1,4 +1,4 @@
-"""Feasibility before submission (orchestrator/feasibility.py): each point's memory estimate against its GPU,
+"""Feasibility before submission (orchestrator/run/feasibility.py): each point's memory estimate against its GPU,
 infeasible points (a layout rule broken, an estimate over the GPU's memory) recorded with the reason and skipped
 while the rest run (the real bundled trainer on CPU, a real command trainer), `--strict` refusing instead, the
 plan and dry run showing estimate and headroom, the `estimates` store table, the headroom gate and freeze."""
@@ -13,10 +13,10 @@ import sys
 import pytest
 from conftest import FAKE_MEGATRON, MEGATRON_LOG, ROOT, TINY_MOE_RECIPE
 
-from orchestrator.campaign import Campaign
 from orchestrator.errors import ConfigError
-from orchestrator.feasibility import GPU_MEMORY_GIB, assess, gpu_memory_gib
-from orchestrator.store import Store
+from orchestrator.run.feasibility import GPU_MEMORY_GIB, assess, gpu_memory_gib
+from orchestrator.run.store import Store
+from orchestrator.spec.campaign import Campaign
 from orchestrator.trainers import expand, memory_estimate
 from trainer.memory import estimate
 from trainer.recipe import Recipe

@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 from conftest import TINY_MOE_RECIPE
 
-from orchestrator.best import choose
-from orchestrator.compare import METRICS, Point, Repeat
+from orchestrator.judge.best import choose
+from orchestrator.judge.compare import METRICS, Point, Repeat
 
 STEP_TIME = next(m for m in METRICS if m.name == "step_time")
 MEMORY = next(m for m in METRICS if m.name == "peak_alloc")

@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 
 ROOT = Path(__file__).resolve().parent.parent
 CAMPAIGNS = sorted((ROOT / "campaigns").glob("*.yaml"))
@@ -224,7 +224,7 @@ def built_command(app: typer.Typer) -> Any:
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `mbx ARGV` through orchestrator.cli.main, in this process."""
+    """(exit code, stdout, stderr) of `mbx ARGV` through orchestrator.cli.app.main, in this process."""
     out, err = io.StringIO(), io.StringIO()
     saved = sys.argv
     sys.argv = ["mbx", *argv]

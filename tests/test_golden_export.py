@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import ROOT, TINY_MOE_RECIPE, run_mbx
 
-from orchestrator.store import Store
+from orchestrator.run.store import Store
 from reports.parsers.golden import GoldenValues, lm_document, read_golden_values, rows_layout
 from trainer import rundir
 

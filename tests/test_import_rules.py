@@ -47,7 +47,7 @@ def imported_names(name: str, path: Path) -> Iterator[tuple[str, int]]:
 
 
 def own_module(name: str) -> str | None:
-    """The mbx module a dotted name lands in (`orchestrator.store.Store` → orchestrator.store), or None."""
+    """The mbx module a dotted name lands in (`orchestrator.run.store.Store` → orchestrator.run.store), or None."""
     while name and name not in modules():
         name = name.rpartition(".")[0]
     return name or None
@@ -75,7 +75,7 @@ def violations(package: str, allowed) -> list[str]:
 
 
 def test_the_source_tree_is_found() -> None:
-    assert {"orchestrator.cli", "orchestrator.engine", "reports.gates", "trainer.recipe", "launchers.base"} <= set(
+    assert {"orchestrator.cli.app", "orchestrator.run.engine", "reports.gates", "trainer.recipe", "launchers.base"} <= set(
         modules()
     )
 
@@ -171,7 +171,7 @@ def test_no_private_names_of_other_libraries() -> None:
 PROBE = """
 import sys
 sys.argv = ["mbx", *sys.argv[1:]]
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 try:
     main()
 except SystemExit:
@@ -190,7 +190,7 @@ def loaded(*args: str) -> list[str]:
 
 
 def test_importing_the_cli_loads_no_heavy_library() -> None:
-    code = f"import sys, orchestrator.cli; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
+    code = f"import sys, orchestrator.cli.app; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
@@ -203,3 +203,43 @@ def test_importing_the_cli_loads_no_heavy_library() -> None:
 )  # fmt: skip
 def test_login_commands_load_no_heavy_library(args: tuple[str, ...]) -> None:
     assert loaded(*args) == []
+
+
+# orchestrator/ by role, lowest first (ARCHITECTURE.md): a package imports only from its own layer and below.
+LAYERS = ("orchestrator.errors", "orchestrator.owned_dirs", "orchestrator.spec", "orchestrator.trainers",
+          "orchestrator.run", "orchestrator.judge", "orchestrator.flow", "orchestrator.cli", "orchestrator.__main__")  # fmt: skip
+
+
+def layer_of(module: str) -> int | None:
+    return next((i for i, top in enumerate(LAYERS) if module == top or module.startswith(top + ".")), None)
+
+
+def runtime_imports(path: Path) -> Iterator[ast.AST]:
+    """Import statements that run (those under `if TYPE_CHECKING:` only name types for the checker)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING"
+                   for n in ast.walk(node)}  # fmt: skip
+    yield from (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in typing_only)
+
+
+def test_the_orchestrator_top_level_holds_only_its_role_packages() -> None:
+    top = {p.name for p in (ROOT / "orchestrator").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert top == {"__init__.py", "__main__.py", "errors.py", "owned_dirs.py", "spec", "trainers", "run", "judge",
+                   "flow", "cli"}  # fmt: skip
+
+
+def test_no_orchestrator_package_imports_a_higher_one() -> None:
+    upward = []
+    for name, path in modules().items():
+        mine = layer_of(name)
+        if mine is None:
+            continue
+        for node in runtime_imports(path):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [f"{node.module}.{a.name}" for a in node.names] if node.module else [])  # fmt: skip
+            for target in targets:
+                theirs = layer_of(own_module(target) or "") if target.startswith("orchestrator") else None
+                if theirs is not None and theirs > mine:
+                    upward.append(f"{path.relative_to(ROOT)}:{node.lineno} ({LAYERS[mine]}) imports {target}")
+    assert upward == []

@@ -167,8 +167,8 @@ def test_ingested_run_is_the_baseline_of_a_new_campaign(mbx, write_campaign, tmp
 
 def test_plan_writes_nothing_and_commit_writes_run_dir_and_rows(tmp_path):
     """The plan decides everything from the logs and the store; the commit writes the run dir and the rows."""
-    from orchestrator.ingest import commit, ingest_campaign, parse, plan_ingest, sources
-    from orchestrator.store import Store
+    from orchestrator.run.ingest import commit, ingest_campaign, parse, plan_ingest, sources
+    from orchestrator.run.store import Store
     from trainer import rundir
 
     parsed = parse(sources([LM_LOG]), "auto", None, None, None)

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import TINY_MOE_RECIPE
 
-from orchestrator.store import Store
+from orchestrator.run.store import Store
 from trainer import rundir
 
 

@@ -11,13 +11,13 @@ import time
 import pytest
 from conftest import TINY_MOE_RECIPE
 
-from orchestrator import sweep
-from orchestrator.campaign import Campaign
-from orchestrator.cli import shown_problems
+from orchestrator.cli.app import shown_problems
 from orchestrator.errors import ConfigError
-from orchestrator.plan_view import plan_text
+from orchestrator.run.plan_view import plan_text
+from orchestrator.spec import sweep
+from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.yamlio import MAX_DEPTH, load_yaml_text
 from orchestrator.trainers import expand
-from orchestrator.yamlio import MAX_DEPTH, load_yaml_text
 
 
 def assert_one_error(result, *needles: str) -> None:
@@ -156,7 +156,7 @@ def test_max_cells_raises_and_lowers_the_limit():
 
 
 def test_max_cells_flag_and_environment(mbx, write_campaign):
-    """Needs `--max-cells` on validate/plan/run (orchestrator/cli_campaign.py, the lead's change)."""
+    """Needs `--max-cells` on validate/plan/run (orchestrator/cli/campaign.py, the lead's change)."""
     path = write_campaign(tiny({"axes": {"training.seed": list(range(12))}}))
     assert_one_error(mbx("campaign", "validate", str(path), "--max-cells", "11"), "limit of 11")
     assert_one_error(mbx("campaign", "plan", str(path), env={"MBX_MAX_CELLS": "5"}), "limit of 5")

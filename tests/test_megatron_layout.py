@@ -1,4 +1,4 @@
-"""Megatron layout checks of command trainers (orchestrator/megatron_layout.py): the argv is read as Megatron-LM
+"""Megatron layout checks of command trainers (orchestrator/spec/megatron_layout.py): the argv is read as Megatron-LM
 or Megatron-Bridge would, every rule names its flag, the wording is the bundled trainer's, and a command point
 that breaks a rule is infeasible (kept and marked; refused under strict expansion)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.campaign import Campaign
 from orchestrator.errors import ConfigError
-from orchestrator.megatron_layout import estimate_args, layout_problems, megatron_args
+from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.megatron_layout import estimate_args, layout_problems, megatron_args
 from orchestrator.trainers import expand
 from trainer.memory import estimate_megatron
 from trainer.recipe import Recipe

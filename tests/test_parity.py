@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY_MOE_RECIPE
 
-from orchestrator.parity import Parity
-from orchestrator.store import CellRow
+from orchestrator.run.store import CellRow
+from orchestrator.spec.parity import Parity
 from reports.numerics import metric_parity
 
 RECIPE = copy.deepcopy(TINY_MOE_RECIPE)
@@ -189,7 +189,7 @@ def _cell(cell_id: str, params: dict) -> CellRow:
 
 
 def test_a_missing_side_is_inconclusive_never_a_pass():
-    from orchestrator.parity import judge_parity
+    from orchestrator.judge.parity_verdicts import judge_parity
 
     parity = Parity.model_validate({"toggle": {"model.moe.expert_weights": ["single", "discrete"]}})
     cells = [_cell("a", {"model.moe.expert_weights": "single", "training.seed": 1}),
@@ -213,7 +213,7 @@ def test_gaps_within_the_repeats_noise_are_inconclusive_and_larger_ones_fail():
     import random
     from dataclasses import replace
 
-    from orchestrator.parity import judge_parity
+    from orchestrator.judge.parity_verdicts import judge_parity
 
     parity = Parity.model_validate(
         {"toggle": {"precision": ["bf16", "fp8"]}, "metrics": {"loss": {"max_abs": 1e-4}}}
@@ -247,7 +247,7 @@ def test_gaps_within_the_repeats_noise_are_inconclusive_and_larger_ones_fail():
 
 
 def test_without_repeats_there_is_no_floor():
-    from orchestrator.parity import judge_parity
+    from orchestrator.judge.parity_verdicts import judge_parity
 
     parity = Parity.model_validate({"toggle": {"precision": ["bf16", "fp8"]}})
     cells = [_cell("a", {"precision": "bf16"}), _cell("b", {"precision": "fp8"})]
@@ -260,8 +260,8 @@ def test_without_repeats_there_is_no_floor():
 
 
 def test_explicit_sweep_cells_are_crossed_with_the_toggle_and_eval_twin():
-    from orchestrator.campaign import Campaign
-    from orchestrator.parity import with_parity_axes
+    from orchestrator.spec.campaign import Campaign
+    from orchestrator.spec.parity import with_parity_axes
 
     spec = Campaign.model_validate({
         "name": "x", "trainer": {"recipe": {"training": {"eval_interval": 2}}},

@@ -12,8 +12,9 @@ import numpy as np
 from report_fixtures import step_rows
 from test_report_page import console_messages, needs_chromium, parse, render_in_chromium
 
-from orchestrator.parity import PairVerdict, Parity, judge_parity
-from orchestrator.store import CellRow, Store
+from orchestrator.judge.parity_verdicts import PairVerdict, judge_parity
+from orchestrator.run.store import CellRow, Store
+from orchestrator.spec.parity import Parity
 from reports.gates import GateSpec, evaluate
 from reports.markdown import markdown_summary
 from reports.numerics import grad_norm_spikes, step_events

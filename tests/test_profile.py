@@ -11,8 +11,8 @@ import yaml
 from conftest import TINY_MOE_RECIPE as TINY_RECIPE
 from pydantic import ValidationError
 
-from orchestrator import profile_spec
-from orchestrator.profile_spec import Profile
+from orchestrator.spec import profile_spec
+from orchestrator.spec.profile_spec import Profile
 from reports import kernels
 from reports.profile_view import breakdown, profile_section, trace_breakdown
 
@@ -206,7 +206,7 @@ def test_nsys_export_of_a_command_trainer(tmp_path):
 def test_mbx_profile_show_markdown_and_json(tmp_path):
     from typer.testing import CliRunner
 
-    from orchestrator.cli_profile import app
+    from orchestrator.cli.profile import app
 
     trace = TRACES / "cpu_quickstart_steps2-3.pt.trace.json.gz"
     run_dir = tmp_path / "run"

@@ -9,8 +9,8 @@ import sys
 
 from conftest import FAKE_MEGATRON, MEGATRON_LOG, ROOT, store_rows, wait_for
 
-from orchestrator.campaign import Retry
-from orchestrator.retry import decide
+from orchestrator.run.retry import decide
+from orchestrator.spec.campaign import Retry
 
 FAKE = FAKE_MEGATRON
 LOG = MEGATRON_LOG

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY_MOE_RECIPE, run_mbx
 
-from orchestrator.collect import cell_view, collect_attempt
-from orchestrator.store import Store
+from orchestrator.judge.views import cell_view
+from orchestrator.run.collect import collect_attempt
+from orchestrator.run.store import Store
 from reports.gates import GateSpec
 from trainer import rundir
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from conftest import TINY_MOE_RECIPE
 
-from orchestrator.compare import Point, Repeat
-from orchestrator.search import Search, halving_cost, halving_sizes, halving_start, survivors
-from orchestrator.search_evaluators import TableEvaluator
-from orchestrator.search_ledger import Ledger
-from orchestrator.search_rank import Candidate, Evidence, metric_of, rank
-from orchestrator.search_strategies import product_space, run_strategy
-from orchestrator.store import Store
+from orchestrator.flow.search_evaluators import TableEvaluator
+from orchestrator.flow.search_strategies import product_space, run_strategy
+from orchestrator.judge.compare import Point, Repeat
+from orchestrator.judge.search_ledger import Ledger
+from orchestrator.judge.search_rank import Candidate, Evidence, metric_of, rank
+from orchestrator.run.store import Store
+from orchestrator.spec.search import Search, halving_cost, halving_sizes, halving_start, survivors
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "benchmarks" / "data" / "search_budget_cpu.json"

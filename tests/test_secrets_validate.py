@@ -58,7 +58,7 @@ def test_names_and_shas_are_not_secrets(tmp_path):
 
 
 def test_validate_of_the_quickstart_does_not_load_detect_secrets():
-    code = ("import sys; from orchestrator.cli import main; sys.argv = ['mbx', 'campaign', 'validate', "
+    code = ("import sys; from orchestrator.cli.app import main; sys.argv = ['mbx', 'campaign', 'validate', "
             f"{str(ROOT / 'campaigns' / 'quickstart.yaml')!r}]\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "print('LOADED' if 'detect_secrets' in sys.modules else 'CLEAN')")  # fmt: skip

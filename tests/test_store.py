@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 from orchestrator.errors import MbxError, StoreDamaged, StoreTooNew
-from orchestrator.store import (
+from orchestrator.run.store import (
     MANIFEST,
     SCHEMA_VERSION,
     STORE_FILE,

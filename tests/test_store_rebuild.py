@@ -12,7 +12,7 @@ from pathlib import Path
 
 from conftest import FAKE_MEGATRON, MEGATRON_LOG, TINY_MOE_RECIPE
 
-from orchestrator.store import STORE_FILE
+from orchestrator.run.store import STORE_FILE
 
 FAKE = FAKE_MEGATRON
 LOG = MEGATRON_LOG
@@ -114,8 +114,8 @@ def test_rebuild_without_campaign_records_is_a_usage_error(mbx, tmp_path):
 
 def test_rebuild_reads_requeued_running_unsubmitted_and_exit_only_run_dirs(tmp_path):
     """Without the engine: run dirs written by hand as each kind of program leaves them."""
-    from orchestrator.rebuild import rebuild
-    from orchestrator.store import MANIFEST, CellRow, Store
+    from orchestrator.run.rebuild import rebuild
+    from orchestrator.run.store import MANIFEST, CellRow, Store
     from trainer import rundir
 
     def cell(cell_id: str, ordinal: int) -> CellRow:

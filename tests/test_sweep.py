@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY_MOE_RECIPE
 
-from orchestrator.campaign import Campaign
 from orchestrator.errors import ConfigError
+from orchestrator.spec.campaign import Campaign
 from orchestrator.trainers import expand
 
 GOLDEN = Path(__file__).parent / "golden" / "expansion.json"

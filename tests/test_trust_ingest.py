@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from orchestrator.ingest import ingest_logs
+from orchestrator.run.ingest import ingest_logs
 
 LOG = ROOT / "tests" / "data" / "megatron" / "logs" / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"
 STEPS = 15  # iterations in LOG (`iteration N/15`)
@@ -90,9 +90,9 @@ def test_a_log_cut_before_its_planned_iterations_is_not_passed(mbx, tmp_path):
 def test_a_failed_commit_removes_its_run_dir_as_an_owned_dir(tmp_path):
     """The store write fails (a closed store): the run dir just made is removed again, through remove_owned_dir,
     which needs the marker every ingested run dir carries (written before anything else in it)."""
-    from orchestrator.ingest import commit, ingest_campaign, parse, plan_ingest, sources
     from orchestrator.owned_dirs import OWNED_MARKER
-    from orchestrator.store import Store
+    from orchestrator.run.ingest import commit, ingest_campaign, parse, plan_ingest, sources
+    from orchestrator.run.store import Store
 
     parsed = parse(sources([LOG]), "auto", None, None, None)
     store = Store(tmp_path / "ws")

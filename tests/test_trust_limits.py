@@ -15,9 +15,9 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from orchestrator import yamlio
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.golden import load_golden
+from orchestrator.judge.golden import load_golden
+from orchestrator.spec import yamlio
 from reports import limits
 from reports.parsers import parse_log
 from reports.parsers.follow import LogFollower

@@ -20,11 +20,12 @@ from conftest import FAKE_MEGATRON, MEGATRON_LOG
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import bisect, software
-from orchestrator.campaign import Campaign
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.loader import load_campaign, trust_problems
-from orchestrator.reserved_env import reserved_reason
+from orchestrator.flow import bisect
+from orchestrator.spec import software
+from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.loader import load_campaign, trust_problems
+from orchestrator.spec.reserved_env import reserved_reason
 
 WIPE = "/../../../.."  # 12 characters: sha[:12] of a worktree path that resolved to the workspace itself
 

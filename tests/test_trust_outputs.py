@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.outfile import write_out
+from orchestrator.run.outfile import write_out
 
 
 def assert_refused(result, *needles: str) -> None:

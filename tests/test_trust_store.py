@@ -17,8 +17,8 @@ from pathlib import Path
 from conftest import MEGATRON_LOG, ROOT, TINY_MOE_RECIPE, store_rows, wait_for
 from test_faults import orchestrator, output_of
 
-from orchestrator.campaign import Retry
-from orchestrator.retry import decide
+from orchestrator.run.retry import decide
+from orchestrator.spec.campaign import Retry
 
 
 def status(mbx, workspace: Path, name: str) -> list[dict]:
@@ -97,7 +97,7 @@ def test_rebuild_refuses_a_running_campaign_and_no_campaign_starts_mid_rebuild(m
     assert proc.returncode == 0
 
     with orchestrator(tmp_path, "store", "rebuild", "--workspace", str(workspace),
-                      pause=["orchestrator.store:Store.restore_campaign"]) as (proc, folder):  # fmt: skip
+                      pause=["orchestrator.run.store:Store.restore_campaign"]) as (proc, folder):  # fmt: skip
         try:
             wait_for(lambda: (folder / "paused-0").exists(), "the rebuild to start", proc)
         except AssertionError:

@@ -16,17 +16,16 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.best import choose, metric
-from orchestrator.compare import Point, Repeat
-from orchestrator.feasibility import check_points, limits_of, with_gpu_memory
-from orchestrator.loader import load_campaign
-from orchestrator.runner import cell_rows
-from orchestrator.search import Search
-from orchestrator.search_evaluators import TableEvaluator
-from orchestrator.search_ledger import Ledger
-from orchestrator.search_run import run_search
-from orchestrator.search_strategies import run_strategy
-from orchestrator.store import Store
+from orchestrator.flow.search_evaluators import TableEvaluator
+from orchestrator.flow.search_run import run_search
+from orchestrator.flow.search_strategies import run_strategy
+from orchestrator.judge.best import choose, metric
+from orchestrator.judge.compare import Point, Repeat
+from orchestrator.judge.search_ledger import Ledger
+from orchestrator.run.feasibility import check_points, limits_of, with_gpu_memory
+from orchestrator.run.store import Store, cell_rows
+from orchestrator.spec.loader import load_campaign
+from orchestrator.spec.search import Search
 from orchestrator.trainers import expand
 from reports.window import summarize
 from trainer import rundir

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.campaign import Campaign
-from orchestrator.sweep import Point
+from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.sweep import Point
 from orchestrator.trainers.base import Follower, TrainerKind
 from orchestrator.trainers.bundled import BundledKind
 from orchestrator.trainers.command import CommandKind
@@ -38,10 +38,10 @@ def expand(
 ) -> list[Point]:
     """All cells of a campaign (its kind resolves each point). Raises ConfigError listing every invalid point,
     and for a sweep of more than `max_cells` cells (counted before anything is expanded); without `strict`,
-    points with layout problems are kept, marked `infeasible` (orchestrator/feasibility.py skips them)."""
+    points with layout problems are kept, marked `infeasible` (orchestrator/run/feasibility.py skips them)."""
     return for_campaign(campaign).expand(campaign, campaign_file, max_cells, strict)
 
 
 def memory_estimate(point: Point, on_gpu: bool) -> MemoryEstimate | None:
-    """The memory estimate of one point by its trainer kind (orchestrator/feasibility.py's estimator)."""
+    """The memory estimate of one point by its trainer kind (orchestrator/run/feasibility.py's estimator)."""
     return get(point.trainer_kind).memory_estimate(point, on_gpu)

@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from launchers.base import LaunchSpec, Resources
-from orchestrator import software
-from orchestrator.campaign import Campaign
 from orchestrator.errors import ConfigError
-from orchestrator.sweep import Point, PointProblems, ResolvedPoint, expand_points
-from orchestrator.yamlio import dump_yaml
+from orchestrator.spec import software
+from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.sweep import Point, PointProblems, ResolvedPoint, expand_points
+from orchestrator.spec.yamlio import dump_yaml
 from trainer import rundir
 from trainer.memory import MemoryEstimate
 
 if TYPE_CHECKING:
-    from orchestrator.store import AttemptRow, CellRow
+    from orchestrator.run.store import AttemptRow, CellRow
 
 
 class Progress(Protocol):
@@ -50,7 +50,7 @@ class Follower(Protocol):
 def software_env(
     resolver: software.SoftwareResolver, assignment: dict[str, Any], where: str
 ) -> dict[str, str]:
-    """The point's software env (orchestrator/software.py); a ref that does not resolve is a PointProblems."""
+    """The point's software env (orchestrator/spec/software.py); a ref that does not resolve is a PointProblems."""
     try:
         return resolver.env(assignment)
     except ConfigError as err:
@@ -82,7 +82,7 @@ class TrainerKind(abc.ABC):
     ) -> list[Point]:
         """All cells of a campaign of this kind. Raises ConfigError listing every invalid point (and for a
         sweep of more than `max_cells` cells, before expanding it); without `strict`, points with layout
-        problems are kept, marked `infeasible` (orchestrator/feasibility.py skips them)."""
+        problems are kept, marked `infeasible` (orchestrator/run/feasibility.py skips them)."""
         return expand_points(campaign, campaign_file, self, max_cells, strict)
 
     def memory_estimate(self, point: Point, on_gpu: bool) -> MemoryEstimate | None:

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from orchestrator import profile_spec, software
-from orchestrator.campaign import Campaign, Resources
-from orchestrator.keys import set_path, split_namespace, unknown_key_problem
-from orchestrator.loader import validation_problems
-from orchestrator.sweep import Point, PointProblems, ResolvedPoint, canonical_json
+from orchestrator.spec import profile_spec, software
+from orchestrator.spec.campaign import Campaign, Resources
+from orchestrator.spec.keys import set_path, split_namespace, unknown_key_problem
+from orchestrator.spec.loader import validation_problems
+from orchestrator.spec.sweep import Point, PointProblems, ResolvedPoint, canonical_json
 from orchestrator.trainers.base import TrainerKind, software_env
 from trainer import rundir
 from trainer.memory import MemoryEstimate, estimate
@@ -23,7 +23,7 @@ Validated = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]
 
 if TYPE_CHECKING:
     from launchers.base import LaunchSpec
-    from orchestrator.store import AttemptRow, CellRow
+    from orchestrator.run.store import AttemptRow, CellRow
 
 
 class BundledKind(TrainerKind):
@@ -89,7 +89,7 @@ class BundledKind(TrainerKind):
         return ["--recipe", str(run_dir / rundir.RECIPE), "--out", str(run_dir)]
 
     def launch_spec(self, campaign: Campaign, cell: CellRow, attempt: AttemptRow) -> LaunchSpec:
-        """The base spec, plus the campaign's `profile:` switch (orchestrator/profile_spec.py; not identity)."""
+        """The base spec, plus the campaign's `profile:` switch (orchestrator/spec/profile_spec.py; not identity)."""
         spec = super().launch_spec(campaign, cell, attempt)
         spec.env.update(profile_spec.trainer_env(campaign.profile))
         return spec
@@ -138,7 +138,7 @@ def _apply(base: dict[str, dict[str, Any]], assignment: dict[str, Any]) -> dict[
         if namespace == "env":
             docs["env"][rest] = str(value)
         elif namespace in ("software", "container"):
-            continue  # resolved by orchestrator/software.py
+            continue  # resolved by orchestrator/spec/software.py
         else:
             set_path(docs[namespace], rest, value)
     return docs
@@ -148,7 +148,7 @@ def _validate(docs: dict[str, dict[str, Any]], where: str) -> Validated:
     """(recipe, resources, their identities, layout problems) of a point; PointProblems naming `where` for
     anything but its parallel layout. A point whose only problems are its layout (the checks of
     trainer.recipe.layout_problems, or a recipe that validates once its `parallel` section is reset) is
-    returned with those problems: infeasible, not invalid (orchestrator/feasibility.py)."""
+    returned with those problems: infeasible, not invalid (orchestrator/run/feasibility.py)."""
     recipe: Recipe | None = None
     try:
         recipe = Recipe.model_validate(docs["recipe"])

@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchers.base import LaunchSpec
-from orchestrator import profile_spec, software
-from orchestrator.campaign import Campaign
-from orchestrator.command import attempt_argv, key_problems, resolve_point
-from orchestrator.megatron_layout import estimate_args, layout_problems, megatron_args
-from orchestrator.sweep import Point, ResolvedPoint
+from orchestrator.spec import profile_spec, software
+from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.command import attempt_argv, key_problems, resolve_point
+from orchestrator.spec.megatron_layout import estimate_args, layout_problems, megatron_args
+from orchestrator.spec.sweep import Point, ResolvedPoint
 from orchestrator.trainers.base import Follower, TrainerKind, software_env, workspace_of, world_size
 from reports.parsers.follow import LogFollower, logged_last_step
 from trainer import rundir
 from trainer.memory import MemoryEstimate, estimate_megatron
 
 if TYPE_CHECKING:
-    from orchestrator.store import AttemptRow, CellRow
+    from orchestrator.run.store import AttemptRow, CellRow
 
 STOPPED = ("timeout", "cancelled", "preempted")
 _CLASS_OF_STOP = {"timeout": "timeout", "preempted": "preempted"}
@@ -47,7 +47,7 @@ class CommandKind(TrainerKind):
         self, campaign: Campaign, campaign_file: Path | None
     ) -> Callable[[dict[str, Any], str], ResolvedPoint]:
         """Resolve points with each distinct software ref resolved once; Megatron's layout rules checked on
-        the point's argv (orchestrator/megatron_layout.py: problems make it infeasible, not invalid)."""
+        the point's argv (orchestrator/spec/megatron_layout.py: problems make it infeasible, not invalid)."""
         versions = software.SoftwareResolver(campaign.software, campaign_file)
 
         def resolve(assignment: dict[str, Any], where: str) -> ResolvedPoint:

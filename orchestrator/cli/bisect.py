@@ -1,0 +1,129 @@
+"""`mbx bisect FILE`: the first version (commit, image tag, pip version, env value) that changes a metric."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.options import DEFAULT_WORKSPACE, CampaignFileArg, JsonOpt, WorkspaceOpt
+
+console = Console(highlight=False, markup=False, emoji=False)
+err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
+_STYLE = {"bad": "bold red", "good": "green", "unknown": "yellow"}
+
+
+GoodOpt = Annotated[str | None, typer.Option("--good", help="A ref of the software repo that is good.")]
+BadOpt = Annotated[str | None, typer.Option("--bad", help="A later ref of the same repo that is bad.")]
+RepoOpt = Annotated[
+    str | None, typer.Option("--repo", help="The software.repos entry (default: the only one).")
+]
+KeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--key",
+        help="With --values: the sweep key (container.image, software.pip.PKG, env.NAME, ...); names mbx reserves "
+        "(MBX_*, SLURM_*, RANK, JIT cache variables, ...) are refused, as in a campaign's sweep.",
+    ),
+]
+ValuesOpt = Annotated[
+    str | None,
+    typer.Option("--values", help="Comma-separated values of --key in order, good first, bad last."),
+]
+LauncherOpt = Annotated[
+    str | None, typer.Option("--launcher", "-l", help="Backend (default: the campaign's).")
+]
+ParallelOpt = Annotated[int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running at once.")]
+RepeatsOpt = Annotated[
+    int | None,
+    typer.Option("--repeats", min=2, help="Repeats per version (default: sweep.repeats if set, else 3)."),
+]
+BudgetOpt = Annotated[
+    int, typer.Option("--max-repeats", min=2, help="Budget: repeats per version while a decision is UNKNOWN.")
+]
+MetricOpt = Annotated[
+    str, typer.Option("--metric", help="step_time, tflops, peak_alloc, peak_reserved, final_loss.")
+]
+EffectOpt = Annotated[
+    float, typer.Option("--min-effect", help="Smallest relative change that matters (0.01 = 1%).")
+]
+MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print the result as Markdown (for a PR).")]
+
+
+def bisect(
+    file: CampaignFileArg,
+    good: GoodOpt = None,
+    bad: BadOpt = None,
+    repo: RepoOpt = None,
+    key: KeyOpt = None,
+    values: ValuesOpt = None,
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+    launcher: LauncherOpt = None,
+    parallel: ParallelOpt = None,
+    repeats: RepeatsOpt = None,
+    max_repeats: BudgetOpt = 10,
+    metric: MetricOpt = "step_time",
+    min_effect: EffectOpt = 0.01,
+    markdown: MarkdownOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Bisect an ordered list of versions against the campaign's frozen recipe.
+
+    Versions: `--good REF --bad REF` (the commits of `git rev-list GOOD..BAD` of a software.repos entry,
+    as software.repos.NAME.ref), or `--key KEY --values v1,v2,...` (container tags, pip versions, env
+    values, any sweep key).
+
+    Both ends are measured first; then binary search, each probe decided by `mbx compare`'s statistics
+    against good-end repeats run beside it, interleaved (more repeats while UNKNOWN, up to --max-repeats),
+    so drift of the machine between probes cannot hide or fake a change. The probes are cells of a
+    bisect campaign in the workspace, so running the same bisect again reuses every finished run. Runs go
+    through the campaign's launcher (local or Slurm), as `mbx campaign run` does; their progress is on
+    stderr, the final table (every measurement, the first bad version, its diagnosis) on stdout.
+
+    Exit codes: 0 the first bad version is named; 1 refused: the ends do not differ (or did not run);
+    2 bad input; 3 inconclusive (the ends, or a probe, undecided within the budget).
+    """
+    from orchestrator.flow import bisect as search
+    from orchestrator.spec.loader import load_campaign
+
+    campaign = load_campaign(file)
+    plan = search.make_plan(campaign, file, good=good, bad=bad, repo=repo, key=key, values=values,
+                            repeats=repeats, max_repeats=max_repeats, metric=metric, min_effect=min_effect)  # fmt: skip
+    runner = search.Search(
+        campaign, file, plan, Path(workspace), {"launcher": launcher, "parallel": parallel}
+    )
+    runner.log = lambda line: err_console.print(Text(line, style="bold"))
+    err_console.print(Text(f"bisect {plan.key}: {len(plan.values)} versions ({plan.labels[0]} … {plan.labels[-1]}), "
+                           f"campaign {plan.name} in {workspace}"))  # fmt: skip
+    result = runner.run()
+    if as_json:
+        typer.echo(json.dumps(search.to_json(result), indent=2, default=str))
+    elif markdown:
+        typer.echo(search.to_markdown(result), nl=False)
+    else:
+        show(result)
+    raise typer.Exit(result.exit_code)
+
+
+def show(result: object) -> None:
+    """The final table: every measurement, then the first bad version (or why there is none) and the diagnosis."""
+    from orchestrator.flow import bisect as search
+
+    assert isinstance(result, search.Result)
+    metric = search.metric_of(result.plan.metric)
+    table = Table(title=Text(f"mbx bisect {result.plan.key}"), title_justify="left")
+    for column in ("#", "version", "role", "repeats", f"{metric.label} mean ± 95% CI", "vs good"):
+        table.add_column(column)
+    for m in result.measurements:
+        table.add_row(str(m.index), Text(m.label), m.role, str(m.repeats), search.fmt_mean(m),
+                      Text(search.fmt_verdict(m), style=_STYLE.get(m.verdict, "")))  # fmt: skip
+    console.print(table)
+    style = "bold red" if result.culprit is not None else "bold yellow"
+    console.print(Text(result.message, style=style), soft_wrap=True)
+    for line in result.diagnosis:
+        console.print(Text(f"  diagnosis: {line}"), soft_wrap=True)

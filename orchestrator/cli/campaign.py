@@ -1,0 +1,303 @@
+"""`mbx campaign ...`: validate, plan, run, status, resume, cancel and list campaigns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from orchestrator.cli.options import (
+    DEFAULT_WORKSPACE,
+    CampaignFileArg,
+    CampaignNameArg,
+    JsonOpt,
+    MaxCellsOpt,
+    WorkspaceOpt,
+)
+
+# Commands import the schema, store and engine lazily so `mbx --help` stays fast.
+
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Define, check and run benchmark campaigns.",
+)
+console = Console(highlight=False, markup=False, emoji=False)
+
+
+InconclusiveOkOpt = Annotated[
+    bool,
+    typer.Option("--inconclusive-ok", help="Exit 0 instead of 3 when no point failed but some are inconclusive."),
+]
+
+
+GpuOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu",
+        help="Target GPU (H200, H100-80GB, GB200, B200, A100-80GB, ... or a size like 80GiB): points whose "
+        "memory estimate does not fit are infeasible and skipped. Default: the campaign's resources.gpu.",
+    ),
+]
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="Refuse the whole campaign (exit 2) if any point is infeasible, instead of skipping those points.",
+    ),
+]
+
+
+@app.command()
+def validate(
+    file: CampaignFileArg,
+    workspace: Annotated[
+        Path | None,
+        typer.Option("--workspace", "-w", help="Also check that the baseline campaign is in this workspace's store."),
+    ] = None,
+    max_cells: MaxCellsOpt = None,
+) -> None:
+    """Check a campaign file and every point of its sweep (exit 2 with `file: key: problem` lines if bad)."""
+    from orchestrator.spec.loader import load_campaign
+    from orchestrator.spec.parity import with_parity_axes
+    from orchestrator.trainers import expand
+
+    campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
+    points = expand(campaign, file, max_cells)
+    if workspace is not None:
+        from orchestrator.flow.runner import check_baseline
+
+        check_baseline(workspace, campaign, file)
+    distinct = len({p.point_id for p in points})
+    console.print(
+        Text.assemble(
+            ("ok ", "bold green"),
+            f"{file}: campaign {campaign.name!r}, {distinct} point(s) × {campaign.sweep.repeats} repeat(s) = "
+            f"{len(points)} cell(s)",
+        )
+    )
+
+
+@app.command()
+def plan(
+    file: CampaignFileArg,
+    as_json: JsonOpt = False,
+    max_cells: MaxCellsOpt = None,
+    gpu: GpuOpt = None,
+    strict: StrictOpt = False,
+) -> None:
+    """Show the expanded points with their cell ids, world sizes, memory estimates and feasibility; nothing
+    is run.
+
+    Each point's peak memory per GPU is estimated before submission (the bundled trainer's recipe, or the
+    Megatron-LM flags of a command trainer); with a GPU (--gpu or resources.gpu) the headroom is shown and
+    points that do not fit, or that break a parallel-layout rule, are marked INFEASIBLE with the reason:
+    `mbx campaign run` skips them (--strict refuses the campaign instead).
+    """
+    from orchestrator.run.feasibility import check_points, limits_of
+    from orchestrator.run.plan_view import plan_text
+    from orchestrator.spec.loader import load_campaign
+    from orchestrator.spec.parity import with_parity_axes
+    from orchestrator.spec.sweep import swept_keys
+    from orchestrator.trainers import expand
+
+    campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
+    points = expand(campaign, file, max_cells, strict=strict)
+    assessment = check_points(points, gpu, strict, str(file), limits_of(campaign))
+    if as_json:
+        rows = assessment.by_point()
+        payload = [
+            {
+                "cell_id": p.cell_id,
+                "point_id": p.point_id,
+                "repeat": p.repeat,
+                "params": p.params,
+                "world_size": p.world_size,
+                "resources": p.resources,
+                "recipe": p.recipe,
+                "estimate": rows[p.point_id].to_dict(),
+            }
+            for p in points
+        ]
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    typer.echo(plan_text(campaign.name, points, swept_keys(campaign), assessment))
+
+
+@app.command()
+def run(
+    file: CampaignFileArg,
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+    launcher: Annotated[
+        str | None,
+        typer.Option("--launcher", "-l", help="Backend: local, submitit, nemo-run (default: the campaign's)."),
+    ] = None,
+    parallel: Annotated[
+        int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running (or queued on Slurm) at once.")
+    ] = None,
+    report: Annotated[bool, typer.Option(help="Write the report page when done.")] = True,
+    wandb: Annotated[
+        bool, typer.Option(help="Log every attempt to W&B (mode from the campaign; offline default).")
+    ] = True,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the job scripts and commands the launcher would submit now; submit and record nothing.",
+        ),
+    ] = False,
+    inconclusive_ok: InconclusiveOkOpt = False,
+    max_cells: MaxCellsOpt = None,
+    gpu: GpuOpt = None,
+    strict: StrictOpt = False,
+) -> None:
+    """Run every cell of a campaign; cells already completed in the workspace are skipped.
+
+    With `sweep.search` (grid | random | halving | optuna, a budget and an objective) only the points the
+    search picks run, rung by rung; every trial, the best point with its evidence and the Pareto front go to
+    the store and the report. Running the same file again (or `mbx campaign resume NAME`) resumes a killed
+    search without repeating finished trials. Exit 0 when a best point was found, 1 when none qualified, 3 when
+    the best is a tie no figure separates (orchestrator/judge/best.py).
+
+    Before anything is submitted, every point's peak memory per GPU is estimated; a point that breaks a
+    parallel-layout rule, or whose estimate does not fit the GPU (--gpu, else resources.gpu), is infeasible:
+    recorded in the store with its reason and skipped, while the rest run. `--strict` refuses the whole
+    campaign instead (exit 2, nothing written). `mbx campaign plan` shows the estimates first.
+
+    Every stored result, skipped cells' too, is judged again with the campaign's current gates; a point's
+    verdict comes from all its repeats (mean and confidence interval). A second run of a campaign that is
+    still running is refused before it writes anything.
+
+    Exit codes: 0 every point passed; 1 a cell did not complete or a point failed a gate (each is named);
+    2 bad input (an invalid file, a baseline campaign not in the workspace); 3 inconclusive: nothing failed
+    but a point could not be decided (named, with why, on the closing INCONCLUSIVE line).
+    `--inconclusive-ok` turns 3 into 0.
+
+    `--dry-run` renders exactly what the campaign's launcher (or `--launcher`) would submit for the
+    cells not yet completed (sbatch scripts and task tables for Slurm, the command line locally),
+    through the same path a real run takes, and records nothing. For a `sweep.search` it renders the first
+    batch the search would run (a halving's first rung at its run length, Optuna's first trial), since what
+    follows depends on those results.
+    """
+    from orchestrator.flow import runner
+    from orchestrator.spec.loader import load_campaign
+    from orchestrator.spec.parity import with_parity_axes
+    from orchestrator.trainers import expand
+
+    campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
+    points = expand(campaign, file, max_cells, strict=strict)
+    if campaign.sweep.search is not None:  # a budgeted search: orchestrator/flow/search_run.py
+        from orchestrator.flow.search_run import run_search
+
+        searched = run_search(workspace, campaign, points, file, make_report=report, launcher=launcher,
+                              parallel=parallel, log_wandb=wandb, gpu=gpu, strict=strict, dry_run=dry_run)  # fmt: skip
+        raise typer.Exit(searched.exit_code)
+    finished = runner.run_campaign(workspace, campaign, points, file, launcher=launcher, parallel=parallel,
+                                   make_report=report, log_wandb=wandb, dry_run=dry_run, gpu=gpu, strict=strict)
+    raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
+
+
+@app.command()
+def resume(
+    name: CampaignNameArg,
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+    parallel: Annotated[
+        int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running at once.")
+    ] = None,
+    report: Annotated[bool, typer.Option(help="Write the report page when done.")] = True,
+    wandb: Annotated[bool, typer.Option(help="Log attempts to W&B.")] = True,
+    inconclusive_ok: InconclusiveOkOpt = False,
+) -> None:
+    """Finish a campaign from the run store: adopt running attempts, run what is left, skip what completed.
+
+    Exit codes: 0 every point passed; 1 a cell did not complete or a point failed a gate; 2 bad input;
+    3 inconclusive (nothing failed, a point undecided; named on the closing line). `--inconclusive-ok`
+    turns 3 into 0.
+    """
+    from orchestrator.flow import runner
+    from orchestrator.flow.search_run import resume_search
+
+    searched = resume_search(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
+    if searched is not None:  # a campaign with sweep.search: the search goes on (orchestrator/flow/search_run.py)
+        raise typer.Exit(searched.exit_code)
+    finished = runner.resume_campaign(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
+    raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
+
+
+@app.command()
+def regate(
+    name: CampaignNameArg,
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", help="Take the gates from this campaign file (same name) and store them."),
+    ] = None,
+    inconclusive_ok: InconclusiveOkOpt = False,
+) -> None:
+    """Judge every stored result of a campaign again with its gates, and print the verdicts that changed.
+
+    With --file, the gates come from that (changed) campaign file and become the campaign's gates. Exit
+    codes as for `run`, from the points' verdicts: 0 pass, 1 fail, 2 bad input, 3 inconclusive.
+    """
+    from orchestrator.flow import runner
+    from orchestrator.run.progress import print_changes
+
+    done = runner.regate_campaign(workspace, name, file)
+    print_changes(done.changes, "re-judged with " + ("the gates of " + str(file) if file else "the stored gates"))
+    points = done.judged.points
+    counts = ", ".join(f"{sum(p.verdict == v for p in points)} {v}" for v in ("pass", "fail", "inconclusive", "none")
+                       if any(p.verdict == v for p in points))  # fmt: skip
+    gates = "gates updated" if done.gates_changed else "gates unchanged"
+    console.print(Text(f"{name}: {len(points)} point(s) judged ({counts or 'none finished'}); {gates}; "
+                       f"{done.rewritten} stored result(s) rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
+    if done.parity:  # a parity campaign: its pairs are judged again too, and count in the exit code
+        from orchestrator.judge.closing import parity_lines
+
+        for line in parity_lines(done.parity):
+            console.print(line, soft_wrap=True)
+    code = runner.verdicts_exit_code(points, inconclusive_ok)
+    raise typer.Exit(runner.parity_exit_code(done.parity, code, inconclusive_ok))
+
+
+@app.command()
+def status(
+    name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE, as_json: JsonOpt = False
+) -> None:
+    """Show every cell's state, attempt, window figures and verdict."""
+    from orchestrator.cli import status_view
+    from orchestrator.flow import runner
+
+    view = runner.view(workspace, name, with_rows=False)
+    if as_json:
+        typer.echo(json.dumps(status_view.status_payload(view), indent=2))
+        return
+    console.print(status_view.status_table(view))
+    for line in status_view.damaged_lines(view):
+        console.print(line)
+    for line in status_view.verdict_lines(workspace, view):  # parity pairs, the best point (orchestrator/judge/best.py)
+        console.print(line, soft_wrap=True)
+
+
+@app.command()
+def cancel(name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -> None:
+    """Cancel every queued or running attempt of a campaign."""
+    from orchestrator.flow import runner
+
+    count = runner.cancel_campaign(workspace, name)
+    console.print(Text(f"cancelled {count} attempt(s) of {name!r}"))
+
+
+@app.command("list")
+def list_campaigns(workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -> None:
+    """List the campaigns in a workspace."""
+    from orchestrator.errors import UsageError
+    from orchestrator.flow import runner
+
+    names = runner.campaign_names(workspace)
+    if not names:
+        raise UsageError(f"no campaigns in workspace {workspace}")
+    for name in names:
+        console.print(Text(name))

@@ -1,0 +1,235 @@
+"""`mbx compare A B`: per-metric SAME / DIFFERENT / UNKNOWN between two campaigns, with CIs and a diagnosis."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.options import DEFAULT_WORKSPACE, JsonOpt, WorkspaceOpt
+from orchestrator.errors import RunError, UsageError
+
+console = Console(highlight=False, markup=False, emoji=False)
+
+_STYLE = {"DIFFERENT (worse)": "bold red", "DIFFERENT (better)": "green", "UNKNOWN": "yellow"}
+
+
+_SIDE = "a campaign as named in the store, or a golden-values .json file; with --run, a campaign file."
+SideAArg = Annotated[str, typer.Argument(help=f"A (the reference): {_SIDE}", show_default=False)]
+SideBArg = Annotated[str, typer.Argument(help=f"B (the candidate): {_SIDE}", show_default=False)]
+MetricOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--metric",
+        help="Compare only this metric (repeatable): step_time, tflops, peak_alloc, peak_reserved, final_loss "
+        "(default: all).",
+    ),
+]
+MinEffectOpt = Annotated[
+    str,
+    typer.Option(
+        "--min-effect",
+        help="Smallest relative change that matters: 0.01 or 1%, per metric too, e.g. `2%,final_loss=0.5%` or "
+        "`step_time=1%,peak_alloc=0.1%`.",
+    ),
+]
+PairOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--pair",
+        help="Compare these points explicitly: A_POINT_OR_CELL:B_POINT_OR_CELL (repeatable) instead of matching "
+        "by swept values.",
+    ),
+]
+HardwareOpt = Annotated[
+    bool, typer.Option("--allow-different-hardware", help="Compare points measured on different GPU models.")
+]
+MarkdownOpt = Annotated[bool, typer.Option("--markdown", "-m", help="Print a Markdown summary for a PR.")]
+RunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--run",
+        help="A and B are campaign files: run their cells alternately (A B A B …, one cell at a time) in the "
+        "workspace, then compare. A rerun reuses completed cells.",
+    ),
+]
+RepeatsOpt = Annotated[
+    int | None, typer.Option("--repeats", min=1, help="With --run: repeats per point (default: each file's).")
+]
+LauncherOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--launcher",
+        "-l",
+        help="With --run or --until-conclusive: the backend (default: the campaign's, or the one it was run with).",
+    ),
+]
+UntilOpt = Annotated[
+    bool,
+    typer.Option(
+        "--until-conclusive",
+        help="Run more repeats of the points of UNKNOWN verdicts (one per side per round, A then B) until every "
+        "verdict is SAME or DIFFERENT or the --budget is spent. Looking after every round is paid for by a "
+        "Bonferroni split: with at most K = 1 + budget // 2 looks, every look (the first too) tests at α/K "
+        "(DIFFERENT at p ≤ 0.01/K; SAME when the (1 − 0.05/K) CI lies inside ±--min-effect), so over all looks a "
+        "false DIFFERENT stays ≤ 1% and a false SAME ≤ 2.5%.",
+    ),
+]
+BudgetOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--budget",
+        min=2,
+        help="With --until-conclusive: extra cells to run at most, both sides together [default: 6]; it sets "
+        "the most looks, K = 1 + budget // 2, that the levels are split over.",
+    ),
+]
+HtmlOpt = Annotated[
+    Path | None, typer.Option("--html", help="Also write the comparison page, DIR/index.html.")
+]
+
+
+def compare(
+    a: SideAArg,
+    b: SideBArg,
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+    metric: MetricOpt = None,
+    min_effect: MinEffectOpt = "0.01",
+    pair: PairOpt = None,
+    allow_different_hardware: HardwareOpt = False,
+    as_json: JsonOpt = False,
+    markdown: MarkdownOpt = False,
+    run: RunOpt = False,
+    repeats: RepeatsOpt = None,
+    launcher: LauncherOpt = None,
+    until_conclusive: UntilOpt = False,
+    budget: BudgetOpt = None,
+    html: HtmlOpt = None,
+) -> None:
+    """Compare two campaigns point by point: relative change with a 95% CI and SAME / DIFFERENT / UNKNOWN per
+    metric, decided on repeats (Welch t on log repeat values, p ≤ 0.01 and ≥ --min-effect for DIFFERENT; SAME
+    only when the whole 95% CI lies inside ±--min-effect, by two one-sided tests; else UNKNOWN, whatever the
+    p-value). Peak memory is deterministic: compared against a floor of 1% or 0.25 GiB, whichever is larger
+    (within it SAME, beyond it DIFFERENT), with one run a side too.
+
+    What the sides ran differently is printed first: the resolved configuration diff (recipe, resources, env,
+    trainer, launcher), then the environment fingerprint.
+
+    A side may be a Megatron-LM golden-values file (a path ending in .json; `mbx golden export` writes one): one
+    point, `golden`, with one repeat of per-step samples and no fingerprint. One repeat on a side follows the
+    single-repeat rule: never SAME, DIFFERENT only for a large effect, else UNKNOWN.
+
+    `--run A.yaml B.yaml` runs both campaigns first, interleaved (A B A B …) so that drift of the machine
+    falls on both alike; their points must match by swept values. `--until-conclusive` then (or on stored
+    campaigns) adds repeat cells to undecided points until decided or out of --budget.
+
+    Exit codes: 0 every metric SAME (or below --min-effect, or better); 1 a metric DIFFERENT in the bad
+    direction (slower, fewer TFLOP/s, more memory, higher loss), or with --run a cell that did not complete;
+    3 an UNKNOWN (more repeats needed) and nothing worse; 2 bad input.
+    """
+    if repeats is not None and not run:
+        raise UsageError("--repeats applies with --run (it sets the repeats of both campaign files)")
+    if budget is not None and not until_conclusive:
+        raise UsageError("--budget applies with --until-conclusive")
+    quiet = contextlib.redirect_stdout(sys.stderr) if as_json or markdown else contextlib.nullcontext()
+    with quiet:  # progress of runs goes to stderr when stdout carries JSON or Markdown
+        result, failed = _decide(workspace, a, b, run, repeats, launcher, until_conclusive, budget,
+                                 _options(metric, min_effect, pair, allow_different_hardware))  # fmt: skip
+    if html is not None:
+        from orchestrator.judge import compare as cmp
+
+        page = cmp.write_page(result, html)
+        print(f"comparison page: {page}", file=sys.stderr if as_json or markdown else sys.stdout)
+    _output(result, as_json, markdown)
+    raise typer.Exit(1 if failed else result.exit_code)
+
+
+def _options(
+    metric: list[str] | None, min_effect: str, pair: list[str] | None, allow: bool
+) -> dict[str, Any]:
+    from orchestrator.judge import compare as cmp
+
+    default, per_metric = cmp.parse_min_effect(min_effect)
+    return dict(metrics=metric, min_effect=default, min_effects=per_metric, pairs=pair,
+                allow_different_hardware=allow)  # fmt: skip
+
+
+def _decide(workspace: Path, a: str, b: str, run: bool, repeats: int | None, launcher: str | None,
+            until_conclusive: bool, budget: int | None, options: dict[str, Any]) -> tuple[Any, bool]:  # fmt: skip
+    """Run (with --run), compare, run more repeats (with --until-conclusive); (comparison, cells failed)."""
+    from orchestrator.flow import interleave
+    from orchestrator.judge import compare as cmp
+
+    failed: list[Any] = []
+    if until_conclusive:
+        options = {**options, "looks": interleave.max_looks(interleave.DEFAULT_BUDGET if budget is None else budget)}
+    if run:
+        a, b, driven = interleave.run_files(workspace, Path(a), Path(b), repeats=repeats, launcher=launcher)
+        failed = driven.failed
+
+    def again() -> cmp.Comparison:
+        try:
+            return cmp.compare_campaigns(workspace, a, b, **options)
+        except UsageError as err:
+            if not failed:
+                raise
+            cells = "; ".join(f"{c.cell_id}: {why}" for c, why in failed)
+            raise RunError(f"{err} (cells that did not complete: {cells})") from None
+
+    result = again()
+    if until_conclusive:
+        result, extra = interleave.until_conclusive(
+            workspace, result, again, interleave.DEFAULT_BUDGET if budget is None else budget, launcher
+        )
+        failed = failed + extra.failed
+    return result, bool(failed)
+
+
+def _output(result: Any, as_json: bool, markdown: bool) -> None:
+    from orchestrator.judge import compare as cmp
+
+    if as_json:
+        typer.echo(json.dumps(cmp.to_json(result), indent=2))
+    elif markdown:
+        typer.echo(cmp.to_markdown(result), nl=False)
+    else:
+        _print(result)
+
+
+def _print(result: object) -> None:
+    from orchestrator.judge import compare as cmp
+
+    assert isinstance(result, cmp.Comparison)
+    by_name = {m.name: m for m in cmp.METRICS}
+    for pair in result.pairs:
+        console.print(Text(cmp.pair_title(pair), style="bold"))
+        for line in cmp.first_lines(pair):
+            head, _, text = line.partition(": ")
+            console.print(Text.assemble((f"{head}: ", "bold"), text))
+        table = Table()
+        for column, justify in (("metric", "left"), ("A", "right"), ("B", "right"), ("Δ", "right"),
+                                (cmp.ci_header(result), "left"), ("p", "right"), ("decision", "left")):  # fmt: skip
+            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        for name, d in pair.decisions.items():
+            word = cmp.verdict_word(d, by_name[name])
+            p = "–" if d.p_value is None else f"{d.p_value:.2g}"
+            table.add_row(Text(by_name[name].label), cmp.fmt_value(d.mean_a), cmp.fmt_value(d.mean_b),
+                          cmp.fmt_change(d), cmp.fmt_ci(d), p, Text(word, style=_STYLE.get(word, "")))  # fmt: skip
+        console.print(table)
+        lines = [("note: ", x) for x in pair.notes]
+        lines += [("diagnosis: ", x) for x in pair.diagnosis] + [("", x) for x in cmp.advice(pair)]
+        for head, text in lines:
+            console.print(Text.assemble((head, "bold"), text))
+    for line in result.unmatched:
+        console.print(Text.assemble(("unmatched: ", "yellow"), line))
+    word = {0: "SAME", 1: "WORSE", 3: "UNKNOWN"}[result.exit_code]
+    console.print(Text(f"rule: {cmp.rule_text(result)}", style="dim"))
+    console.print(Text(f"{word}: {result.a} → {result.b}, practical threshold {cmp.threshold_text(result)}",
+                       style="bold"))  # fmt: skip

@@ -1,0 +1,116 @@
+"""`mbx freeze`: the winner of a campaign (by its verdicts) with its evidence, and why every other point lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from orchestrator.cli.options import DEFAULT_WORKSPACE, CampaignNameArg, WorkspaceOpt
+
+console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+def freeze(
+    campaign: CampaignNameArg,
+    point: Annotated[
+        str | None,
+        typer.Option("--point", "-p", help="Freeze this point (id, label or cell id) instead of the best.",
+                     show_default=False),
+    ] = None,
+    best: Annotated[
+        bool, typer.Option("--best", help="Freeze the best point (the default without --point).")
+    ] = False,
+    by: Annotated[
+        str | None,
+        typer.Option("--by", help="What best means: tflops | step_time [default: a search's objective, else tflops].",
+                     show_default=False),
+    ] = None,
+    tie_break: Annotated[
+        str, typer.Option(help="Among points not DIFFERENT from the leader: memory | step_time | tflops.")
+    ] = "memory",
+    min_effect: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=0.99, help="Smallest relative difference that counts as a win "
+                     "[default: a search's min_effect, else 0.01].", show_default=False),
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Repeats in the reproducing campaign.")] = 3,
+    margin: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=0.5, help="Margin of the portable gates [default: from the repeats' noise].",
+                     show_default=False),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Directory to write [default: WORKSPACE/CAMPAIGN/frozen].", show_default=False
+        ),  # fmt: skip
+    ] = None,
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+) -> None:
+    """Freeze the winner of a campaign, with its evidence.
+
+    Best means best by the verdicts, not by a noisy mean: the leader by mean TFLOP/s/GPU (--by), then every
+    point whose difference from it is not DIFFERENT (Welch t on the repeats, 1% minimum effect) is a tie,
+    settled by the tie-break (less peak memory by default) only when every tied point has that figure and it
+    separates them by more than the minimum effect; otherwise there is no winner ("tie — no figure separates
+    them", exit 3: pick one with --point). Points with a failed or unfinished repeat, NaN/skipped steps or a
+    failed gate cannot win; in a search only its full-length trials can (the search, the report and status
+    name the same point: orchestrator/judge/best.py). Writes recipe.yaml (the resolved recipe),
+    campaign.yaml (the winner with --repeats repeats and portable gates), FROZEN.md (Frozen configuration,
+    Performance result, Validation, Rejected experiments: paste it into a PR) and frozen.json.
+
+    Example: mbx freeze quickstart --out frozen/
+    """
+    from orchestrator.errors import UsageError
+    from orchestrator.judge.freeze import freeze as pick
+    from orchestrator.judge.freeze_out import write_frozen
+
+    if point is not None and best:
+        raise UsageError("--point and --best: give one (without either, the best point is frozen)")
+    if out is not None:
+        check_out_dir(out)  # before the store is read: a bad --out costs nothing
+    frozen = pick(workspace, campaign, point=point, objective=by,
+                  tie_break=tie_break, min_effect=min_effect)  # fmt: skip
+    target = out or workspace / campaign / "frozen"
+    check_out_dir(target)
+    try:
+        written = write_frozen(frozen, target, repeats=repeats, margin=margin)
+    except OSError as err:  # a folder that cannot be made or written after the check (read-only file system...)
+        raise UsageError(f"--out {target}: cannot be written ({err.strerror or err})") from None
+    _print_frozen(campaign, frozen, written)
+
+
+def _print_frozen(campaign: str, frozen: Any, written: list[Path]) -> None:
+    """The winner and how it was picked, each rejected point and why, the files written."""
+    w = frozen.winner
+    console.print(Text.assemble(("frozen ", "bold green"), f"{campaign} point {w.point_id} [{w.label}]: {frozen.how}"))
+    for rejected in frozen.rejected:
+        console.print(Text(f"  rejected {rejected.point_id} [{rejected.label}] ({rejected.kind}): {rejected.why}"))
+    for path in written:
+        console.print(Text(f"  wrote {path}"))
+
+
+def check_out_dir(out: Path) -> None:
+    """`--out` is a directory or can be made one: the nearest existing ancestor is a writable directory;
+    UsageError (one line, exit 2) otherwise."""
+    import os
+
+    from orchestrator.errors import UsageError
+
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out}: is not a directory; give a folder for the frozen files")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {out}: the folder is not writable")
+        return
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        raise UsageError(f"--out {out}: {ancestor} is not a directory, so the folder cannot be made")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: the folder cannot be made ({ancestor} is not writable)")

@@ -1,0 +1,134 @@
+"""`mbx ingest LOG...`: past Megatron-LM / Megatron-Bridge runs into the run store, to compare, gate and report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from orchestrator.cli.options import DEFAULT_WORKSPACE, WorkspaceOpt
+
+if TYPE_CHECKING:
+    from orchestrator.run.ingest import Ingested
+
+console = Console(highlight=False, markup=False, emoji=False)
+
+
+def _params(pairs: list[str]) -> dict[str, Any]:
+    import yaml
+
+    from orchestrator.errors import UsageError
+
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(
+                f"--param {pair!r}: expected KEY=VALUE (e.g. env.NUM_OF_TOKENS_PER_CHUNK_COMBINE_API=128)"
+            )
+        try:
+            params[key.strip()] = yaml.safe_load(value) if value.strip() else value
+        except yaml.YAMLError:
+            params[key.strip()] = value
+    return params
+
+
+def ingest(
+    logs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Log files of one run (one per rank, or one merged), or folders of them.", show_default=False
+        ),
+    ],
+    campaign: Annotated[
+        str, typer.Option("--campaign", "-c", help="Campaign to add the run to (created if new).")
+    ],
+    log_format: Annotated[
+        str, typer.Option("--format", "-f", help="Log dialect: megatron-lm, megatron-bridge or auto.")
+    ] = "auto",
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+    seq_length: Annotated[
+        int | None,
+        typer.Option(min=1, help="Sequence length for tokens/s (when the log has no argument dump)."),
+    ] = None,
+    num_gpus: Annotated[
+        int | None,
+        typer.Option(min=1, help="GPUs of the run, for tokens/s/GPU (default: the log's world_size)."),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps",
+            "--train-iters",
+            min=1,
+            help="Planned iterations, Megatron's --train-iters (default: M of the log's `iteration N/M`); a log "
+            "that stops before them is recorded failed (truncated).",
+        ),
+    ] = None,
+    label: Annotated[
+        str | None, typer.Option(help="Name of the run in reports (default: the log's name).")
+    ] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param",
+            "-p",
+            help="KEY=VALUE knob of the run (repeatable), e.g. env.NUM_OF_TOKENS_PER_CHUNK_COMBINE_API=128; "
+            "a campaign whose cells have the same swept values compares with it through `baseline:`.",
+        ),
+    ] = None,
+    exit_code: Annotated[
+        int | None, typer.Option(help="The run's exit code, if known (non-zero: recorded as failed).")
+    ] = None,
+    replace: Annotated[
+        bool, typer.Option(help="Ingest logs already ingested again, as a new attempt of their cell.")
+    ] = False,
+) -> None:
+    """Turn existing Megatron logs into a run directory and store rows (state, failure class, window summary,
+    default gates), so `mbx campaign status`, `mbx report` and `baseline:` treat them like new runs.
+
+    A log that stops before its planned iterations, or that holds impossible figures (a negative or non-finite step
+    time, throughput, token rate or memory), is recorded failed with the reason, never passed.
+
+    Exits 2 without writing anything when a log is missing or holds no iteration lines.
+    """
+    from orchestrator.errors import UsageError
+    from orchestrator.run.ingest import ingest_logs
+    from reports.parsers import FORMATS
+
+    if log_format not in FORMATS:
+        raise UsageError(f"--format: must be one of {', '.join(FORMATS)} (got {log_format!r})")
+    result = ingest_logs(
+        workspace, logs, campaign, log_format, seq_length=seq_length, num_gpus=num_gpus, steps=steps,
+        label=label, params=_params(param or []), exit_code=exit_code, replace=replace,
+    )  # fmt: skip
+    _print_result(result, workspace)
+
+
+def _print_result(result: Ingested, workspace: Path) -> None:
+    if result.already:
+        console.print(
+            Text(f"already ingested: cell {result.cell_id} (attempt {result.attempt}) of {result.campaign!r} holds "
+                 "these logs; --replace ingests them again")
+        )  # fmt: skip
+        return
+    s = result.summary or {}
+
+    def fmt(value: Any, digits: int = 4) -> str:
+        return "—" if value is None else f"{value:.{digits}g}"
+
+    state = result.state + (f" ({result.failure_class})" if result.failure_class else "")
+    console.print(
+        Text.assemble(
+            ("ingested ", "bold green"),
+            f"{result.steps} step(s) as cell {result.cell_id} of {result.campaign!r}: {state}, "
+            f"{fmt(s.get('tflops_per_gpu'))} TFLOP/s/GPU, {fmt(s.get('step_time_ms'))} ms/step, "
+            f"verdict {result.verdict}",
+        )
+    )
+    if result.reason:
+        console.print(Text(f"  {result.reason}", style="yellow" if result.state == "completed" else "red"))
+    console.print(Text(f"  run dir {result.run_dir}\n  next: mbx report {result.campaign} --workspace {workspace}"))

@@ -1,0 +1,1 @@
+"""Whole lifecycles that drive runs and judge them: campaign run/resume, compare --run, search, bisect."""

@@ -1,0 +1,262 @@
+"""Model verification cards on the login side: `mbx card export` (a point's repeats → a card's performance item
+with structured thresholds), `mbx card validate`, and `mbx card check` (a campaign gated by a card)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import RunError, UsageError
+from orchestrator.run.outfile import write_out
+from orchestrator.run.regate import PointVerdict, judge_campaign
+from orchestrator.run.store import CellRow, Store
+from orchestrator.spec.yamlio import dump_yaml, load_yaml_file
+from reports import card as cards
+from reports.gates import GateSpec
+from trainer import rundir
+
+ENVIRONMENT_KEYS = ("torch", "transformer_engine", "cuda", "driver", "nccl", "git_sha", "container_image")
+FROZEN_REPEATS = 3  # repeats of the card's reproducing campaign (mbx freeze's default)
+SITE_SECTIONS = ("launchers", "wandb")  # the submitting site's settings: not part of what the card measured
+
+
+@dataclass
+class Export:
+    """A card document made from one point, the cells it came from, and notes for the user."""
+
+    document: dict[str, Any]
+    point_id: str
+    cells: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def _point_cells(store: Store, campaign: str, ref: str) -> list[CellRow]:
+    """The cells of the point `ref` names (a point id, a cell id or a point label)."""
+    if store.campaign(campaign) is None:
+        known = ", ".join(store.campaign_names()) or "none"
+        raise UsageError(f"campaign {campaign!r} is not in the store {store.path} (known: {known})")
+    cells = store.cells(campaign)
+    hit = next((c for c in cells if ref in (c.cell_id, c.point_id, c.label)), None)
+    if hit is None:
+        points = sorted({c.point_id for c in cells})
+        raise UsageError(f"--point {ref!r}: campaign {campaign!r} has no such point, cell or label "
+                         f"(points: {', '.join(points[:20]) or 'none'})")  # fmt: skip
+    return [c for c in cells if c.point_id == hit.point_id]
+
+
+def _repeats(store: Store, campaign: str, cells: list[CellRow]) -> list[tuple[CellRow, dict[str, Any], Path]]:
+    """(cell, window summary, run dir) of every completed repeat."""
+    latest = store.latest_attempts(campaign)
+    done = []
+    for cell in cells:
+        attempt = latest.get(cell.cell_id)
+        if attempt is None or attempt.state != "completed":
+            continue
+        result = store.result(campaign, cell.cell_id, attempt.attempt)
+        if result is not None and result.summary:
+            done.append((cell, result.summary, Path(attempt.run_dir)))
+    return done
+
+
+def _gpu(fingerprint: dict[str, Any]) -> str:
+    """The card's GPU key: `NVIDIA H200` → H200; no GPU → CPU."""
+    name = str(fingerprint.get("gpu_name") or "").replace("NVIDIA", "").strip()
+    return name.split()[0] if name else "CPU"
+
+
+def _figures(summaries: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Card metric → the repeats' values, for the metrics measured (a CPU run's zero GPU memory is left out)."""
+    out: dict[str, list[float]] = {}
+    for metric in cards.CARD_METRICS:
+        values = [s.get(metric.summary_key) for s in summaries]
+        found = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+        if found and len(found) == len(values):
+            out[metric.name] = found
+    return out
+
+
+def _expected(summaries: list[dict[str, Any]], figures: dict[str, list[float]], gates: dict[str, Any]) -> str:
+    first = summaries[0]
+    avg = {k: sum(v) / len(v) for k, v in figures.items()}
+    parts = [f"Over {len(summaries)} repeat(s), steps {first.get('window_first_step')}–"
+             f"{first.get('window_last_step')} averaged {avg.get('last_10_steps_step_time_ms_avg', 0):.3f} ms"]  # fmt: skip
+    if "last_10_steps_model_tflops_per_gpu_avg" in avg:
+        parts.append(f" / {avg['last_10_steps_model_tflops_per_gpu_avg']:.3f} model TFLOP/s/GPU")
+    skipped = sum(int(s.get("skipped_iterations") or 0) for s in summaries)
+    nans = sum(int(s.get("nan_iterations") or 0) for s in summaries)
+    loss = "finite" if all(s.get("loss_finite") for s in summaries) else "NOT finite"
+    parts.append(f". LM loss was {loss} from {avg.get('initial_loss', float('nan')):.6g} to "
+                 f"{avg.get('final_loss', float('nan')):.6g}, skipped={skipped}, NaN={nans}.")  # fmt: skip
+    for name, gate in gates.items():
+        bound = gate.get("min", gate.get("max"))
+        parts.append(f" Portable gate {name} {'≥' if 'min' in gate else '≤'} {bound} ({gate['basis']}).")
+    return "".join(parts)
+
+
+def _frozen(workspace: Path, campaign: str, point_id: str) -> tuple[Any, str | None]:
+    """The point frozen as `mbx freeze --point` would (its rejected alternatives with reasons), and None; or, for
+    a point freeze refuses (a failed gate, an unstable repeat), the point alone and why it cannot be frozen."""
+    from orchestrator.judge.compare import METRICS, load_points
+    from orchestrator.judge.freeze import Frozen, freeze
+
+    try:
+        return freeze(workspace, campaign, point=point_id), None
+    except (UsageError, RunError) as err:
+        why = "; ".join(err.lines())
+    with Store(workspace, create=False) as store:
+        point = next(p for p in load_points(store, campaign) if p.point_id == point_id)
+        record = store.campaign(campaign) or {}
+        cell = next(c for c in store.cells(campaign) if c.point_id == point_id)
+    tflops = next(m for m in METRICS if m.name == "tflops")
+    frozen = Frozen(campaign, record.get("spec") or {}, record.get("source_file"), point,
+                    f"exported by mbx card export; {why}", tflops, recipe=cell.recipe, resources=cell.resources,
+                    trainer_kind=cell.trainer_kind)  # fmt: skip
+    return frozen, why
+
+
+def _reproduce(frozen: Any, margin: float | None) -> dict[str, Any]:
+    """The frozen campaign (the point alone, FROZEN_REPEATS repeats, portable gates) without the site's sections."""
+    from orchestrator.judge.freeze_out import frozen_campaign, portable_gates
+
+    gates, _ = portable_gates(frozen, margin)
+    spec = frozen_campaign(frozen, FROZEN_REPEATS, gates)
+    return {k: v for k, v in spec.items() if k not in SITE_SECTIONS}
+
+
+def _rejected(frozen: Any) -> list[dict[str, str]]:
+    """The alternatives that lost, with the kind and the reason (paths and secrets in a reason masked)."""
+    return [{"point": r.point_id, "label": cards.publishable(r.label), "kind": r.kind, "why": cards.publishable(r.why)}
+            for r in frozen.rejected]  # fmt: skip
+
+
+def export_card(
+    workspace: Path, campaign: str, ref: str, *, item: str = "pretrain_performance", margin: float | None = None,
+    title: str | None = None,
+) -> Export:  # fmt: skip
+    """A card whose one item is the performance of point `ref` (all its completed repeats), the alternatives
+    that lost to it (freeze's reasons) and the frozen campaign that reproduces it (the command runs it)."""
+    with Store(workspace, create=False) as store:
+        cells = _point_cells(store, campaign, ref)
+        done = _repeats(store, campaign, cells)
+        record = store.campaign(campaign) or {}
+    if not done:
+        states = ", ".join(c.cell_id for c in cells)
+        raise UsageError(f"--point {ref!r}: no completed repeat to export (cells: {states})")
+    summaries = [s for _, s, _ in done]
+    window = min(int(s.get("window_steps") or 0) for s in summaries)
+    if window < cards.MIN_WINDOW_STEPS:
+        raise UsageError(f"--point {ref!r}: its window is {window} step(s); a card's last-10-steps figures need "
+                         f"at least {cards.MIN_WINDOW_STEPS} (run more steps, or set collect.window)")  # fmt: skip
+    figures = _figures(summaries)
+    gates = cards.thresholds(figures, margin)
+    fingerprint = rundir.read_fingerprint(done[0][2]) or {}
+    cell = done[0][0]
+    clean = all(s.get("loss_finite") and not s.get("nan_iterations") for s in summaries)
+    frozen, refused = _frozen(workspace, campaign, cell.point_id)
+    reproduce = _reproduce(frozen, margin)
+    body: dict[str, Any] = {
+        "status": "verified" if clean and refused is None else "unverified",
+        "precision": str(cell.recipe.get("precision") or "unknown"),
+        "command": f"mbx campaign run {reproduce['name']}.yaml",
+        "last_verified": dt.date.today().isoformat(),
+        "window_steps": window,
+        "repeats": len(done),
+        "metrics": {k: cards.significant(sum(v) / len(v)) for k, v in figures.items()},
+        "thresholds": gates,
+        "environment": {k: str(fingerprint[k]) for k in ENVIRONMENT_KEYS if fingerprint.get(k)},
+        "expected_result": _expected(summaries, figures, gates),
+        "rejected": _rejected(frozen),
+        "campaign": reproduce,
+    }
+    if cell.trainer_kind == "bundled":
+        body["recipe"] = cell.recipe
+    document = {"title": title or campaign, "summary": str((record.get("spec") or {}).get("description") or ""),
+                "items": {item: {_gpu(fingerprint): body}}}  # fmt: skip
+    notes = [f"{len(cells) - len(done)} of {len(cells)} repeats did not complete and are left out"] if len(
+        done) < len(cells) else []  # fmt: skip
+    if refused is not None:
+        notes.append(f"the card is unverified and lists no rejected alternatives: {refused}")
+    notes.append(f"`campaign` is the frozen campaign (this point, {FROZEN_REPEATS} repeats, portable gates); save "
+                 f"it as {reproduce['name']}.yaml, add your launchers: section, and the command reruns it")  # fmt: skip
+    problems = cards.card_problems(document)
+    if problems:
+        raise UsageError(["the exported card would not validate:", *problems])
+    return Export(document, cell.point_id, [c.cell_id for c, _, _ in done], notes)
+
+
+def write_card(document: dict[str, Any], out: Path) -> None:
+    """Write a card as YAML, atomically; a path that cannot be written → UsageError."""
+    write_out(
+        out,
+        "# Model verification card (performance item written by `mbx card export`).\n" + dump_yaml(document),
+    )
+
+
+def read_card(path: Path) -> dict[str, Any]:
+    """A card file that validates; every problem (unreadable, not YAML, invalid) → UsageError naming the file."""
+    document = load_yaml_file(Path(path))
+    problems = cards.card_problems(document)
+    if problems:
+        raise UsageError([f"{path}: {p}" for p in problems])
+    return document
+
+
+@dataclass
+class Checked:
+    """`mbx card check`: the card item used, its gates, notes, and each point's verdict."""
+
+    item: str
+    spec: GateSpec
+    notes: list[str]
+    points: list[PointVerdict]
+
+    @property
+    def exit_code(self) -> int:
+        verdicts = {p.verdict for p in self.points}
+        return 1 if "fail" in verdicts else 3 if verdicts - {"pass"} else 0
+
+
+def pick_item(document: dict[str, Any], wanted: str | None) -> tuple[str, dict[str, Any]]:
+    """The measured item `wanted` names (a key path such as items.pretrain.H100, or its tail); the only one if
+    None."""
+    items = list(cards.measured_items(document["items"]))
+    if wanted is not None:
+        hits = [(p, i) for p, i in items if p == wanted or p.endswith("." + wanted.removeprefix("items."))]
+    else:
+        hits = items
+    if len(hits) == 1:
+        return hits[0]
+    names = ", ".join(p for p, _ in items)
+    what = (
+        f"--item {wanted!r} names {len(hits)} items"
+        if wanted
+        else f"the card has {len(items)} measured items"
+    )
+    raise UsageError(f"{what}; choose one with --item (items: {names})")
+
+
+def check_card(
+    card_file: Path, workspace: Path, campaign: str, *, item: str | None = None, margin: float = 0.05
+) -> Checked:
+    """Every point of `campaign` judged (from all its repeats) against the card item's thresholds; an item with
+    no structured thresholds is gated at its measured values with `margin`."""
+    document = read_card(card_file)
+    path, chosen = pick_item(document, item)
+    notes = []
+    if not chosen.get("thresholds"):
+        chosen = cards.add_thresholds(chosen, margin)
+        notes.append(f"{path} has no structured thresholds: gating at its measured values with a {margin:.0%} "
+                     "margin (--margin)")  # fmt: skip
+    spec, skipped = cards.gate_spec(chosen)
+    notes += skipped
+    if spec == GateSpec():
+        raise UsageError(f"{card_file}: {path} gives no threshold mbx can gate")
+    with Store(workspace, create=False) as store:
+        if store.campaign(campaign) is None:
+            known = ", ".join(store.campaign_names()) or "none"
+            raise UsageError(f"campaign {campaign!r} is not in the store {store.path} (known: {known})")
+        judged = judge_campaign(store, campaign, spec, None)
+    return Checked(path, spec, notes, judged.points)

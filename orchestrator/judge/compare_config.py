@@ -1,0 +1,94 @@
+"""What two compared points ran with: each point's resolved configuration, flattened, and the differences.
+
+A point's configuration is its swept values (`sweep.<key>`), its cells' resolved recipe (the base recipe with
+the swept values applied), their resources and environment, the campaign's trainer settings (command template, kind), the launcher it ran with
+and that launcher's settings, the container, cluster and software sections, and the measured window. Keys
+are dotted paths (`trainer.recipe.cross_entropy`); a command's argv is split into its flags
+(`trainer.recipe.argv --cross-entropy-fusion-impl`), so one changed flag is one line. A key whose value
+differs between a point's own repeats is shown as varying, not as a difference of the sides.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orchestrator.run.store import CellRow
+
+SECTIONS = ("container", "cluster", "software")  # campaign sections that shape a run, besides the cell's
+UNSET = "(unset)"
+VARIES = "(varies by repeat)"
+MAX_VALUE = 80  # characters of a value shown; longer values end with …
+
+
+def _text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= MAX_VALUE else text[: MAX_VALUE - 1] + "…"
+
+
+def argv_flags(argv: list[str]) -> dict[str, str]:
+    """`--flag value`, `--flag=value` and bare `--flag` (→ "true") by flag; other tokens by position."""
+    flags: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token.startswith("--") and len(token) > 2:
+            name, sep, value = token.partition("=")
+            if not sep and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value, i = argv[i + 1], i + 1
+            flags[name] = value if (sep or value) else "true"
+        else:
+            flags[f"[{i}]"] = token
+        i += 1
+    return flags
+
+
+def flatten(value: Any, prefix: str = "", out: dict[str, str] | None = None) -> dict[str, str]:
+    """Dotted keys → shown values (empty mappings leave no key)."""
+    out = {} if out is None else out
+    if isinstance(value, dict):
+        for key, item in value.items():
+            flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
+    elif isinstance(value, list) and prefix.endswith("argv") and all(isinstance(x, str) for x in value):
+        for key, item in argv_flags(value).items():
+            out[f"{prefix} {key}"] = _text(item)
+    elif isinstance(value, list) and value and all(isinstance(x, dict) for x in value):
+        for i, item in enumerate(value):
+            flatten(item, f"{prefix}[{i}]", out)
+    elif prefix:
+        out[prefix] = _text(value)
+    return out
+
+
+def cell_config(spec: dict[str, Any], launcher: str | None, cell: CellRow) -> dict[str, str]:
+    """One cell's resolved configuration, flattened."""
+    trainer = {k: v for k, v in (spec.get("trainer") or {}).items() if k != "recipe"}
+    trainer.update(kind=cell.trainer_kind, recipe=cell.recipe)
+    tree: dict[str, Any] = {"sweep": cell.params, "trainer": trainer, "resources": cell.resources, "env": cell.env}
+    if launcher:
+        tree["launcher"] = launcher
+        tree["launchers"] = {launcher: (spec.get("launchers") or {}).get(launcher)}
+    tree.update({key: spec.get(key) for key in SECTIONS})
+    tree["collect"] = {"window": (spec.get("collect") or {}).get("window")}
+    return flatten(tree)
+
+
+def point_config(spec: dict[str, Any], launcher: str | None, cells: list[CellRow]) -> dict[str, str]:
+    """The configuration a point's cells share (keys whose value differs between its repeats: VARIES)."""
+    configs = [cell_config(spec, launcher, cell) for cell in cells]
+    merged: dict[str, str] = {}
+    for key in dict.fromkeys(k for c in configs for k in c):
+        values = {c.get(key, UNSET) for c in configs}
+        merged[key] = values.pop() if len(values) == 1 else VARIES
+    return merged
+
+
+def config_diff(a: dict[str, str], b: dict[str, str]) -> list[dict[str, str]]:
+    """{key, a, b} for every key whose value differs (or is set on one side only), in key order."""
+    keys = sorted(set(a) | set(b))
+    return [{"key": k, "a": a.get(k, UNSET), "b": b.get(k, UNSET)} for k in keys
+            if a.get(k, UNSET) != b.get(k, UNSET)]  # fmt: skip
+
+
+def diff_line(item: dict[str, str]) -> str:
+    return f"{item['key']}: {item['a']} → {item['b']}"

@@ -1,0 +1,97 @@
+"""The report views of a campaign: every cell's latest attempt, result and rows, judged by the gates and parity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from orchestrator.judge.parity_verdicts import PairVerdict, judge_parity
+from orchestrator.run.baseline import summary_from_dict
+from orchestrator.run.collect import damaged_files
+from orchestrator.run.regate import gates_of, judge_campaign
+from orchestrator.run.store import AttemptRow, CellRow, Store
+from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.sweep import swept_keys
+from reports.gates import GateResult
+from reports.views import CampaignView, CellView, group_points
+from trainer import rundir
+
+
+def cell_view(
+    store: Store, name: str, cell: CellRow, attempt: AttemptRow | None, with_rows: bool = True
+) -> CellView:
+    """One cell as the report writers see it: its latest attempt, result, step rows and fingerprint."""
+    view = CellView(
+        cell_id=cell.cell_id,
+        point_id=cell.point_id,
+        repeat=cell.repeat,
+        label=cell.label,
+        params=cell.params,
+        state=attempt.state if attempt else "pending",
+    )
+    if attempt is None:
+        return view
+    view.attempt = attempt.attempt
+    view.reason = attempt.reason
+    view.failure_class = attempt.failure_class
+    view.run_dir = attempt.run_dir
+    result = store.result(name, cell.cell_id, attempt.attempt)
+    if result is not None:
+        view.summary = summary_from_dict(result.summary)
+        view.gate = GateResult.from_dict(result.gate) if result.gate else None
+    run_dir = Path(attempt.run_dir)
+    rows, metrics_problem = rundir.read_metrics_checked(run_dir)
+    if with_rows:
+        view.rows = rows
+    view.fingerprint = rundir.read_fingerprint(run_dir)
+    view.damaged = damaged_files(run_dir, metrics_problem)
+    return view
+
+
+def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignView:
+    """Everything the report writers need about one campaign, from the store and run dirs; every verdict
+    (per cell and per point, from all its repeats) derived from the stored results and the campaign's gates."""
+    record = store.campaign(name)
+    if record is None:
+        raise KeyError(name)
+    campaign = Campaign.model_validate(record["spec"])
+    latest = store.latest_attempts(name)
+    judged = judge_campaign(store, name, gates_of(record), campaign.baseline)
+    cells = []
+    for cell in store.cells(name):
+        view = cell_view(store, name, cell, latest.get(cell.cell_id), with_rows)
+        view.gate = judged.gates.get(cell.cell_id, view.gate)
+        cells.append(view)
+    point_gates = {p.point_id: p.gate for p in judged.points}
+    return CampaignView(
+        name=name,
+        description=campaign.description,
+        axes=swept_keys(campaign),
+        cells=cells,
+        gates=campaign.gates.model_dump(exclude_none=True),
+        window=campaign.collect.window,
+        source_file=record["source_file"],
+        baseline=campaign.baseline,
+        points=group_points(cells, lambda members: point_gates.get(members[0].point_id)),
+        parity=[v.to_dict() for v in parity_verdicts(store, name, campaign)],
+    )
+
+
+def parity_verdicts(store: Store, name: str, campaign: Campaign) -> list[PairVerdict]:
+    """The campaign's parity pairs judged from their cells' latest attempts (none without a parity section)."""
+    if campaign.parity is None:
+        return []
+    latest = store.latest_attempts(name)
+
+    def rows_of(cell: CellRow) -> tuple[list[dict[str, Any]] | None, str]:
+        attempt = latest.get(cell.cell_id)
+        if attempt is None:
+            return None, f"(cell {cell.cell_id}) has not run"
+        if attempt.state != "completed":
+            return None, f"(cell {cell.cell_id}) did not complete: {attempt.state}"
+        rows, problem = rundir.read_metrics_checked(Path(attempt.run_dir))
+        if problem or not rows:
+            return None, f"(cell {cell.cell_id}) has no readable metrics{f' ({problem})' if problem else ''}"
+        return rows, ""
+
+    return judge_parity(campaign.parity, store.cells(name), rows_of)

@@ -1,0 +1,1 @@
+"""Running and recording a campaign: feasibility, the engine and its retries, the run store, collection, gates."""

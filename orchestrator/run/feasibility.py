@@ -1,0 +1,271 @@
+"""Feasibility before submission: each point's memory estimate against its GPU, and its layout problems; an
+infeasible point is recorded with its reason (the store's `estimates` table) and skipped, the rest run."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.sweep import Point
+from orchestrator.trainers import memory_estimate
+from trainer.memory import GIB, MemoryEstimate
+
+# GPU memory per device in GiB, as torch.cuda.get_device_properties(...).total_memory reports it.
+GPU_MEMORY_GIB: dict[str, float] = {
+    "A100-40GB": 39.4,
+    "A100-80GB": 79.2,
+    "H100-80GB": 79.6,
+    "H100-NVL": 93.1,
+    "H200": 139.8,
+    "B200": 179.0,
+    "GB200": 184.0,
+}
+_ALIASES = {"H100": "H100-80GB", "H100-SXM": "H100-80GB", "GH200": "H100-NVL"}  # GH200 (96 GB HBM3 variant)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB|G)\s*$", re.IGNORECASE)
+_NOT_ALNUM = re.compile(r"[^a-z0-9]")
+
+
+def _norm(name: str) -> str:
+    return _NOT_ALNUM.sub("", name.lower().removeprefix("nvidia").strip())
+
+
+_BY_NORM = {_norm(k): k for k in GPU_MEMORY_GIB} | {_norm(k): v for k, v in _ALIASES.items()}
+
+
+def gpu_name(name: str) -> str:
+    """The table name of a GPU ("h200", "NVIDIA H200", "H100 80GB" → H200, H100-80GB), or a size as given
+    ("80GiB"). Raises ConfigError listing the known names."""
+    if _SIZE_RE.match(name):
+        return name.strip()
+    known = _BY_NORM.get(_norm(name))
+    if known is None:
+        raise ConfigError(
+            f"gpu: unknown GPU {name!r} (--gpu or resources.gpu); known: {', '.join(GPU_MEMORY_GIB)} (or a size such as 80GiB)"
+        )
+    return known
+
+
+def gpu_memory_gib(name: str) -> float:
+    """Memory of one GPU in GiB (as torch reports it): a name of GPU_MEMORY_GIB (case and punctuation are
+    ignored: "h200", "NVIDIA H200") or a size "<number>GiB". Raises ConfigError listing the known names."""
+    canonical = gpu_name(name)
+    size = _SIZE_RE.match(canonical)
+    if size:
+        return float(size.group(1))
+    return GPU_MEMORY_GIB[canonical]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One point's feasibility.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PointFeasibility:
+    """A point's estimate and verdict, as the store's `estimates` table and the plan show it."""
+
+    point_id: str
+    label: str
+    params: dict[str, Any]
+    world_size: int
+    cells: list[str]
+    estimate_gib: float | None  # estimated peak allocated memory per GPU; None: no estimate for this point
+    slack_gib: float | None  # caching-allocator slack to allow for beside the peak
+    peak_at: str | None
+    gpu: str | None
+    gpu_gib: float | None
+    headroom_gib: float | None  # GPU memory − estimated peak (the allocator slack not subtracted)
+    feasible: bool
+    reason: str | None  # why it cannot run (layout problems, then memory; no point name); None when feasible
+    source: str | None = None  # "bundled" or "megatron": which model made the estimate
+    note: str | None = None  # why there is no estimate, or the model's caveats
+    problems: list[str] = field(default_factory=list)  # the same, each as a campaign error line
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Assessment:
+    """Every point's feasibility, and the cells that can run."""
+
+    rows: list[PointFeasibility]
+    runnable: list[Point]
+    gpu: str | None
+
+    @property
+    def infeasible(self) -> list[PointFeasibility]:
+        return [row for row in self.rows if not row.feasible]
+
+    def by_point(self) -> dict[str, PointFeasibility]:
+        return {row.point_id: row for row in self.rows}
+
+    def records(self) -> list[dict[str, Any]]:
+        return [row.to_dict() for row in self.rows]
+
+
+Estimator = Callable[[Point, bool], MemoryEstimate | None]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The campaign's own memory limits, judged on the estimate before submission (as after, on the measure)."""
+
+    headroom_gib_min: float | None = None  # gates.headroom_gib_min: GPU memory − estimated peak at least this
+    peak_gib_max: float | None = None  # sweep.search.constraints.peak_memory_gib_max: estimated peak at most this
+
+
+def limits_of(campaign: Campaign) -> Limits:
+    """The memory limits a campaign sets: its headroom gate and its search's peak-memory constraint."""
+    search = campaign.sweep.search
+    peak = search.constraints.peak_memory_gib_max if search is not None else None
+    return Limits(campaign.gates.headroom_gib_min, peak)
+
+
+def limit_problems(est: MemoryEstimate, gpu: str | None, gpu_gib: float | None, limits: Limits) -> list[str]:
+    """Why the estimate breaks the campaign's own limits (headroom on the GPU, the search's peak constraint)."""
+    problems = []
+    if limits.peak_gib_max is not None and est.peak_gib > limits.peak_gib_max:
+        problems.append(f"memory estimate {est.peak_gib:.3g} GiB per GPU > sweep.search.constraints."
+                        f"peak_memory_gib_max {limits.peak_gib_max:g}")  # fmt: skip
+    if limits.headroom_gib_min is not None and gpu_gib is not None:
+        room = gpu_gib - est.peak_gib
+        if room < limits.headroom_gib_min:
+            problems.append(f"memory: estimated headroom {room:.2f} GiB on the {gpu} ({gpu_gib:.1f} GiB − estimated "
+                            f"peak {est.peak_gib:.2f}) < gates.headroom_gib_min {limits.headroom_gib_min:g}")  # fmt: skip
+    return problems
+
+
+def memory_problem(est: MemoryEstimate, gpu: str, gpu_gib: float) -> str | None:
+    """Why the estimate does not fit on the GPU (peak + allocator slack > its memory), or None."""
+    if est.headroom(int(gpu_gib * GIB)) >= 0:
+        return None
+    return (
+        f"memory: estimated peak {est.peak_gib:.1f} GiB per GPU (at {est.peak_at}) + "
+        f"{est.reserve_bytes / GIB:.1f} GiB allocator slack exceeds the {gpu}'s {gpu_gib:.1f} GiB; lower the "
+        "micro-batch size, recompute activations or shard more (TP/PP/EP, distributed optimizer)"
+    )
+
+
+def assess_point(cells: list[Point], estimator: Estimator, gpu: str | None,
+                 limits: Limits = Limits()) -> PointFeasibility:  # fmt: skip
+    """One point (its cells, repeats of it): layout problems, estimate, the fit on `gpu` (a table name or a
+    size; None: the point's resources.gpu, else no memory check) and the campaign's own memory `limits`."""
+    first = cells[0]
+    gpu = gpu or first.resources.get("gpu")
+    gpu = gpu_name(gpu) if gpu else None
+    gpu_gib = gpu_memory_gib(gpu) if gpu else None
+    problems = list(first.infeasible)
+    est, note = None, None
+    if not problems:
+        try:
+            est = estimator(first, gpu is not None)
+        except (ValueError, KeyError, TypeError, ArithmeticError) as err:  # flags or recipe give none
+            note = f"no estimate: {err}"
+    if est is None and note is None and not problems:
+        note = "no estimate for this trainer's settings"
+    if est is not None and gpu is not None and gpu_gib is not None:
+        problem = memory_problem(est, gpu, gpu_gib)
+        if problem:
+            problems.append(problem)
+    if est is not None and not problems:
+        problems += limit_problems(est, gpu, gpu_gib, limits)
+    return PointFeasibility(
+        point_id=first.point_id,
+        label=first.label,
+        params=dict(first.params),
+        world_size=first.world_size,
+        cells=[c.cell_id for c in cells],
+        estimate_gib=round(est.peak_gib, 3) if est else None,
+        slack_gib=round(est.reserve_bytes / GIB, 3) if est else None,
+        peak_at=est.peak_at if est else None,
+        gpu=gpu,
+        gpu_gib=gpu_gib,
+        headroom_gib=round(gpu_gib - est.peak_gib, 3) if est and gpu_gib is not None else None,
+        feasible=not problems,
+        reason="; ".join(p.removeprefix(f"point [{first.label}]: ") for p in problems) or None,
+        source=first.trainer_kind if est else None,
+        note=note or ("; ".join(est.notes) if est and est.notes else None),
+        problems=problems,
+    )
+
+
+def assess(points: Sequence[Point], estimator: Estimator, gpu: str | None = None,
+           limits: Limits = Limits()) -> Assessment:  # fmt: skip
+    """Every point of an expansion (cells grouped by point id, in order) judged; `gpu` (the CLI's --gpu)
+    wins over each point's resources.gpu."""
+    if gpu:
+        gpu = gpu_name(gpu)  # an unknown name is refused before anything is estimated
+    groups: dict[str, list[Point]] = {}
+    for point in points:
+        groups.setdefault(point.point_id, []).append(point)
+    rows = [assess_point(cells, estimator, gpu, limits) for cells in groups.values()]
+    bad = {row.point_id for row in rows if not row.feasible}
+    return Assessment(rows, [p for p in points if p.point_id not in bad], gpu)
+
+
+def refuse(assessment: Assessment, file: str | None, strict: bool) -> None:
+    """With `strict`, any infeasible point refuses the campaign (ConfigError naming each reason, as before
+    feasibility); without, only a campaign whose every point is infeasible is refused."""
+    infeasible = assessment.infeasible
+    if not infeasible:
+        return
+    problems = [_named(row, p) for row in infeasible for p in row.problems]
+    if strict:
+        raise ConfigError(problems, file=file)
+    if not assessment.runnable:
+        raise ConfigError(
+            [*problems, "every point of the campaign is infeasible, so nothing would run: fix the layout or "
+             "the memory problems above, or name a larger GPU with --gpu"],
+            file=file,
+        )  # fmt: skip
+
+
+def _named(row: PointFeasibility, problem: str) -> str:
+    """A problem with its point's name in front (layout problems already carry it)."""
+    if problem.startswith("point [") or not row.params:
+        return problem
+    return f"point [{row.label}]: {problem}"
+
+
+def summary_lines(assessment: Assessment, limit: int | None = None) -> list[str]:
+    """Plain lines for the terminal: how many points are infeasible, then each one's problems (the first
+    `limit` lines of them; `mbx campaign plan` lists all)."""
+    infeasible = assessment.infeasible
+    if not infeasible:
+        return []
+    problems = [f"  {_named(row, p)}" for row in infeasible for p in row.problems]
+    lines = [f"{len(infeasible)} of {len(assessment.rows)} point(s) infeasible, skipped (not run):"]
+    if limit is not None and len(problems) > limit:
+        rest = len(problems) - limit
+        problems = [*problems[:limit], f"  … and {rest} more (`mbx campaign plan` lists them all)"]
+    return lines + problems
+
+
+def check_points(points: Sequence[Point], gpu: str | None, strict: bool, file: str | None,
+                 limits: Limits = Limits()) -> Assessment:  # fmt: skip
+    """The runner's, the dry run's, the search's and the plan's feasibility step: every point judged by its
+    trainer kind's estimate on `gpu` (None: each point's resources.gpu) and the campaign's `limits`
+    (`limits_of`), refused as `refuse` says; `.runnable` are the cells to run."""
+    assessment = assess(points, memory_estimate, gpu, limits)
+    refuse(assessment, file, strict)
+    return assessment
+
+
+def with_gpu_memory(campaign: Campaign, gpu: str | None) -> Campaign:
+    """The campaign as run: `gpu` (the CLI's --gpu) recorded as its resources.gpu, and gates.gpu_memory_gib
+    filled from it (or resources.gpu) when a headroom gate needs it and the file does not give it (stored with
+    the campaign, so regate, status, the report and freeze judge headroom on that GPU)."""
+    if gpu:
+        resources = campaign.resources.model_copy(update={"gpu": gpu_name(gpu)})
+        campaign = campaign.model_copy(update={"resources": resources})
+    gates = campaign.gates
+    name = gpu or campaign.resources.gpu
+    if gates.headroom_gib_min is None or gates.gpu_memory_gib is not None or not name:
+        return campaign
+    filled = gates.model_copy(update={"gpu_memory_gib": gpu_memory_gib(name)})
+    return campaign.model_copy(update={"gates": filled})

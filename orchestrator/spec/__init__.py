@@ -1,0 +1,1 @@
+"""What a campaign is: the file's schema, strict loading, key paths, sweep expansion into points, software pins."""
