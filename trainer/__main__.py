@@ -55,8 +55,12 @@ def run(argv: list[str]) -> int:
     replaced = ", ".join(sorted(record["replaced"])) or "nothing"
     print(f"JIT caches of rank {record['rank']} under {record['rank_dir']} (replaced inherited: {replaced})",
           flush=True)
-    from trainer import train  # imports torch: only now
+    from trainer import checkpoint, train  # imports torch: only now
 
+    if problem := checkpoint.load_problem(recipe, int(os.environ.get("WORLD_SIZE", 1))):
+        print(f"error: {problem}", file=sys.stderr)  # a checkpoint this recipe cannot continue from: exit 2
+        _write_failed_status(Path(args.out), problem, started_at)
+        return 2
     return train.main(recipe, Path(args.out), started_at)
 
 

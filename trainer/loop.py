@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import expert_parallel, grad_accum
+from trainer import checkpoint, expert_parallel, grad_accum
 from trainer.data import MockData
 from trainer.distributed import Dist, all_reduce_sum
 from trainer.energy import StepEnergy
@@ -136,6 +136,11 @@ class Trainer:
                              self.accum, self.device)
         self.inject_nan = _inject_nan_steps()
         self.skipped = self.nan_steps = self.completed = 0
+        # checkpoint.load_from: weights, moments, RNG of a saved step; training goes on from the next one.
+        self.start_step = 0
+        if recipe.checkpoint.load_from is not None:
+            self.start_step = self.completed = checkpoint.load(self, recipe.checkpoint.load_from)
+            log(f"continuing from {checkpoint.resolve(recipe.checkpoint.load_from)} after step {self.start_step}")
 
     def _outside_ddp(self) -> OutsideDDP | None:
         """With world > 1: the gradients DDP cannot reduce (EP experts over the expert-data-parallel group, fused
@@ -296,12 +301,16 @@ class Trainer:
         return mem
 
     def run(self, on_row: Callable[[dict], None], out_dir: Path | None = None) -> None:
-        t = self.recipe.training
+        """Steps start_step + 1 .. training.steps (a loaded checkpoint's next step, else 1); `out_dir` is the run
+        directory (profiles, checkpoint.save_at)."""
+        t, save_at = self.recipe.training, self.recipe.checkpoint.save_at
+        if save_at is not None and out_dir is None:
+            raise ValueError("checkpoint.save_at needs the run directory (Trainer.run's out_dir)")
         profiler = StepProfiler(out_dir, self.dist.rank)
         energy = StepEnergy(self.device)  # NVML energy_j per step on a GPU; nothing on CPU
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # SYNC: start the first step's clock on an idle GPU
-        for step in range(1, t.steps + 1):
+        for step in range(self.start_step + 1, t.steps + 1):
             profiler.before_step(step)
             energy.start()
             row = self.train_step(step)
@@ -312,6 +321,8 @@ class Trainer:
             on_row(row)
             if step % t.log_interval == 0 or step == t.steps:
                 self.log(format_row(row, t.steps))
+            if step == save_at and self.dist.rank == 0:  # outside the timed step; every rank holds the state
+                self.log(f"checkpoint saved: {checkpoint.save(self, out_dir, step)}")
 
 
 def format_row(row: dict, steps: int) -> str:

@@ -199,6 +199,19 @@ class OptimizerConfig(_Strict):
     )
 
 
+class CheckpointConfig(_Strict):
+    """Save the training state after a step, or continue from a saved one (trainer/checkpoint.py)."""
+
+    save_at: int | None = Field(
+        None, ge=1, description="Save weights, AdamW moments, RNG and data position after this step, into "
+        "<run dir>/checkpoint/step-<N>/ (expert weights per expert: loads into either model.moe.expert_weights)."
+    )
+    load_from: str | None = Field(
+        None, min_length=1, description="Continue from this checkpoint (a checkpoint/step-<N> directory, or a run "
+        "directory: its latest checkpoint): training resumes at step N + 1 of training.steps."
+    )
+
+
 class Recipe(_Strict):
     """Everything one bundled-trainer run needs; the resolved recipe is written to recipe.yaml in the run dir."""
 
@@ -231,6 +244,9 @@ class Recipe(_Strict):
     cache_dir: str | None = Field(
         None, description="Root of rank-local JIT caches; else $MBX_CACHE_DIR, $XDG_CACHE_HOME/mbx, /tmp/mbx-cache-$USER."
     )
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Save and load the training state (none by default)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Recipe:
@@ -246,6 +262,9 @@ class Recipe(_Strict):
                 raise ValueError(f"recompute_modules applies only with recompute: selective (got {self.recompute})")
             if not self.recompute_modules or len(set(self.recompute_modules)) != len(self.recompute_modules):
                 raise ValueError(f"recompute_modules must be non-empty without repeats (got {self.recompute_modules})")
+        save_at = self.checkpoint.save_at
+        if save_at is not None and save_at > self.training.steps:
+            raise ValueError(f"checkpoint.save_at ({save_at}) must be ≤ training.steps ({self.training.steps})")
         return self
 
     def selective_modules(self) -> frozenset[str]:
@@ -403,6 +422,7 @@ def knob_problems(recipe: Recipe, device_type: str | None, arch: int | None, arc
     if recipe.cross_entropy == "te" and on_cpu:
         problems.append(f"cross_entropy: te (Transformer Engine parallel_cross_entropy) needs a CUDA GPU; {cpu}")
     problems.extend(_fusion_problems(recipe, on_cpu))
+    problems.extend(checkpoint_problems(recipe))
     if moe is not None:
         if moe.expert_wgrad == "te" and on_cpu:
             problems.append(f"model.moe.expert_wgrad: te (Transformer Engine grouped GEMM) needs a CUDA GPU; {cpu}")
@@ -415,6 +435,22 @@ def knob_problems(recipe: Recipe, device_type: str | None, arch: int | None, arc
             problems.append("recompute: full would recompute each MoE layer on the dispatcher stream (the backward "
                             "replays a layer on the stream of its last op, the combine); use selective, or "
                             "model.moe.dispatch_overlap: false")
+    return problems
+
+
+def checkpoint_problems(recipe: Recipe) -> list[str]:
+    """What checkpoints cannot cover yet: expert-parallel shards and TE GroupedLinear experts."""
+    ckpt, moe = recipe.checkpoint, recipe.model.moe
+    if ckpt.save_at is None and ckpt.load_from is None:
+        return []
+    key = "checkpoint.save_at" if ckpt.save_at is not None else "checkpoint.load_from"
+    problems = []
+    if recipe.parallel.expert > 1:
+        problems.append(f"{key}: checkpoints hold every expert on one rank; expert parallelism (parallel.expert "
+                        f"= {recipe.parallel.expert}) shards them, which is not supported yet: use parallel.expert: 1")
+    if moe is not None and moe.grouped_gemm == "te":
+        problems.append(f"{key}: checkpoints of TE GroupedLinear experts (model.moe.grouped_gemm: te) are not "
+                        "supported yet: use grouped_gemm: torch or loop")
     return problems
 
 

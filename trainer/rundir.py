@@ -19,6 +19,7 @@ Files (who writes each: see ARCHITECTURE.md)::
     hung.json       the engine's note that it cancelled a command that logged every step but did not exit
     logs/           stdout/stderr per rank
     requeued/<n>/   what a run interrupted by a Slurm requeue left (node side moves it there)
+    checkpoint/step-<N>/   the bundled trainer's saved state after step N (trainer/checkpoint.py: the format)
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ EXIT = "exit.json"
 HUNG = "hung.json"
 LOGS = "logs"
 REQUEUED = "requeued"
+CHECKPOINTS = "checkpoint"  # checkpoint/step-<N>/, each with CHECKPOINT_META (written last: a complete one)
+CHECKPOINT_META = "checkpoint.json"
 # What a rerun of the same job (Slurm requeue) must not mix with the interrupted run's outputs.
 RUN_OUTPUTS = (STATUS, EXIT, METRICS, ENV, NODE, LOGS)
 
@@ -111,6 +114,24 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+# ---- checkpoint/step-<N>/ --------------------------------------------------------------------------------
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    """Where the bundled trainer saves its state after `step`."""
+    return Path(run_dir) / CHECKPOINTS / f"step-{step}"
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints (their CHECKPOINT_META exists) under a run dir, ascending."""
+    steps = []
+    for path in (Path(run_dir) / CHECKPOINTS).glob("step-*"):
+        number = path.name.removeprefix("step-")
+        if number.isdigit() and (path / CHECKPOINT_META).is_file():
+            steps.append(int(number))
+    return sorted(steps)
 
 
 # ---- status.json -----------------------------------------------------------------------------------------

@@ -13,6 +13,9 @@ Two CPU ranks over gloo (what the tests run):
 FLOPs per step of a recipe (no torch import):
     python -m trainer flops --recipe recipe.yaml --world-size 8
 Overrides: --set training.steps=5 --set model.moe.capacity_factor=1.25
+Save after step 3, then continue from it (in either model.moe.expert_weights layout):
+    python -m trainer --recipe recipe.yaml --out runs/a --set checkpoint.save_at=3
+    python -m trainer --recipe recipe.yaml --out runs/b --set checkpoint.load_from=runs/a/checkpoint/step-3
 
 Run directory (global rank 0 writes the shared files):
     env.json       host, GPU, driver/CUDA/torch/NCCL/TE versions, world size (at start)
@@ -20,6 +23,7 @@ Run directory (global rank 0 writes the shared files):
     metrics.jsonl  one row per step, flushed per line
     status.json    completed | failed (+ one-line reason), written last and atomically
     logs/jit-cache-rank<r>.json   the JIT cache dirs each rank used (every rank)
+    checkpoint/step-<N>/          with checkpoint.save_at: N, the state after step N (trainer/checkpoint.py)
 """
 
 from __future__ import annotations
