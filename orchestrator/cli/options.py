@@ -1,7 +1,16 @@
-"""Shared CLI option types (Annotated aliases) so every command spells them the same way."""
+"""Shared CLI option types (Annotated aliases): every command spells the same thing the same way.
+
+The grammar (tests/test_cli_grammar.py checks it on the real app):
+- `mbx NOUN [ACTION] CAMPAIGN ...`: the campaign (a name in the store, or a file where one is read) is the first
+  argument of every command that acts on one;
+- one long name and one short flag per meaning, here, used everywhere: `--workspace/-w`, `--point/-p`,
+  `--out/-o`, `--file/-f`, `--markdown/-m`, `--launcher/-l`, `--parallel/-j`; `--json` (no short flag) on every
+  command that prints a result; `--min-effect` is one type, a percent.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +18,15 @@ import typer
 
 DEFAULT_WORKSPACE = Path("mbx-workspace")
 
+# --- what a command acts on -------------------------------------------------------------------------------------
+CampaignFileArg = Annotated[
+    Path, typer.Argument(help="Campaign YAML file (see `mbx schema campaign`).", show_default=False)
+]
+CampaignNameArg = Annotated[
+    str, typer.Argument(help="Campaign name, as in the file's `name:` (the store's name).", show_default=False)
+]
+
+# --- where ------------------------------------------------------------------------------------------------------
 WorkspaceOpt = Annotated[
     Path,
     typer.Option(
@@ -19,13 +37,63 @@ WorkspaceOpt = Annotated[
         show_default=True,
     ),
 ]
-CampaignFileArg = Annotated[
-    Path, typer.Argument(help="Campaign YAML file (see `mbx schema campaign`).", show_default=False)
+CheckWorkspaceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--workspace",
+        "-w",
+        help="Also check that the baseline campaign (`baseline:`) is in this workspace's store.",
+        show_default=False,
+    ),
 ]
-CampaignNameArg = Annotated[
-    str, typer.Argument(help="Campaign name, as in the file's `name:`.", show_default=False)
+OutFileOpt = Annotated[
+    Path | None, typer.Option("--out", "-o", help="Write to this file [default: print it].", show_default=False)
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
+OutDirOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Directory to write.", show_default=False)]
+CampaignFileOpt = Annotated[
+    Path | None,
+    typer.Option("--file", "-f", help="A campaign file (the same name) to take settings from.", show_default=False),
+]
+
+# --- what is printed --------------------------------------------------------------------------------------------
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the result as JSON on stdout (progress and notes go to stderr).")
+]
+MarkdownOpt = Annotated[
+    bool, typer.Option("--markdown", "-m", help="Print the result as Markdown on stdout (paste it into a PR).")
+]
+
+# --- which point ------------------------------------------------------------------------------------------------
+PointOpt = Annotated[
+    str | None,
+    typer.Option("--point", "-p", help="The point: its point id, label or a cell id.", show_default=False),
+]
+RequiredPointOpt = Annotated[
+    str, typer.Option("--point", "-p", help="The point: its point id, label or a cell id.", show_default=False)
+]
+
+# --- how it runs ------------------------------------------------------------------------------------------------
+LauncherOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--launcher",
+        "-l",
+        help="Backend: local, submitit, nemo-run [default: the campaign's].",
+        show_default=False,
+    ),
+]
+ParallelOpt = Annotated[
+    int | None,
+    typer.Option("--parallel", "-j", min=1, help="Attempts running (or queued on Slurm) at once.", show_default=False),
+]
+ReportOpt = Annotated[bool, typer.Option("--report/--no-report", help="Write the report page when done.")]
+WandbOpt = Annotated[
+    bool, typer.Option("--wandb/--no-wandb", help="Log every attempt to W&B (mode from the campaign; offline default).")
+]
+InconclusiveOkOpt = Annotated[
+    bool,
+    typer.Option("--inconclusive-ok", help="Exit 0 instead of 3 when no point failed but some are inconclusive."),
+]
 MaxCellsOpt = Annotated[
     int | None,
     typer.Option(
@@ -37,5 +105,103 @@ MaxCellsOpt = Annotated[
             "[default: 10000]."
         ),
         show_default=False,
+    ),
+]
+GpuOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu",
+        help="Target GPU (H200, H100-80GB, GB200, B200, A100-80GB, ... or a size like 80GiB): points whose "
+        "memory estimate does not fit are infeasible and skipped [default: the campaign's resources.gpu].",
+        show_default=False,
+    ),
+]
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="Refuse the whole campaign (exit 2) if any point is infeasible, instead of skipping those points.",
+    ),
+]
+MetricOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--metric",
+        help="step_time, tflops, peak_alloc, peak_reserved or final_loss.",
+        show_default=False,
+    ),
+]
+
+
+# --- how much matters: --min-effect, one type (a percent) everywhere --------------------------------------------
+@dataclass(frozen=True)
+class MinEffect:
+    """`--min-effect`: the smallest relative change that matters, in percent (`1` and `1%` are both 1 %);
+    `mbx compare` also takes per-metric values (`2,final_loss=0.5`)."""
+
+    text: str
+    percent: float | None = None  # the value for every metric (None: the command's default)
+    per_metric: dict[str, float] = field(default_factory=dict)  # metric -> percent
+
+    @property
+    def fraction(self) -> float | None:
+        """The value for every metric as a fraction (1 % -> 0.01), None when only per-metric values were given."""
+        return None if self.percent is None else self.percent / 100
+
+    def fractions(self) -> dict[str, float]:
+        return {name: pct / 100 for name, pct in self.per_metric.items()}
+
+    def fraction_text(self) -> str:
+        """The same thresholds written as fractions (`0.02,final_loss=0.005`), as orchestrator/judge/compare.py reads."""
+        parts = [] if self.percent is None else [f"{self.percent / 100:g}"]
+        return ",".join(parts + [f"{name}={pct / 100:g}" for name, pct in self.per_metric.items()])
+
+    def single(self) -> float | None:
+        """The one value (a fraction) of a command that judges one metric; per-metric values are refused."""
+        if self.per_metric:
+            raise typer.BadParameter(f"{self.text!r}: per-metric values apply to `mbx compare` only; give one percent")
+        return self.fraction
+
+
+def _percent(text: str, whole: str) -> float:
+    number = text.strip().removesuffix("%").strip()
+    try:
+        value = float(number)
+    except ValueError:
+        raise typer.BadParameter(f"{whole!r}: {text.strip()!r} is not a number (a percent, e.g. 1 or 1.5%)") from None
+    if not 0 <= value < 100:
+        raise typer.BadParameter(f"{whole!r}: {value:g} is not a percent in [0, 100)")
+    return value
+
+
+def parse_min_effect(text: str | MinEffect) -> MinEffect:
+    """`1`, `1.5%`, `2,final_loss=0.5%`, `step_time=1%` -> MinEffect (percent); BadParameter (exit 2) otherwise."""
+    if isinstance(text, MinEffect):
+        return text
+    percent: float | None = None
+    per_metric: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        name, sep, value = part.partition("=")
+        if sep:
+            per_metric[name.strip()] = _percent(value, text)
+        elif percent is None:
+            percent = _percent(part, text)
+        else:
+            raise typer.BadParameter(f"{text!r}: two values for every metric; give one (and METRIC=PCT entries)")
+    if percent is None and not per_metric:
+        raise typer.BadParameter("an empty value; give a percent, e.g. 1 or 1.5%")
+    if percent is not None and percent < 0.5 and "%" not in str(text).split(",")[0]:
+        typer.echo(f"note: --min-effect {text} is {percent:g}% (a percent: 1 is 1%)", err=True)
+    return MinEffect(str(text), percent, per_metric)
+
+
+MIN_EFFECT_HELP = (
+    "Smallest relative change that matters, in percent: 1 (or 1%) is 1% [before 2026-12-05 bisect and freeze "
+    "took a fraction, 0.01]."
+)
+MinEffectOpt = Annotated[
+    MinEffect | None,
+    typer.Option(
+        "--min-effect", parser=parse_min_effect, metavar="PERCENT", help=MIN_EFFECT_HELP, show_default=False
     ),
 ]
