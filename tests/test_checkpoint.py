@@ -8,6 +8,8 @@
   (tests/test_trainer_parity.py: the grad norm splits a single weight per expert, AdamW is elementwise); the
   per-expert slices of a single weight and its moments are exactly the discrete tensors.
 - A checkpoint without its AdamW moments continues differently (what the equality above would catch).
+- `checkpoint.reload_with` through `python -m trainer`: save at 3 with single, reload as discrete in the same run
+  == the straight run, bitwise.
 - A bad `checkpoint.load_from` (missing directory, another model's shape) exits 2 with one line naming the key.
 """
 
@@ -112,18 +114,19 @@ def test_dropping_the_moments_changes_the_continuation(tmp_path):
     assert continued[-1]["loss"] != full[-1]["loss"]
 
 
-def test_entry_point_saves_and_continues_as_discrete(tmp_path):
-    """`python -m trainer` end to end: save at 3 with single, continue from the run dir as discrete."""
-    recipe = trainer_helpers.recipe_dict(**{"training.steps": 5})
-    a = run_trainer(tmp_path / "a", recipe, "--set", "checkpoint.save_at=3")
+def test_entry_point_reloads_as_discrete_in_one_run(tmp_path):
+    """`python -m trainer` with checkpoint.reload_with: save at 3 with single, a fresh trainer loads it as
+    discrete and trains steps 4-5 == the straight run that saved at 3 (all rows bitwise)."""
+    recipe = trainer_helpers.recipe_dict(**{"training.steps": 5, "checkpoint.save_at": 3})
+    a = run_trainer(tmp_path / "a", recipe)
     assert a.returncode == 0, a.stderr
-    b = run_trainer(tmp_path / "b", recipe, "--set", f"checkpoint.load_from={tmp_path / 'a'}",
-                    "--set", "model.moe.expert_weights=discrete")
+    reload = {**recipe, "checkpoint": {"save_at": 3, "reload_with": {"model.moe.expert_weights": "discrete"}}}
+    b = run_trainer(tmp_path / "b", reload)
     assert b.returncode == 0, b.stderr
-    assert "continuing from" in b.stdout and "after step 3" in b.stdout
+    assert "checkpoint saved: " in b.stdout and "continuing from " in b.stdout and "after step 3" in b.stdout
     rows_a, rows_b = trainer_helpers.metrics(tmp_path / "a"), trainer_helpers.metrics(tmp_path / "b")
-    assert [r["step"] for r in rows_b] == [4, 5]
-    assert [(r["loss"], r["grad_norm"]) for r in rows_b] == [(r["loss"], r["grad_norm"]) for r in rows_a[3:]]
+    assert [r["step"] for r in rows_b] == [1, 2, 3, 4, 5]
+    _assert_bitwise(rows_b, rows_a)
     assert rundir.read_status(tmp_path / "b")["steps_completed"] == 5
 
 
@@ -157,5 +160,11 @@ def test_checks_before_anything_is_built(tmp_path):
         Trainer(_recipe(**{"checkpoint.load_from": str(tmp_path / "a"), "training.global_batch_size": 2}), CPU)
     with pytest.raises(ValueError, match=r"checkpoint.save_at \(9\) must be ≤ training.steps \(6\)"):
         _recipe(**{"checkpoint.save_at": 9})
+    with pytest.raises(ValueError, match=r"checkpoint.reload_with needs checkpoint.save_at before training.steps"):
+        _recipe(**{"checkpoint.reload_with": {}})
+    with pytest.raises(ValueError, match=r"checkpoint.reload_with: model.hidden_size cannot change"):
+        _recipe(**{"checkpoint.save_at": 2, "checkpoint.reload_with": {"model.hidden_size": 64}})
+    with pytest.raises(ValueError, match=r"checkpoint.reload_with: model.moe.expert_weights: Input should be"):
+        _recipe(**{"checkpoint.save_at": 2, "checkpoint.reload_with": {"model.moe.expert_weights": "stacked"}})
     ep = _recipe(**{"checkpoint.save_at": 2, "parallel.expert": 2})
     assert any(p.startswith("checkpoint.save_at: ") and "parallel.expert" in p for p in launch_problems(ep, 2))

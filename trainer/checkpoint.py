@@ -32,7 +32,7 @@ from trainer import rundir
 from trainer.adamw_pa import PrecisionAwareAdamW
 from trainer.moe import stacked_expert_weights
 from trainer.parallelize import unwrap
-from trainer.recipe import ModelConfig, Recipe
+from trainer.recipe import Recipe, model_shape
 
 if TYPE_CHECKING:
     from trainer.loop import Trainer
@@ -72,21 +72,6 @@ def slots(trainer: Trainer) -> list[Slot]:
     stacked = stacked_expert_weights(model)
     return [Slot(canonical_name(name), p, masters.get(id(p), p), id(p) in stacked)
             for name, p in model.named_parameters() if p.requires_grad]
-
-
-def model_shape(cfg: ModelConfig) -> dict[str, Any]:
-    """The model keys that decide the parameters' shapes (resolved: None defaults spelled out)."""
-    moe = cfg.moe
-    return {
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_attention_heads, "num_query_groups": cfg.kv_heads,
-        "head_dim": cfg.kv_channels, "ffn_hidden_size": cfg.ffn_hidden_size, "activation": cfg.activation,
-        "moe": moe is not None,
-        "moe.num_experts": moe and moe.num_experts, "moe.ffn_hidden_size": moe and moe.ffn_hidden_size,
-        "moe.layer_freq": moe and moe.layer_freq, "moe.num_shared_experts": moe and moe.num_shared_experts,
-        "moe.shared_expert_ffn_hidden_size": moe and moe.num_shared_experts and (
-            moe.shared_expert_ffn_hidden_size or moe.ffn_hidden_size * moe.num_shared_experts),
-    }  # fmt: skip
 
 
 # ---- saving ---------------------------------------------------------------------------------------------------

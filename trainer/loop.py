@@ -310,7 +310,9 @@ class Trainer:
         energy = StepEnergy(self.device)  # NVML energy_j per step on a GPU; nothing on CPU
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # SYNC: start the first step's clock on an idle GPU
-        for step in range(self.start_step + 1, t.steps + 1):
+        # With checkpoint.reload_with this trainer stops at its save; trainer.train continues in a fresh one.
+        last = save_at if self.recipe.checkpoint.reload_with is not None else t.steps
+        for step in range(self.start_step + 1, last + 1):
             profiler.before_step(step)
             energy.start()
             row = self.train_step(step)

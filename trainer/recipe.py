@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 BLACKWELL_ONLY_PRECISIONS = ("mxfp8", "nvfp4")
 QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")  # Transformer Engine modules under te.autocast
@@ -210,6 +210,12 @@ class CheckpointConfig(_Strict):
         None, min_length=1, description="Continue from this checkpoint (a checkpoint/step-<N> directory, or a run "
         "directory: its latest checkpoint): training resumes at step N + 1 of training.steps."
     )
+    reload_with: dict[str, Any] | None = Field(
+        None, description="Dotted recipe keys → values, e.g. {model.moe.expert_weights: discrete}: after saving at "
+        "save_at, the same process builds a fresh trainer from the recipe with these changes, loads the checkpoint "
+        "just saved and trains the remaining steps (save with one layout, load with another, in one run); {} "
+        "reloads unchanged. The model's shape, training.seed and training.steps cannot change."
+    )
 
 
 class Recipe(_Strict):
@@ -265,7 +271,44 @@ class Recipe(_Strict):
         save_at = self.checkpoint.save_at
         if save_at is not None and save_at > self.training.steps:
             raise ValueError(f"checkpoint.save_at ({save_at}) must be ≤ training.steps ({self.training.steps})")
+        if self.checkpoint.reload_with is not None:
+            self._check_reload()
         return self
+
+    def reloaded(self, load_from: str) -> Recipe:
+        """The recipe a `checkpoint.reload_with` run continues with: the overrides applied, loading `load_from`,
+        saving nothing."""
+        data = self.model_dump(mode="json")
+        for key, value in (self.checkpoint.reload_with or {}).items():
+            node = data
+            *parents, last = key.split(".")
+            for part in parents:
+                if not isinstance(node.get(part), dict):
+                    node[part] = {}
+                node = node[part]
+            node[last] = value
+        data["checkpoint"] = {"load_from": load_from}
+        return Recipe.model_validate(data)
+
+    def _check_reload(self) -> None:
+        """reload_with: after a save before the last step; what it changes valid and loadable."""
+        ckpt, t = self.checkpoint, self.training
+        if ckpt.save_at is None or ckpt.save_at >= t.steps:
+            raise ValueError(f"checkpoint.reload_with needs checkpoint.save_at before training.steps ({t.steps}): "
+                             "the reloaded trainer trains the steps after it")
+        if bad := [k for k in ckpt.reload_with if k.split(".")[0] == "checkpoint"]:
+            raise ValueError(f"checkpoint.reload_with: {bad[0]}: the checkpoint keys are set by the reload itself")
+        try:
+            again = self.reloaded("-")
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"checkpoint.reload_with: {where + ': ' if where else ''}{first['msg']}") from None
+        changed = [f"model.{k}" for k, v in model_shape(self.model).items() if model_shape(again.model)[k] != v]
+        changed += [f"training.{k}" for k in ("seed", "steps") if getattr(again.training, k) != getattr(t, k)]
+        if changed:
+            raise ValueError(f"checkpoint.reload_with: {changed[0]} cannot change (the checkpoint's weights and "
+                             "data position must fit the reloaded trainer)")
 
     def selective_modules(self) -> frozenset[str]:
         """What selective recompute covers (empty unless recompute is selective)."""
@@ -292,6 +335,22 @@ class Recipe(_Strict):
     def global_batch(self, world_size: int) -> int:
         dp = self.data_parallel_size(world_size)
         return self.training.global_batch_size or self.training.micro_batch_size * dp
+
+
+def model_shape(cfg: ModelConfig) -> dict[str, Any]:
+    """The model keys that decide the parameters' shapes (resolved: None defaults spelled out); a checkpoint
+    loads only into a model with the same ones."""
+    moe = cfg.moe
+    return {
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads, "num_query_groups": cfg.kv_heads,
+        "head_dim": cfg.kv_channels, "ffn_hidden_size": cfg.ffn_hidden_size, "activation": cfg.activation,
+        "moe": moe is not None,
+        "moe.num_experts": moe and moe.num_experts, "moe.ffn_hidden_size": moe and moe.ffn_hidden_size,
+        "moe.layer_freq": moe and moe.layer_freq, "moe.num_shared_experts": moe and moe.num_shared_experts,
+        "moe.shared_expert_ffn_hidden_size": moe and moe.num_shared_experts and (
+            moe.shared_expert_ffn_hidden_size or moe.ffn_hidden_size * moe.num_shared_experts),
+    }  # fmt: skip
 
 
 # What the bundled trainer implements today; pre-submit checks reject the rest.

@@ -34,6 +34,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -109,6 +110,19 @@ def _raise_on_sigterm(signum: int, _frame: object) -> None:
         raise SystemExit(f"terminated by signal {name}")
 
 
+def _reload(first: Trainer, dist: distributed.Dist, out_dir: Path, on_row: Callable[[dict], None]) -> Trainer:
+    """checkpoint.reload_with: a fresh trainer, built from the recipe with its changes, loads the checkpoint the
+    first one saved and trains the remaining steps (its rows follow the first's in metrics.jsonl)."""
+    if dist.initialized:
+        torch.distributed.barrier()  # global rank 0 has written the checkpoint
+    saved = rundir.checkpoint_dir(out_dir, first.completed)
+    second = Trainer(first.recipe.reloaded(str(saved)), dist, log=lambda line: print(line, flush=True))
+    second.skipped, second.nan_steps = first.skipped, first.nan_steps
+    _KEPT_UNTIL_EXIT.append(first)  # freed only at exit (see _KEPT_UNTIL_EXIT)
+    second.run(on_row=on_row, out_dir=out_dir)
+    return second
+
+
 def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
     """Train, write the run directory; 0 on success, 1 on failure (status.json says why)."""
     started_at = started_at or time.time()
@@ -134,6 +148,8 @@ def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
         print(trainer.describe(), flush=True)
         metrics = MetricsWriter(out_dir) if is_main else None
         trainer.run(on_row=metrics.write if metrics else lambda row: None, out_dir=out_dir)
+        if recipe.checkpoint.reload_with is not None:  # the run goes on in a fresh trainer from its checkpoint
+            trainer = _reload(trainer, dist, out_dir, metrics.write if metrics else lambda row: None)
     except BaseException as err:  # noqa: BLE001 (Ctrl-C and SystemExit are failures too)
         _RAISE_ON_SIGTERM[0] = False
         state, reason, rc = "failed", one_line(err), 1
