@@ -19,7 +19,7 @@ from conftest import ROOT
 PACKAGES = ("orchestrator", "launchers", "reports", "trainer")
 HEAVY = ("scipy", "numpy", "wandb", "optuna", "torch", "plotly", "jinja2")
 # The torch-free trainer modules the login side may import (ARCHITECTURE.md).
-TRAINER_FOR_LOGIN = {"trainer.recipe", "trainer.rundir", "trainer.flops", "trainer.memory"}
+TRAINER_FOR_LOGIN = {"trainer.recipe", "trainer.rundir", "trainer.atomic", "trainer.flops", "trainer.memory"}
 TRAINER_FOR_LAUNCHERS = {"trainer.rundir", "trainer.jit_cache"}
 
 
@@ -155,9 +155,6 @@ def test_no_import_cycles_counting_function_level_imports() -> None:
     assert cycles() == []
 
 
-@pytest.mark.xfail(strict=True, reason="launchers/backends/submitit_slurm.py imports submitit's private "
-                                       "_make_sbatch_string and _get_default_parameters, nemo_run.py nemo_run's "
-                                       "_current_experiment (issue 22: submitit's public API)")  # fmt: skip
 def test_no_private_names_of_other_libraries() -> None:
     found = []
     for name, path in modules().items():

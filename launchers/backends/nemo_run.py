@@ -105,18 +105,17 @@ class NemoRunSettings(SlurmSettings):
 
 @contextlib.contextmanager
 def inside_experiment(experiment: Any) -> Iterator[Any]:
-    """NeMo-Run only adds and runs tasks inside an experiment's context; set it without __exit__'s side effects."""
-    from nemo_run.run.experiment import _current_experiment
-
-    token = _current_experiment.set(experiment)
+    """`with experiment:` (NeMo-Run adds and runs tasks only inside an experiment's context), with stdin closed to
+    it: NeMo-Run's tunnels (invoke) would otherwise read and forward ours. Quiet with `clean_mode=True`; after a
+    detached run, leaving it marks the experiment done, as NeMo-Run's own `with exp: exp.run(detach=True)`."""
     stdin = sys.stdin
-    sys.stdin = open(os.devnull)  # NeMo-Run's tunnels (invoke) would otherwise read and forward our stdin
+    sys.stdin = open(os.devnull)
     try:
-        yield experiment
+        with experiment:
+            yield experiment
     finally:
         sys.stdin.close()
         sys.stdin = stdin
-        _current_experiment.reset(token)
 
 
 @contextlib.contextmanager
@@ -275,8 +274,10 @@ class NemoRunLauncher(SlurmLauncher):
         return run.Script(path=shlex.quote(argv[2]), args=[shlex.quote(a) for a in argv[3:]],
                           entrypoint=shlex.join(argv[:2]))  # fmt: skip
 
-    def experiment(self, specs: list[LaunchSpec]) -> Any:
-        """The batch's Experiment: deterministic id (campaign + batch key), one task per attempt (or per pack)."""
+    @contextlib.contextmanager
+    def experiment(self, specs: list[LaunchSpec]) -> Iterator[Any]:
+        """The batch's Experiment, entered: deterministic id (campaign + batch key), one task per attempt (or per
+        pack), to dry-run or run inside the same context."""
         run = import_nemo_run()
         title = safe_name(f"mbx-{specs[0].campaign}")
         table = self._table(specs)
@@ -287,11 +288,11 @@ class NemoRunLauncher(SlurmLauncher):
         with inside_experiment(experiment):
             if self.settings.pack > 1:
                 self._add_packs(experiment, specs, table)
-                return experiment
-            for index, spec in enumerate(specs):
-                name = safe_name(f"{spec.cell_id}-a{spec.attempt}")
-                experiment.add(self.script(table, index), executor=self.executor(spec), name=name)
-        return experiment
+            else:
+                for index, spec in enumerate(specs):
+                    name = safe_name(f"{spec.cell_id}-a{spec.attempt}")
+                    experiment.add(self.script(table, index), executor=self.executor(spec), name=name)
+            yield experiment
 
     def _packs(self, specs: list[LaunchSpec]) -> list[list[LaunchSpec]]:
         """Packs of `pack` same-shape attempts, in the order their points appear in the task table."""
@@ -342,10 +343,9 @@ class NemoRunLauncher(SlurmLauncher):
         scripts: dict[Path, str] = {}
         commands: list[list[str]] = []
         with dry_run_lock(self._base_dir(specs[0])):
-            experiment = self.experiment(specs)
+            with self.experiment(specs) as experiment:
+                experiment.dryrun(log=False, exist_ok=True, delete_exp_dir=True)
             try:
-                with inside_experiment(experiment):
-                    experiment.dryrun(log=False, exist_ok=True, delete_exp_dir=True)
                 for job in experiment.jobs:
                     executor = job.executor
                     path = Path(executor.experiment_dir) / f"{executor.job_name}_sbatch.sh"
@@ -359,8 +359,7 @@ class NemoRunLauncher(SlurmLauncher):
     def launch(self, rendered: Rendered) -> list[Submitted]:
         # A fresh Experiment: reusing the dry-run one would make NeMo-Run serialize its shared tunnel (with every
         # task's packaging job) into every task, three times over (quadratic in the number of tasks).
-        experiment = self.experiment(rendered.specs)
-        with inside_experiment(experiment), self._local_path():
+        with self.experiment(rendered.specs) as experiment, self._local_path():
             experiment.run(detach=True)
         now = time.time()
         table = next(iter(rendered.files))
