@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import trainers
 from orchestrator.errors import RunError, UsageError
 from orchestrator.run.outfile import write_out
 from orchestrator.run.regate import PointVerdict, judge_campaign
@@ -171,8 +172,9 @@ def export_card(
         "rejected": _rejected(frozen),
         "campaign": reproduce,
     }
-    if cell.trainer_kind == "bundled":
-        body["recipe"] = cell.recipe
+    recipe = trainers.get(cell.trainer_kind).resolved_recipe(cell.recipe)
+    if recipe is not None:
+        body["recipe"] = recipe
     document = {"title": title or campaign, "summary": str((record.get("spec") or {}).get("description") or ""),
                 "items": {item: {_gpu(fingerprint): body}}}  # fmt: skip
     notes = [f"{len(cells) - len(done)} of {len(cells)} repeats did not complete and are left out"] if len(

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from orchestrator import trainers
 from orchestrator.errors import ConfigError, RunError, UsageError
 from orchestrator.judge.freeze import Frozen
 from orchestrator.run.outfile import write_out
@@ -60,12 +61,8 @@ def frozen_campaign(frozen: Frozen, repeats: int, gates: dict[str, float]) -> di
     spec["description"] = (f"Frozen from {frozen.campaign} point {frozen.winner.point_id} [{frozen.winner.label}] on "
                            f"{frozen.frozen_at}: {frozen.how}")  # fmt: skip
     spec["gates"] = {**kept_gates, **gates}
-    if frozen.trainer_kind == "bundled":
-        spec["trainer"] = {"kind": "bundled", "recipe": frozen.recipe}
-        spec["resources"] = frozen.resources
-        spec["sweep"] = {"repeats": repeats}
-    else:
-        spec["sweep"] = {"cells": [frozen.winner.params] if frozen.winner.params else [], "repeats": repeats}
+    kind = trainers.get(frozen.trainer_kind)
+    spec.update(kind.frozen_sections(frozen.recipe, frozen.resources, frozen.winner.params, repeats))
     return spec
 
 
@@ -159,8 +156,9 @@ def write_frozen(frozen: Frozen, out: Path, repeats: int = 3, margin: float | No
     gates, gate_lines = portable_gates(frozen, margin)
     campaign = frozen_campaign(frozen, repeats, gates)
     files = {"campaign.yaml": dump_yaml(campaign), "FROZEN.md": markdown(frozen, repeats, gate_lines)}
-    if frozen.trainer_kind == "bundled":
-        files["recipe.yaml"] = dump_yaml(frozen.recipe)
+    recipe = trainers.get(frozen.trainer_kind).resolved_recipe(frozen.recipe)
+    if recipe is not None:
+        files["recipe.yaml"] = dump_yaml(recipe)
     record = {"campaign": frozen.campaign, "point": frozen.winner.point_id, "label": frozen.winner.label,
               "params": frozen.winner.params, "how": frozen.how, "frozen_at": frozen.frozen_at, "gates": gates,
               "fingerprint": frozen.winner.repeats[0].fingerprint if frozen.winner.repeats else {},

@@ -157,6 +157,18 @@ class TrainerKind(abc.ABC):
         """Before collection: write what the kind's process did not (metrics.jsonl, status.json)."""
         return None
 
+    # ---- what freeze and cards carry ---------------------------------------------------------------------
+    def resolved_recipe(self, recipe: dict[str, Any]) -> dict[str, Any] | None:
+        """The resolved recipe a point of this kind runs from, for freeze's recipe.yaml and a card's `recipe`;
+        None when the kind runs a command (its point is its params)."""
+        return None
+
+    def frozen_sections(self, recipe: dict[str, Any], resources: dict[str, Any], params: dict[str, Any],
+                        repeats: int) -> dict[str, Any]:
+        """The campaign sections that run one frozen point `repeats` times (freeze's campaign.yaml): by
+        default the point's params as its only sweep cell."""
+        return {"sweep": {"cells": [params] if params else [], "repeats": repeats}}
+
     @abc.abstractmethod
     def planned_steps(self, cell: CellRow) -> int | None:
         """The training steps an attempt of this cell should make (None: not known before it runs)."""

@@ -94,6 +94,15 @@ class BundledKind(TrainerKind):
         spec.env.update(profile_spec.trainer_env(campaign.profile))
         return spec
 
+    def resolved_recipe(self, recipe: dict[str, Any]) -> dict[str, Any] | None:
+        return recipe
+
+    def frozen_sections(self, recipe: dict[str, Any], resources: dict[str, Any], params: dict[str, Any],
+                        repeats: int) -> dict[str, Any]:
+        """The resolved recipe itself (no sweep left to resolve), its resources, `repeats` repeats."""
+        return {"trainer": {"kind": "bundled", "recipe": recipe}, "resources": resources,
+                "sweep": {"repeats": repeats}}  # fmt: skip
+
     def planned_steps(self, cell: CellRow) -> int | None:
         steps = (cell.recipe.get("training") or {}).get("steps")
         return int(steps) if isinstance(steps, int) else None
