@@ -29,6 +29,7 @@ WRITE_STATUS = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import os; from
                 "{'state': 'completed', 'world_size': int(os.environ['WORLD_SIZE'])}, rundir.TRAINER)")  # fmt: skip
 CRASH_RANK1 = "import os, sys, time; os.environ['RANK'] == '1' and sys.exit(3); time.sleep(300)"
 HANG = "import time; time.sleep(300)"
+UP_THEN_HANG = "import os, time; print('up', os.environ['RANK'], flush=True); time.sleep(300)"
 
 
 def _spec(workspace: Path, cell: str, code: str) -> LaunchSpec:
@@ -56,7 +57,7 @@ def test_one_allocation_isolates_its_points(slurm, tmp_path: Path) -> None:
                                 profile)  # fmt: skip
     launcher.settle_s = 1.0
     cells = [("ok-a", WRITE_STATUS), ("crash", CRASH_RANK1), ("ok-b", WRITE_STATUS), ("hang", HANG),
-             ("victim", HANG), ("ok-c", WRITE_STATUS)]  # fmt: skip
+             ("victim", UP_THEN_HANG), ("ok-c", WRITE_STATUS)]  # fmt: skip
     specs = [_spec(workspace, cell, code) for cell, code in cells]
     (rendered,) = launcher.render(specs)
     assert (
@@ -73,9 +74,9 @@ def test_one_allocation_isolates_its_points(slurm, tmp_path: Path) -> None:
     while launcher.poll([victim])[victim.job_id] != JobState.RUNNING and time.time() < deadline:
         time.sleep(0.5)
     assert rundir.read_status(specs[3].run_dir)["state"] == "timeout", "points run one after the other"
-    while not (specs[4].run_dir / "node.json").exists() and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(1)  # the victim's ranks are up
+    rank_logs = [specs[4].run_dir / "logs" / f"rank-{r}.log" for r in (0, 1)]
+    while not all(log.exists() and "up" in log.read_text() for log in rank_logs) and time.time() < deadline:
+        time.sleep(0.2)  # until both of the victim's ranks are up
     launcher.cancel([victim])
     states = _wait(launcher, list(jobs.values()), 180)
     expected = {"ok-a": "completed", "crash": "failed", "ok-b": "completed", "hang": "timeout",
