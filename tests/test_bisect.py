@@ -102,7 +102,7 @@ def test_bisect_names_the_recompute_commit_and_resumes(tmp_path, mbx, write_camp
     shas = make_repo(tmp_path / "lib")
     path = campaign(tmp_path, write_campaign)
     workspace = tmp_path / "ws"
-    args = ("bisect", str(path), "--good", shas[0], "--bad", "main", "-w", str(workspace), "--min-effect", "0.4",
+    args = ("bisect", str(path), "--good", shas[0], "--bad", "main", "-w", str(workspace), "--min-effect", "40",
             "--max-repeats", "8", "--json")  # fmt: skip
     done = mbx(*args, env=cache_env)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -137,7 +137,7 @@ def test_bisect_refuses_ends_that_do_not_differ(tmp_path, mbx, write_campaign):
                            "env": {"values": {"SLOW": "1.0"}}, "wandb": {"mode": "disabled"},
                            "launchers": {"local": {"parallel": 2}}})  # fmt: skip
     done = mbx("bisect", str(path), "--key", "env.SLOW", "--values", "1.0,1.00,1.000", "-w", str(tmp_path / "ws"),
-               "--min-effect", "0.4", "--repeats", "2", "--max-repeats", "8")  # fmt: skip
+               "--min-effect", "40", "--repeats", "2", "--max-repeats", "8")  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "refused: the ends do not differ" in done.stdout
     assert len([p for p in (tmp_path / "ws").glob("replayed.bisect-*/*/*") if p.name.isdigit()]) == 2 * 2, (

@@ -184,10 +184,10 @@ def test_different_hardware_is_refused_unless_allowed(workspace: Path) -> None:
     [
         (("base", "nope"), "campaign 'nope' is not in the store"),
         (("base", "fused", "--metric", "latency"), "--metric latency: unknown"),
-        (("base", "fused", "--min-effect", "5"), "--min-effect 5.0: must be a fraction"),
+        (("base", "fused", "--min-effect", "150"), "--min-effect 150: 150 is not a percent in [0, 100)"),
         (("base", "fused", "--min-effect", "latency=1%"), "unknown metric 'latency'"),
         (("base", "fused", "--min-effect", "step_time=x"), "'x' is not a number"),
-        (("base", "fused", "--min-effect", "final_loss=200%"), "must be a fraction in [0, 1)"),
+        (("base", "fused", "--min-effect", "final_loss=200%"), "200 is not a percent in [0, 100)"),
         (("base", "fused", "--pair", "x"), "expected A_POINT_OR_CELL:B_POINT_OR_CELL"),
         (("base", "fused", "--pair", "zzz:7db0e86111"), "A has no point or cell 'zzz'"),
         (

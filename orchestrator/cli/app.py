@@ -1,54 +1,97 @@
-"""The `mbx` command: Typer root app, sub-apps joined with add_typer, and clean error exits."""
+"""The `mbx` command: the root app (one sub-app per noun, loaded when named), and clean error exits."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
-from rich.console import Console
-from rich.text import Text
+from typer.core import TyperGroup
 
-from orchestrator.cli import bisect as cli_bisect
-from orchestrator.cli import campaign as cli_campaign
-from orchestrator.cli import card as cli_card
-from orchestrator.cli import compare as cli_compare
-from orchestrator.cli import freeze as cli_freeze
-from orchestrator.cli import golden as cli_golden
-from orchestrator.cli import ingest as cli_ingest
-from orchestrator.cli import profile as cli_profile
-from orchestrator.cli import report as cli_report
-from orchestrator.cli import store as cli_store
 from orchestrator.errors import ConfigError, MbxError, printable
-from reports.limits import LimitError
+
+if TYPE_CHECKING:
+    import click
+
+
+class Noun(NamedTuple):
+    module: str  # orchestrator/cli/<module>.py, whose `app` holds the noun's actions
+    help: str  # the one line `mbx --help` shows
+    group: bool = True  # `mbx NOUN ACTION ...`; False: the noun has one action (`mbx compare A B`)
+
+
+# The grammar: `mbx NOUN [ACTION] [CAMPAIGN] [OPTIONS]`. A noun with several actions is a group
+# (`mbx campaign run FILE`); a noun with one action takes its arguments directly (`mbx compare A B`).
+NOUNS: dict[str, Noun] = {
+    "campaign": Noun("campaign", "Define, check and run campaigns: validate, plan, run, resume, regate, status, "
+                                 "cancel, list."),  # fmt: skip
+    "compare": Noun("compare", "Compare two campaigns (or golden-values files) metric by metric: SAME / "
+                               "DIFFERENT / UNKNOWN.", group=False),  # fmt: skip
+    "bisect": Noun("bisect", "Find the first version (commit, image, pip version, env value) that changes a "
+                             "metric.", group=False),  # fmt: skip
+    "freeze": Noun("freeze", "Freeze the winner of a campaign with its evidence (recipe, campaign, FROZEN.md).",
+                   group=False),  # fmt: skip
+    "report": Noun("report", "Write a campaign's report site and its Markdown summary.", group=False),
+    "card": Noun("card", "Model verification cards: export, validate, check."),
+    "golden": Noun("golden", "Megatron-LM golden-values files: export."),
+    "ingest": Noun("ingest", "Bring past Megatron-LM / Megatron-Bridge logs into the run store.", group=False),
+    "store": Noun("store", "Look after the run store (mbx.sqlite) of a workspace: rebuild."),
+    "profile": Noun("profile", "Profiler traces: where the time of profiled steps went (show)."),
+    "schema": Noun("schema", "Print JSON Schemas of mbx files: campaign, recipe."),
+}
+
+
+class Nouns(TyperGroup):
+    """The root group: lists the nouns from NOUNS and imports a noun's module only when it is named."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(NOUNS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        noun = NOUNS.get(cmd_name)
+        if noun is None:
+            return None
+        module = importlib.import_module(f"orchestrator.cli.{noun.module}")
+        command = typer.main.get_group(module.app) if noun.group else typer.main.get_command(module.app)
+        command.name = cmd_name
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, noun.help) for name, noun in NOUNS.items()])
+
 
 app = typer.Typer(
     name="mbx",
+    cls=Nouns,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
-    help=(
-        "Benchmark campaigns for Megatron-style MoE training.\n\n"
-        "Define a campaign (a base recipe plus sweeps of knobs), run every point locally or on Slurm, "
-        "collect last-10-step TFLOP/s/GPU, step time, memory and loss, gate them and write a report.\n\n"
-        "Start here:  mbx campaign run campaigns/quickstart.yaml"
-    ),
+    rich_markup_mode=None,
+    add_completion=False,
 )
-app.add_typer(cli_campaign.app, name="campaign")
-app.command("report")(cli_report.report)
-app.command("ingest")(cli_ingest.ingest)
-app.command("compare")(cli_compare.compare)
-app.command("bisect")(cli_bisect.bisect)
-app.add_typer(cli_report.schema_app, name="schema")
-app.add_typer(cli_store.app, name="store")
-app.add_typer(cli_golden.app, name="golden")
-app.add_typer(cli_card.app, name="card")
-app.command("freeze")(cli_freeze.freeze)
-app.add_typer(cli_profile.app, name="profile")
 
-err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
+
+@app.callback()
+def root() -> None:
+    """Benchmark campaigns for Megatron-style MoE training.
+
+    Define a campaign (a base recipe plus sweeps of knobs), run every point locally or on Slurm, collect
+    last-10-step TFLOP/s/GPU, step time, memory and loss, gate them and write a report.
+
+    Grammar: mbx NOUN [ACTION] CAMPAIGN [OPTIONS]. The same option means the same thing everywhere:
+    --workspace/-w (or MBX_WORKSPACE), --point/-p, --out/-o, --file/-f, --launcher/-l, --parallel/-j,
+    --markdown/-m, --min-effect (a percent); --json on every command that prints a result.
+    Exit codes: 0 ok, 1 failed, 2 bad input, 3 inconclusive.
+
+    Example: mbx campaign run campaigns/quickstart.yaml
+    """
+
+
 MAX_ERRORS = 50  # problems printed per error; MBX_MAX_ERRORS=N prints more (0: all)
 MAX_LINE = 2000  # characters of one problem line printed (the rest is cut with "…")
+DEBUG_HINT = "(set MBX_DEBUG=1 for a traceback)"
 
 
 def shown_problems(lines: list[str], limit: int = MAX_ERRORS) -> list[str]:
@@ -65,20 +108,42 @@ def _error_limit() -> int:
     return int(value) if value.isdigit() else MAX_ERRORS
 
 
-def main() -> None:
-    """Entry point: run the app; MbxError → one message per problem on stderr (the first MAX_ERRORS) and
-    its exit code."""
+def _print_error(lines: list[str], hint: bool) -> None:
+    from rich.text import Text
+
+    from orchestrator.cli.terminal import err
+
+    for line in shown_problems(lines, _error_limit()):
+        err(soft_wrap=True).print(Text.assemble(("error: ", "bold red"), line))
+    if hint:  # only where there is a traceback worth showing: a bug, or a failure with an underlying cause
+        err(soft_wrap=True).print(Text(DEBUG_HINT, style="dim"))
+
+
+def run(cli: Any, args: list[str] | None = None) -> None:
+    """Run a Typer app with mbx's exits: MbxError -> one line per problem (the first MAX_ERRORS) and its exit
+    code; bad input (exit 2) without the MBX_DEBUG hint; an unexpected exception (a bug) -> one line, the hint,
+    exit 1. MBX_DEBUG=1 lets every exception through with its traceback."""
+    from reports.limits import LimitError
+
+    debug = os.environ.get("MBX_DEBUG") == "1"
     try:
-        app()
+        cli(args=args)
     except (MbxError, LimitError) as caught:
-        if os.environ.get("MBX_DEBUG") == "1":
+        if debug:
             raise
-        err = caught if isinstance(caught, MbxError) else ConfigError(str(caught))  # an input over a limit
-        for line in shown_problems(err.lines(), _error_limit()):
-            err_console.print(Text.assemble(("error: ", "bold red"), line))
-        if err.exit_code == 2:
-            err_console.print(Text("(set MBX_DEBUG=1 for a traceback)", style="dim"))
-        sys.exit(err.exit_code)
+        error = caught if isinstance(caught, MbxError) else ConfigError(str(caught))  # an input over a limit
+        _print_error(error.lines(), hint=error.exit_code != 2 and caught.__cause__ is not None)
+        sys.exit(error.exit_code)
+    except Exception as caught:  # noqa: BLE001 - a bug in mbx: say what, point at the traceback
+        if debug:
+            raise
+        _print_error([f"internal error: {type(caught).__name__}: {caught}"], hint=True)
+        sys.exit(1)
+
+
+def main() -> None:
+    """Entry point (`mbx`, `python -m orchestrator`)."""
+    run(app)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,20 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from orchestrator.cli.options import DEFAULT_WORKSPACE, CampaignFileArg, JsonOpt, WorkspaceOpt
+from orchestrator.cli.options import (
+    DEFAULT_WORKSPACE,
+    CampaignFileArg,
+    JsonOpt,
+    LauncherOpt,
+    MarkdownOpt,
+    MinEffectOpt,
+    ParallelOpt,
+    WorkspaceOpt,
+)
+from orchestrator.cli.terminal import console, err, noun_app
 
-console = Console(highlight=False, markup=False, emoji=False)
-err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
+app = noun_app("Find the first version (commit, image, pip version, env value) that changes a metric.")
 _STYLE = {"bad": "bold red", "good": "green", "unknown": "yellow"}
 
 
@@ -35,10 +41,6 @@ ValuesOpt = Annotated[
     str | None,
     typer.Option("--values", help="Comma-separated values of --key in order, good first, bad last."),
 ]
-LauncherOpt = Annotated[
-    str | None, typer.Option("--launcher", "-l", help="Backend (default: the campaign's).")
-]
-ParallelOpt = Annotated[int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running at once.")]
 RepeatsOpt = Annotated[
     int | None,
     typer.Option("--repeats", min=2, help="Repeats per version (default: sweep.repeats if set, else 3)."),
@@ -49,12 +51,9 @@ BudgetOpt = Annotated[
 MetricOpt = Annotated[
     str, typer.Option("--metric", help="step_time, tflops, peak_alloc, peak_reserved, final_loss.")
 ]
-EffectOpt = Annotated[
-    float, typer.Option("--min-effect", help="Smallest relative change that matters (0.01 = 1%).")
-]
-MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print the result as Markdown (for a PR).")]
 
 
+@app.command()
 def bisect(
     file: CampaignFileArg,
     good: GoodOpt = None,
@@ -68,7 +67,7 @@ def bisect(
     repeats: RepeatsOpt = None,
     max_repeats: BudgetOpt = 10,
     metric: MetricOpt = "step_time",
-    min_effect: EffectOpt = 0.01,
+    min_effect: MinEffectOpt = None,
     markdown: MarkdownOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -87,18 +86,25 @@ def bisect(
 
     Exit codes: 0 the first bad version is named; 1 refused: the ends do not differ (or did not run);
     2 bad input; 3 inconclusive (the ends, or a probe, undecided within the budget).
+
+    --min-effect is a percent [default: 1].
+
+    Example: mbx bisect campaigns/quickstart.yaml --good v1.0 --bad main --min-effect 5 --markdown
     """
+    from rich.text import Text
+
     from orchestrator.flow import bisect as search
     from orchestrator.spec.loader import load_campaign
 
+    effect = 0.01 if min_effect is None else min_effect.single()  # a percent on the command line
     campaign = load_campaign(file)
     plan = search.make_plan(campaign, file, good=good, bad=bad, repo=repo, key=key, values=values,
-                            repeats=repeats, max_repeats=max_repeats, metric=metric, min_effect=min_effect)  # fmt: skip
+                            repeats=repeats, max_repeats=max_repeats, metric=metric, min_effect=effect)  # fmt: skip
     runner = search.Search(
         campaign, file, plan, Path(workspace), {"launcher": launcher, "parallel": parallel}
     )
-    runner.log = lambda line: err_console.print(Text(line, style="bold"))
-    err_console.print(Text(f"bisect {plan.key}: {len(plan.values)} versions ({plan.labels[0]} … {plan.labels[-1]}), "
+    runner.log = lambda line: err().print(Text(line, style="bold"))
+    err().print(Text(f"bisect {plan.key}: {len(plan.values)} versions ({plan.labels[0]} … {plan.labels[-1]}), "
                            f"campaign {plan.name} in {workspace}"))  # fmt: skip
     result = runner.run()
     if as_json:
@@ -112,6 +118,9 @@ def bisect(
 
 def show(result: object) -> None:
     """The final table: every measurement, then the first bad version (or why there is none) and the diagnosis."""
+    from rich.table import Table
+    from rich.text import Text
+
     from orchestrator.flow import bisect as search
 
     assert isinstance(result, search.Result)
@@ -122,8 +131,8 @@ def show(result: object) -> None:
     for m in result.measurements:
         table.add_row(str(m.index), Text(m.label), m.role, str(m.repeats), search.fmt_mean(m),
                       Text(search.fmt_verdict(m), style=_STYLE.get(m.verdict, "")))  # fmt: skip
-    console.print(table)
+    console().print(table)
     style = "bold red" if result.culprit is not None else "bold yellow"
-    console.print(Text(result.message, style=style), soft_wrap=True)
+    console().print(Text(result.message, style=style), soft_wrap=True)
     for line in result.diagnosis:
-        console.print(Text(f"  diagnosis: {line}"), soft_wrap=True)
+        console().print(Text(f"  diagnosis: {line}"), soft_wrap=True)

@@ -3,64 +3,64 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
 from orchestrator.cli.options import (
     DEFAULT_WORKSPACE,
     CampaignFileArg,
+    CampaignFileOpt,
     CampaignNameArg,
+    CheckWorkspaceOpt,
+    GpuOpt,
+    InconclusiveOkOpt,
     JsonOpt,
+    LauncherOpt,
     MaxCellsOpt,
+    ParallelOpt,
+    ReportOpt,
+    StrictOpt,
+    WandbOpt,
     WorkspaceOpt,
 )
+from orchestrator.cli.terminal import console, emit_json, json_result, noun_app
 
-# Commands import the schema, store and engine lazily so `mbx --help` stays fast.
+# Commands import the schema, store, engine and Rich lazily so `mbx --help` and `validate` stay fast.
 
-app = typer.Typer(
-    no_args_is_help=True,
-    help="Define, check and run benchmark campaigns.",
+app = noun_app(
+    "Define, check and run campaigns: validate, plan, run, resume, regate, status, cancel, list.\n\n"
+    "Example: mbx campaign validate campaigns/quickstart.yaml"
 )
-console = Console(highlight=False, markup=False, emoji=False)
 
 
-InconclusiveOkOpt = Annotated[
-    bool,
-    typer.Option("--inconclusive-ok", help="Exit 0 instead of 3 when no point failed but some are inconclusive."),
-]
+def _closing(arguments: dict[str, Any], code: int) -> dict[str, Any]:
+    """`run/resume/regate --json`: the exit code and every cell as `mbx campaign status --json` prints them."""
+    from orchestrator.cli import status_view
+    from orchestrator.flow import runner
 
+    name = arguments.get("name")
+    if name is None:  # `run FILE`: the campaign's name from its file
+        from orchestrator.spec.loader import load_campaign
 
-GpuOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--gpu",
-        help="Target GPU (H200, H100-80GB, GB200, B200, A100-80GB, ... or a size like 80GiB): points whose "
-        "memory estimate does not fit are infeasible and skipped. Default: the campaign's resources.gpu.",
-    ),
-]
-StrictOpt = Annotated[
-    bool,
-    typer.Option(
-        "--strict",
-        help="Refuse the whole campaign (exit 2) if any point is infeasible, instead of skipping those points.",
-    ),
-]
+        name = load_campaign(arguments["file"]).name
+    if arguments.get("dry_run"):  # nothing was recorded
+        return {"campaign": name, "exit_code": code, "dry_run": True}
+    view = runner.view(arguments["workspace"], name, with_rows=False)
+    return {"campaign": name, "exit_code": code, "cells": status_view.status_payload(view)}
 
 
 @app.command()
 def validate(
     file: CampaignFileArg,
-    workspace: Annotated[
-        Path | None,
-        typer.Option("--workspace", "-w", help="Also check that the baseline campaign is in this workspace's store."),
-    ] = None,
+    workspace: CheckWorkspaceOpt = None,
     max_cells: MaxCellsOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Check a campaign file and every point of its sweep (exit 2 with `file: key: problem` lines if bad)."""
+    """Check a campaign file and every point of its sweep (exit 2 with `file: key: problem` lines if bad).
+
+    Example: mbx campaign validate campaigns/quickstart.yaml --json
+    """
     from orchestrator.spec.loader import load_campaign
     from orchestrator.spec.parity import with_parity_axes
     from orchestrator.trainers import expand
@@ -72,18 +72,19 @@ def validate(
 
         check_baseline(workspace, campaign, file)
     distinct = len({p.point_id for p in points})
-    console.print(
-        Text.assemble(
-            ("ok ", "bold green"),
-            f"{file}: campaign {campaign.name!r}, {distinct} point(s) × {campaign.sweep.repeats} repeat(s) = "
-            f"{len(points)} cell(s)",
-        )
-    )
+    if as_json:
+        emit_json({"ok": True, "file": str(file), "campaign": campaign.name, "points": distinct,
+                   "repeats": campaign.sweep.repeats, "cells": len(points)})  # fmt: skip
+        return
+    typer.secho("ok ", fg="green", bold=True, nl=False)  # plain echo: Rich stays off validate's path
+    typer.echo(f"{file}: campaign {campaign.name!r}, {distinct} point(s) × {campaign.sweep.repeats} repeat(s) = "
+               f"{len(points)} cell(s)")  # fmt: skip
 
 
 @app.command()
 def plan(
     file: CampaignFileArg,
+    workspace: CheckWorkspaceOpt = None,
     as_json: JsonOpt = False,
     max_cells: MaxCellsOpt = None,
     gpu: GpuOpt = None,
@@ -95,18 +96,25 @@ def plan(
     Each point's peak memory per GPU is estimated before submission (the bundled trainer's recipe, or the
     Megatron-LM flags of a command trainer); with a GPU (--gpu or resources.gpu) the headroom is shown and
     points that do not fit, or that break a parallel-layout rule, are marked INFEASIBLE with the reason:
-    `mbx campaign run` skips them (--strict refuses the campaign instead).
+    `mbx campaign run` skips them (--strict refuses the campaign instead). With --workspace, the baseline
+    campaign is checked to be in that workspace's store, as `validate` does.
+
+    Example: mbx campaign plan campaigns/quickstart.yaml --gpu H100-80GB --json
     """
     from orchestrator.run.feasibility import check_points, limits_of
     from orchestrator.run.plan_view import plan_text
     from orchestrator.spec.loader import load_campaign
-    from orchestrator.spec.parity import with_parity_axes
     from orchestrator.spec.sweep import swept_keys
+    from orchestrator.spec.parity import with_parity_axes
     from orchestrator.trainers import expand
 
     campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells, strict=strict)
     assessment = check_points(points, gpu, strict, str(file), limits_of(campaign))
+    if workspace is not None:
+        from orchestrator.flow.runner import check_baseline
+
+        check_baseline(workspace, campaign, file)
     if as_json:
         rows = assessment.by_point()
         payload = [
@@ -128,20 +136,14 @@ def plan(
 
 
 @app.command()
+@json_result(_closing)
 def run(
     file: CampaignFileArg,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
-    launcher: Annotated[
-        str | None,
-        typer.Option("--launcher", "-l", help="Backend: local, submitit, nemo-run (default: the campaign's)."),
-    ] = None,
-    parallel: Annotated[
-        int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running (or queued on Slurm) at once.")
-    ] = None,
-    report: Annotated[bool, typer.Option(help="Write the report page when done.")] = True,
-    wandb: Annotated[
-        bool, typer.Option(help="Log every attempt to W&B (mode from the campaign; offline default).")
-    ] = True,
+    launcher: LauncherOpt = None,
+    parallel: ParallelOpt = None,
+    report: ReportOpt = True,
+    wandb: WandbOpt = True,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -181,6 +183,11 @@ def run(
     through the same path a real run takes, and records nothing. For a `sweep.search` it renders the first
     batch the search would run (a halving's first rung at its run length, Optuna's first trial), since what
     follows depends on those results.
+
+    `--json` prints the progress on stderr and, at the end, the exit code and every cell (as `mbx campaign
+    status --json`) on stdout (with --dry-run, the scripts go to stderr).
+
+    Example: mbx campaign run campaigns/quickstart.yaml -w mbx-workspace -j 2
     """
     from orchestrator.flow import runner
     from orchestrator.spec.loader import load_campaign
@@ -201,21 +208,22 @@ def run(
 
 
 @app.command()
+@json_result(_closing)
 def resume(
     name: CampaignNameArg,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
-    parallel: Annotated[
-        int | None, typer.Option("--parallel", "-j", min=1, help="Attempts running at once.")
-    ] = None,
-    report: Annotated[bool, typer.Option(help="Write the report page when done.")] = True,
-    wandb: Annotated[bool, typer.Option(help="Log attempts to W&B.")] = True,
+    parallel: ParallelOpt = None,
+    report: ReportOpt = True,
+    wandb: WandbOpt = True,
     inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
     """Finish a campaign from the run store: adopt running attempts, run what is left, skip what completed.
 
     Exit codes: 0 every point passed; 1 a cell did not complete or a point failed a gate; 2 bad input;
     3 inconclusive (nothing failed, a point undecided; named on the closing line). `--inconclusive-ok`
-    turns 3 into 0.
+    turns 3 into 0. `--json`: as for `run`.
+
+    Example: mbx campaign resume quickstart -w mbx-workspace
     """
     from orchestrator.flow import runner
     from orchestrator.flow.search_run import resume_search
@@ -228,20 +236,23 @@ def resume(
 
 
 @app.command()
+@json_result(_closing)
 def regate(
     name: CampaignNameArg,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
-    file: Annotated[
-        Path | None,
-        typer.Option("--file", "-f", help="Take the gates from this campaign file (same name) and store them."),
-    ] = None,
+    file: CampaignFileOpt = None,
     inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
     """Judge every stored result of a campaign again with its gates, and print the verdicts that changed.
 
     With --file, the gates come from that (changed) campaign file and become the campaign's gates. Exit
-    codes as for `run`, from the points' verdicts: 0 pass, 1 fail, 2 bad input, 3 inconclusive.
+    codes as for `run`, from the points' verdicts: 0 pass, 1 fail, 2 bad input, 3 inconclusive. `--json`: as
+    for `run`. --file/-f: take the gates from this campaign file (the same name) and store them.
+
+    Example: mbx campaign regate quickstart --file campaigns/quickstart.yaml
     """
+    from rich.text import Text
+
     from orchestrator.flow import runner
     from orchestrator.run.progress import print_changes
 
@@ -251,13 +262,13 @@ def regate(
     counts = ", ".join(f"{sum(p.verdict == v for p in points)} {v}" for v in ("pass", "fail", "inconclusive", "none")
                        if any(p.verdict == v for p in points))  # fmt: skip
     gates = "gates updated" if done.gates_changed else "gates unchanged"
-    console.print(Text(f"{name}: {len(points)} point(s) judged ({counts or 'none finished'}); {gates}; "
+    console().print(Text(f"{name}: {len(points)} point(s) judged ({counts or 'none finished'}); {gates}; "
                        f"{done.rewritten} stored result(s) rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
     if done.parity:  # a parity campaign: its pairs are judged again too, and count in the exit code
         from orchestrator.judge.closing import parity_lines
 
         for line in parity_lines(done.parity):
-            console.print(line, soft_wrap=True)
+            console().print(line, soft_wrap=True)
     code = runner.verdicts_exit_code(points, inconclusive_ok)
     raise typer.Exit(runner.parity_exit_code(done.parity, code, inconclusive_ok))
 
@@ -266,7 +277,10 @@ def regate(
 def status(
     name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE, as_json: JsonOpt = False
 ) -> None:
-    """Show every cell's state, attempt, window figures and verdict."""
+    """Show every cell's state, attempt, window figures and verdict.
+
+    Example: mbx campaign status quickstart -w mbx-workspace --json
+    """
     from orchestrator.cli import status_view
     from orchestrator.flow import runner
 
@@ -274,30 +288,42 @@ def status(
     if as_json:
         typer.echo(json.dumps(status_view.status_payload(view), indent=2))
         return
-    console.print(status_view.status_table(view))
+    console().print(status_view.status_table(view))
     for line in status_view.damaged_lines(view):
-        console.print(line)
+        console().print(line)
     for line in status_view.verdict_lines(workspace, view):  # parity pairs, the best point (orchestrator/judge/best.py)
-        console.print(line, soft_wrap=True)
+        console().print(line, soft_wrap=True)
 
 
 @app.command()
-def cancel(name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -> None:
-    """Cancel every queued or running attempt of a campaign."""
+def cancel(name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE, as_json: JsonOpt = False) -> None:
+    """Cancel every queued or running attempt of a campaign.
+
+    Example: mbx campaign cancel quickstart -w mbx-workspace
+    """
     from orchestrator.flow import runner
 
     count = runner.cancel_campaign(workspace, name)
-    console.print(Text(f"cancelled {count} attempt(s) of {name!r}"))
+    if as_json:
+        emit_json({"campaign": name, "cancelled": count})
+        return
+    typer.echo(f"cancelled {count} attempt(s) of {name!r}")
 
 
 @app.command("list")
-def list_campaigns(workspace: WorkspaceOpt = DEFAULT_WORKSPACE) -> None:
-    """List the campaigns in a workspace."""
+def list_campaigns(workspace: WorkspaceOpt = DEFAULT_WORKSPACE, as_json: JsonOpt = False) -> None:
+    """List the campaigns in a workspace.
+
+    Example: mbx campaign list -w mbx-workspace --json
+    """
     from orchestrator.errors import UsageError
     from orchestrator.flow import runner
 
     names = runner.campaign_names(workspace)
     if not names:
         raise UsageError(f"no campaigns in workspace {workspace}")
+    if as_json:
+        emit_json(names)
+        return
     for name in names:
-        console.print(Text(name))
+        typer.echo(name)

@@ -7,33 +7,36 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from orchestrator.cli.options import DEFAULT_WORKSPACE, CampaignNameArg, WorkspaceOpt
-
-app = typer.Typer(
-    no_args_is_help=True,
-    help="Model verification cards (Megatron-Bridge's *.card.yaml): export, validate, check.",
+from orchestrator.cli.options import (
+    DEFAULT_WORKSPACE,
+    CampaignNameArg,
+    JsonOpt,
+    OutFileOpt,
+    RequiredPointOpt,
+    WorkspaceOpt,
 )
-console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, markup=False, emoji=False, soft_wrap=True)
+from orchestrator.cli.terminal import console, emit_json, err, noun_app
+
+app = noun_app(
+    "Model verification cards: export, validate, check (Megatron-Bridge's *.card.yaml).\n\n"
+    "Example: mbx card check quickstart quickstart.card.yaml"
+)
 VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "bold yellow", "none": "dim"}
+
+
+def _note(text: str) -> None:
+    from rich.text import Text
+
+    err(soft_wrap=True).print(Text(f"note: {text}"))
 
 
 @app.command()
 def export(
     campaign: CampaignNameArg,
-    point: Annotated[
-        str,
-        typer.Option("--point", "-p", help="Point id, cell id or label of the point.", show_default=False),
-    ],
+    point: RequiredPointOpt,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", "-o", help="Write the card here (default: print it).", show_default=False),
-    ] = None,
+    out: OutFileOpt = None,
     item: Annotated[str, typer.Option(help="The card item's name.")] = "pretrain_performance",
     margin: Annotated[
         float | None,
@@ -45,6 +48,7 @@ def export(
         ),  # fmt: skip
     ] = None,
     title: Annotated[str | None, typer.Option(help="The card's title [default: the campaign name].")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Write a card's performance item for one point, from all its completed repeats.
 
@@ -54,27 +58,34 @@ def export(
     for time and memory, the margin from a 99% prediction bound of the repeats' noise (at least 1%) unless
     --margin gives it. The item also carries `rejected` (every other point and why it lost, as mbx freeze
     judges) and `campaign`, the frozen campaign (this point alone, 3 repeats, the portable gates) that its
-    `command` reruns. The card is validated (secrets, accounts, paths) before it is written.
+    `command` reruns. The card is validated (secrets, accounts, paths) before it is written. --json prints
+    the card as JSON instead of YAML (with --out, the file is YAML and --json prints what was written).
 
     Example: mbx card export quickstart --point 3f2a9c01d2 --out quickstart.card.yaml
     """
+    from rich.text import Text
+
     from orchestrator.judge.card import export_card, write_card
     from orchestrator.spec.yamlio import dump_yaml
 
     done = export_card(workspace, campaign, point, item=item, margin=margin, title=title)
     for note in done.notes:
-        err_console.print(Text(f"note: {note}"))
+        _note(note)
     if out is None:
-        typer.echo(dump_yaml(done.document), nl=False)
+        emit_json(done.document) if as_json else typer.echo(dump_yaml(done.document), nl=False)
         return
     write_card(done.document, out)
-    err_console.print(Text.assemble(("wrote ", "bold green"), f"{out} from {campaign} point {done.point_id} "
-                                    f"({len(done.cells)} repeat(s))"))  # fmt: skip
+    if as_json:
+        emit_json({"written": str(out), "campaign": campaign, "point_id": done.point_id, "repeats": len(done.cells)})
+        return
+    err(soft_wrap=True).print(Text.assemble(("wrote ", "bold green"), f"{out} from {campaign} point "
+                                            f"{done.point_id} ({len(done.cells)} repeat(s))"))  # fmt: skip
 
 
 @app.command()
 def validate(
     files: Annotated[list[Path], typer.Argument(help="Card files (*.card.yaml).", show_default=False)],
+    as_json: JsonOpt = False,
 ) -> None:
     """Check cards before they are published.
 
@@ -82,25 +93,39 @@ def validate(
     command and finite positive metrics over a window of at least 10 steps; structured thresholds on the right
     side of the measured values; and no secrets (detect-secrets' plugins plus mbx's rules: WANDB_API_KEY=…,
     --wandb-key …, password=…; the value is never printed), account names, personal directories or absolute
-    paths anywhere. Exit 0 when every file validates, 2 otherwise (each problem named by file and key path)."""
+    paths anywhere. Exit 0 when every file validates, 2 otherwise (each problem named by file and key path;
+    with --json, every file and its problems on stdout as well).
+
+    Example: mbx card validate cards/*.card.yaml
+    """
     from orchestrator.errors import UsageError
     from orchestrator.judge.card import read_card
 
     problems: list[str] = []
+    results = []
     for file in files:
         try:
             read_card(file)
-            console.print(Text.assemble(("ok ", "bold green"), str(file)))
-        except UsageError as err:
-            problems += err.lines()
+            results.append({"file": str(file), "ok": True, "problems": []})
+            if not as_json:
+                typer.secho("ok ", fg="green", bold=True, nl=False)
+                typer.echo(str(file))
+        except UsageError as bad:
+            problems += bad.lines()
+            results.append({"file": str(file), "ok": False, "problems": bad.lines()})
+    if as_json:
+        emit_json(results)
     if problems:
         raise UsageError(problems)
 
 
 @app.command()
 def check(
-    card_file: Annotated[Path, typer.Argument(help="The card file.", show_default=False)],
-    campaign: Annotated[str, typer.Option("--campaign", "-c", help="Campaign to gate.", show_default=False)],
+    campaign: Annotated[str, typer.Argument(help="Campaign to gate, as named in the store.", show_default=False)],
+    card_file: Annotated[Path | None, typer.Argument(help="The card file.", show_default=False)] = None,
+    old_campaign: Annotated[
+        str | None, typer.Option("--campaign", "-c", hidden=True, help="Before 2026-12-05: CARD --campaign NAME.")
+    ] = None,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     item: Annotated[
         str | None,
@@ -111,16 +136,37 @@ def check(
     margin: Annotated[
         float, typer.Option(min=0.0, max=0.5, help="Margin for an item without structured thresholds.")
     ] = 0.05,
+    as_json: JsonOpt = False,
 ) -> None:
     """Gate every point of a campaign against a card item's thresholds.
 
-    Each point is judged from all its repeats (mean and 95% CI: a point passes only when the whole interval is on the right side). Exit 0 every point passes,
-    1 a point fails, 3 inconclusive (an interval across a threshold, or nothing finished)."""
+    Each point is judged from all its repeats (mean and 95% CI: a point passes only when the whole interval is
+    on the right side). Exit 0 every point passes, 1 a point fails, 3 inconclusive (an interval across a
+    threshold, or nothing finished). The campaign comes first, as everywhere (`CARD --campaign NAME`, the old
+    order, still works).
+
+    Example: mbx card check quickstart quickstart.card.yaml -w mbx-workspace --json
+    """
+    from rich.table import Table
+    from rich.text import Text
+
+    from orchestrator.errors import UsageError
     from orchestrator.judge.card import check_card
 
+    if old_campaign is not None:  # the old spelling: `card check CARD --campaign NAME`
+        if card_file is not None:
+            raise UsageError("--campaign: give the campaign once: `mbx card check CAMPAIGN CARD`")
+        campaign, card_file = old_campaign, Path(campaign)
+    if card_file is None:
+        raise UsageError(f"no card file to check {campaign!r} against: `mbx card check CAMPAIGN CARD`")
     checked = check_card(card_file, workspace, campaign, item=item, margin=margin)
     for note in checked.notes:
-        err_console.print(Text(f"note: {note}"))
+        _note(note)
+    if as_json:
+        emit_json({"campaign": campaign, "card": str(card_file), "item": checked.item, "exit_code": checked.exit_code,
+                   "points": [{"point_id": p.point_id, "label": p.label, "repeats": p.finished, "verdict": p.verdict,
+                               "why": p.why() if p.verdict != "pass" else ""} for p in checked.points]})  # fmt: skip
+        raise typer.Exit(checked.exit_code)
     table = Table(title=f"{campaign} against {card_file.name}: {checked.item}", title_justify="left")
     for column in ("point", "label", "repeats", "verdict", "why"):
         table.add_column(column)
@@ -128,5 +174,5 @@ def check(
         table.add_row(point.point_id, point.label, str(point.finished),
                       Text(point.verdict.upper(), style=VERDICT_STYLE.get(point.verdict, "")),
                       point.why() if point.verdict != "pass" else "")  # fmt: skip
-    console.print(table)
+    console(soft_wrap=True).print(table)
     raise typer.Exit(checked.exit_code)

@@ -9,14 +9,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from orchestrator.cli.options import DEFAULT_WORKSPACE, JsonOpt, WorkspaceOpt
+from orchestrator.cli.options import (
+    DEFAULT_WORKSPACE,
+    JsonOpt,
+    LauncherOpt,
+    MarkdownOpt,
+    MinEffect,
+    MinEffectOpt,
+    WorkspaceOpt,
+)
+from orchestrator.cli.terminal import console, noun_app
 from orchestrator.errors import RunError, UsageError
 
-console = Console(highlight=False, markup=False, emoji=False)
+app = noun_app("Compare two campaigns (or golden-values files) metric by metric: SAME / DIFFERENT / UNKNOWN.")
 
 _STYLE = {"DIFFERENT (worse)": "bold red", "DIFFERENT (better)": "green", "UNKNOWN": "yellow"}
 
@@ -32,14 +38,6 @@ MetricOpt = Annotated[
         "(default: all).",
     ),
 ]
-MinEffectOpt = Annotated[
-    str,
-    typer.Option(
-        "--min-effect",
-        help="Smallest relative change that matters: 0.01 or 1%, per metric too, e.g. `2%,final_loss=0.5%` or "
-        "`step_time=1%,peak_alloc=0.1%`.",
-    ),
-]
 PairOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -51,7 +49,6 @@ PairOpt = Annotated[
 HardwareOpt = Annotated[
     bool, typer.Option("--allow-different-hardware", help="Compare points measured on different GPU models.")
 ]
-MarkdownOpt = Annotated[bool, typer.Option("--markdown", "-m", help="Print a Markdown summary for a PR.")]
 RunOpt = Annotated[
     bool,
     typer.Option(
@@ -62,14 +59,6 @@ RunOpt = Annotated[
 ]
 RepeatsOpt = Annotated[
     int | None, typer.Option("--repeats", min=1, help="With --run: repeats per point (default: each file's).")
-]
-LauncherOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--launcher",
-        "-l",
-        help="With --run or --until-conclusive: the backend (default: the campaign's, or the one it was run with).",
-    ),
 ]
 UntilOpt = Annotated[
     bool,
@@ -96,12 +85,13 @@ HtmlOpt = Annotated[
 ]
 
 
+@app.command()
 def compare(
     a: SideAArg,
     b: SideBArg,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     metric: MetricOpt = None,
-    min_effect: MinEffectOpt = "0.01",
+    min_effect: MinEffectOpt = None,
     pair: PairOpt = None,
     allow_different_hardware: HardwareOpt = False,
     as_json: JsonOpt = False,
@@ -133,6 +123,11 @@ def compare(
     Exit codes: 0 every metric SAME (or below --min-effect, or better); 1 a metric DIFFERENT in the bad
     direction (slower, fewer TFLOP/s, more memory, higher loss), or with --run a cell that did not complete;
     3 an UNKNOWN (more repeats needed) and nothing worse; 2 bad input.
+
+    --min-effect is a percent [default: 1], for every metric and per metric: `2,final_loss=0.5` (a `%` sign
+    may follow each number). --launcher/-l applies with --run or --until-conclusive.
+
+    Example: mbx compare base fused -w mbx-workspace --min-effect 2 --markdown > compare.md
     """
     if repeats is not None and not run:
         raise UsageError("--repeats applies with --run (it sets the repeats of both campaign files)")
@@ -152,11 +147,11 @@ def compare(
 
 
 def _options(
-    metric: list[str] | None, min_effect: str, pair: list[str] | None, allow: bool
+    metric: list[str] | None, min_effect: MinEffect | None, pair: list[str] | None, allow: bool
 ) -> dict[str, Any]:
     from orchestrator.judge import compare as cmp
 
-    default, per_metric = cmp.parse_min_effect(min_effect)
+    default, per_metric = cmp.parse_min_effect(min_effect.fraction_text() if min_effect else "0.01")
     return dict(metrics=metric, min_effect=default, min_effects=per_metric, pairs=pair,
                 allow_different_hardware=allow)  # fmt: skip
 
@@ -204,15 +199,19 @@ def _output(result: Any, as_json: bool, markdown: bool) -> None:
 
 
 def _print(result: object) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     from orchestrator.judge import compare as cmp
 
     assert isinstance(result, cmp.Comparison)
+    out = console()
     by_name = {m.name: m for m in cmp.METRICS}
     for pair in result.pairs:
-        console.print(Text(cmp.pair_title(pair), style="bold"))
+        out.print(Text(cmp.pair_title(pair), style="bold"))
         for line in cmp.first_lines(pair):
             head, _, text = line.partition(": ")
-            console.print(Text.assemble((f"{head}: ", "bold"), text))
+            out.print(Text.assemble((f"{head}: ", "bold"), text))
         table = Table()
         for column, justify in (("metric", "left"), ("A", "right"), ("B", "right"), ("Δ", "right"),
                                 (cmp.ci_header(result), "left"), ("p", "right"), ("decision", "left")):  # fmt: skip
@@ -222,14 +221,14 @@ def _print(result: object) -> None:
             p = "–" if d.p_value is None else f"{d.p_value:.2g}"
             table.add_row(Text(by_name[name].label), cmp.fmt_value(d.mean_a), cmp.fmt_value(d.mean_b),
                           cmp.fmt_change(d), cmp.fmt_ci(d), p, Text(word, style=_STYLE.get(word, "")))  # fmt: skip
-        console.print(table)
+        out.print(table)
         lines = [("note: ", x) for x in pair.notes]
         lines += [("diagnosis: ", x) for x in pair.diagnosis] + [("", x) for x in cmp.advice(pair)]
         for head, text in lines:
-            console.print(Text.assemble((head, "bold"), text))
+            out.print(Text.assemble((head, "bold"), text))
     for line in result.unmatched:
-        console.print(Text.assemble(("unmatched: ", "yellow"), line))
+        out.print(Text.assemble(("unmatched: ", "yellow"), line))
     word = {0: "SAME", 1: "WORSE", 3: "UNKNOWN"}[result.exit_code]
-    console.print(Text(f"rule: {cmp.rule_text(result)}", style="dim"))
-    console.print(Text(f"{word}: {result.a} → {result.b}, practical threshold {cmp.threshold_text(result)}",
+    out.print(Text(f"rule: {cmp.rule_text(result)}", style="dim"))
+    out.print(Text(f"{word}: {result.a} → {result.b}, practical threshold {cmp.threshold_text(result)}",
                        style="bold"))  # fmt: skip

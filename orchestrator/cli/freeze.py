@@ -6,21 +6,25 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
-from orchestrator.cli.options import DEFAULT_WORKSPACE, CampaignNameArg, WorkspaceOpt
+from orchestrator.cli.options import (
+    DEFAULT_WORKSPACE,
+    CampaignNameArg,
+    JsonOpt,
+    MinEffectOpt,
+    OutDirOpt,
+    PointOpt,
+    WorkspaceOpt,
+)
+from orchestrator.cli.terminal import console, emit_json, noun_app
 
-console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
+app = noun_app("Freeze the winner of a campaign with its evidence (recipe, campaign, FROZEN.md).")
 
 
+@app.command()
 def freeze(
     campaign: CampaignNameArg,
-    point: Annotated[
-        str | None,
-        typer.Option("--point", "-p", help="Freeze this point (id, label or cell id) instead of the best.",
-                     show_default=False),
-    ] = None,
+    point: PointOpt = None,
     best: Annotated[
         bool, typer.Option("--best", help="Freeze the best point (the default without --point).")
     ] = False,
@@ -32,24 +36,16 @@ def freeze(
     tie_break: Annotated[
         str, typer.Option(help="Among points not DIFFERENT from the leader: memory | step_time | tflops.")
     ] = "memory",
-    min_effect: Annotated[
-        float | None,
-        typer.Option(min=0.0, max=0.99, help="Smallest relative difference that counts as a win "
-                     "[default: a search's min_effect, else 0.01].", show_default=False),
-    ] = None,
+    min_effect: MinEffectOpt = None,
     repeats: Annotated[int, typer.Option(min=1, help="Repeats in the reproducing campaign.")] = 3,
     margin: Annotated[
         float | None,
         typer.Option(min=0.0, max=0.5, help="Margin of the portable gates [default: from the repeats' noise].",
                      show_default=False),
     ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out", "-o", help="Directory to write [default: WORKSPACE/CAMPAIGN/frozen].", show_default=False
-        ),  # fmt: skip
-    ] = None,
+    out: OutDirOpt = None,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+    as_json: JsonOpt = False,
 ) -> None:
     """Freeze the winner of a campaign, with its evidence.
 
@@ -63,6 +59,10 @@ def freeze(
     campaign.yaml (the winner with --repeats repeats and portable gates), FROZEN.md (Frozen configuration,
     Performance result, Validation, Rejected experiments: paste it into a PR) and frozen.json.
 
+    --point/-p freezes that point (id, label or cell id) instead of the best; --min-effect is a percent
+    [default: a search's min_effect, else 1]; --out/-o is the directory [default: WORKSPACE/CAMPAIGN/frozen];
+    --json prints the winner, the rejected points and the files written as JSON.
+
     Example: mbx freeze quickstart --out frozen/
     """
     from orchestrator.errors import UsageError
@@ -73,25 +73,39 @@ def freeze(
         raise UsageError("--point and --best: give one (without either, the best point is frozen)")
     if out is not None:
         check_out_dir(out)  # before the store is read: a bad --out costs nothing
+    effect = None if min_effect is None else min_effect.single()  # a percent on the command line
     frozen = pick(workspace, campaign, point=point, objective=by,
-                  tie_break=tie_break, min_effect=min_effect)  # fmt: skip
+                  tie_break=tie_break, min_effect=effect)  # fmt: skip
     target = out or workspace / campaign / "frozen"
     check_out_dir(target)
     try:
         written = write_frozen(frozen, target, repeats=repeats, margin=margin)
     except OSError as err:  # a folder that cannot be made or written after the check (read-only file system...)
         raise UsageError(f"--out {target}: cannot be written ({err.strerror or err})") from None
+    if as_json:
+        w = frozen.winner
+        emit_json({"campaign": campaign, "point_id": w.point_id, "label": w.label, "how": frozen.how,
+                   "rejected": [{"point_id": r.point_id, "label": r.label, "kind": r.kind, "why": r.why}
+                                for r in frozen.rejected], "written": [str(p) for p in written]})  # fmt: skip
+        return
     _print_frozen(campaign, frozen, written)
 
 
 def _print_frozen(campaign: str, frozen: Any, written: list[Path]) -> None:
     """The winner and how it was picked, each rejected point and why, the files written."""
+    from rich.text import Text
+
+    console = _out()
     w = frozen.winner
     console.print(Text.assemble(("frozen ", "bold green"), f"{campaign} point {w.point_id} [{w.label}]: {frozen.how}"))
     for rejected in frozen.rejected:
         console.print(Text(f"  rejected {rejected.point_id} [{rejected.label}] ({rejected.kind}): {rejected.why}"))
     for path in written:
         console.print(Text(f"  wrote {path}"))
+
+
+def _out() -> Any:
+    return console(soft_wrap=True)
 
 
 def check_out_dir(out: Path) -> None:

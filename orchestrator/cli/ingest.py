@@ -6,15 +6,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
-from orchestrator.cli.options import DEFAULT_WORKSPACE, WorkspaceOpt
+from orchestrator.cli.options import DEFAULT_WORKSPACE, JsonOpt, WorkspaceOpt
+from orchestrator.cli.terminal import console, emit_json, noun_app
 
 if TYPE_CHECKING:
     from orchestrator.run.ingest import Ingested
 
-console = Console(highlight=False, markup=False, emoji=False)
+app = noun_app("Bring past Megatron-LM / Megatron-Bridge logs into the run store.")
+
+
+def _out():  # noqa: ANN202 - Rich's Console, made on first use
+    return console()
 
 
 def _params(pairs: list[str]) -> dict[str, Any]:
@@ -36,18 +39,22 @@ def _params(pairs: list[str]) -> dict[str, Any]:
     return params
 
 
+@app.command()
 def ingest(
+    campaign: Annotated[
+        str, typer.Argument(help="Campaign to add the run to (created if new).", show_default=False)
+    ],
     logs: Annotated[
-        list[Path],
+        list[Path] | None,
         typer.Argument(
             help="Log files of one run (one per rank, or one merged), or folders of them.", show_default=False
         ),
-    ],
-    campaign: Annotated[
-        str, typer.Option("--campaign", "-c", help="Campaign to add the run to (created if new).")
-    ],
+    ] = None,
+    old_campaign: Annotated[
+        str | None, typer.Option("--campaign", "-c", hidden=True, help="Before 2026-12-05: LOG... --campaign NAME.")
+    ] = None,
     log_format: Annotated[
-        str, typer.Option("--format", "-f", help="Log dialect: megatron-lm, megatron-bridge or auto.")
+        str, typer.Option("--format", help="Log dialect: megatron-lm, megatron-bridge or auto.")
     ] = "auto",
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     seq_length: Annotated[
@@ -75,7 +82,6 @@ def ingest(
         list[str] | None,
         typer.Option(
             "--param",
-            "-p",
             help="KEY=VALUE knob of the run (repeatable), e.g. env.NUM_OF_TOKENS_PER_CHUNK_COMBINE_API=128; "
             "a campaign whose cells have the same swept values compares with it through `baseline:`.",
         ),
@@ -86,6 +92,7 @@ def ingest(
     replace: Annotated[
         bool, typer.Option(help="Ingest logs already ingested again, as a new attempt of their cell.")
     ] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Turn existing Megatron logs into a run directory and store rows (state, failure class, window summary,
     default gates), so `mbx campaign status`, `mbx report` and `baseline:` treat them like new runs.
@@ -93,11 +100,17 @@ def ingest(
     A log that stops before its planned iterations, or that holds impossible figures (a negative or non-finite step
     time, throughput, token rate or memory), is recorded failed with the reason, never passed.
 
-    Exits 2 without writing anything when a log is missing or holds no iteration lines.
+    Exits 2 without writing anything when a log is missing or holds no iteration lines. The campaign comes
+    first, as everywhere (`LOG... --campaign NAME`, the old order, still works). --json prints the cell, its
+    state, verdict and window summary as JSON.
+
+    Example: mbx ingest past-runs logs/run-0412/*.log --format megatron-lm -w mbx-workspace
     """
     from orchestrator.errors import UsageError
     from orchestrator.run.ingest import ingest_logs
     from reports.parsers import FORMATS
+
+    campaign, logs = _campaign_and_logs(campaign, logs or [], old_campaign)
 
     if log_format not in FORMATS:
         raise UsageError(f"--format: must be one of {', '.join(FORMATS)} (got {log_format!r})")
@@ -105,10 +118,33 @@ def ingest(
         workspace, logs, campaign, log_format, seq_length=seq_length, num_gpus=num_gpus, steps=steps,
         label=label, params=_params(param or []), exit_code=exit_code, replace=replace,
     )  # fmt: skip
+    if as_json:
+        emit_json({"campaign": result.campaign, "cell_id": result.cell_id, "attempt": result.attempt,
+                   "already": result.already, "steps": result.steps, "state": result.state,
+                   "failure_class": result.failure_class, "reason": result.reason, "verdict": result.verdict,
+                   "summary": result.summary, "run_dir": result.run_dir})  # fmt: skip
+        return
     _print_result(result, workspace)
 
 
+def _campaign_and_logs(first: str, rest: list[Path], old_campaign: str | None) -> tuple[str, list[Path]]:
+    """(campaign, logs) from `CAMPAIGN LOG...`, or from the old `LOG... --campaign NAME`."""
+    from orchestrator.errors import UsageError
+
+    if old_campaign is not None:
+        return old_campaign, [Path(first), *rest]
+    if Path(first).exists():  # a log (or its folder) where the campaign goes: the old order without --campaign
+        raise UsageError(f"{first}: a path where the campaign goes; the campaign comes first: "
+                         "`mbx ingest CAMPAIGN LOG...`")  # fmt: skip
+    if not rest:
+        raise UsageError(f"no logs to ingest into {first!r}: `mbx ingest CAMPAIGN LOG...`")
+    return first, rest
+
+
 def _print_result(result: Ingested, workspace: Path) -> None:
+    from rich.text import Text
+
+    console = _out()
     if result.already:
         console.print(
             Text(f"already ingested: cell {result.cell_id} (attempt {result.attempt}) of {result.campaign!r} holds "

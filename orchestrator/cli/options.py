@@ -16,6 +16,8 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.errors import UsageError
+
 DEFAULT_WORKSPACE = Path("mbx-workspace")
 
 # --- what a command acts on -------------------------------------------------------------------------------------
@@ -159,7 +161,7 @@ class MinEffect:
     def single(self) -> float | None:
         """The one value (a fraction) of a command that judges one metric; per-metric values are refused."""
         if self.per_metric:
-            raise typer.BadParameter(f"{self.text!r}: per-metric values apply to `mbx compare` only; give one percent")
+            raise UsageError(f"--min-effect {self.text}: per-metric values apply to `mbx compare` only; give one percent")
         return self.fraction
 
 
@@ -168,14 +170,15 @@ def _percent(text: str, whole: str) -> float:
     try:
         value = float(number)
     except ValueError:
-        raise typer.BadParameter(f"{whole!r}: {text.strip()!r} is not a number (a percent, e.g. 1 or 1.5%)") from None
+        raise UsageError(f"--min-effect {whole}: {text.strip()!r} is not a number (a percent, e.g. 1 or 1.5%)") from None
     if not 0 <= value < 100:
-        raise typer.BadParameter(f"{whole!r}: {value:g} is not a percent in [0, 100)")
+        raise UsageError(f"--min-effect {whole}: {value:g} is not a percent in [0, 100)")
     return value
 
 
 def parse_min_effect(text: str | MinEffect) -> MinEffect:
-    """`1`, `1.5%`, `2,final_loss=0.5%`, `step_time=1%` -> MinEffect (percent); BadParameter (exit 2) otherwise."""
+    """`1`, `1.5%`, `2,final_loss=0.5%`, `step_time=1%` -> MinEffect (percent); UsageError (one line, exit 2)
+    otherwise."""
     if isinstance(text, MinEffect):
         return text
     percent: float | None = None
@@ -187,9 +190,9 @@ def parse_min_effect(text: str | MinEffect) -> MinEffect:
         elif percent is None:
             percent = _percent(part, text)
         else:
-            raise typer.BadParameter(f"{text!r}: two values for every metric; give one (and METRIC=PCT entries)")
+            raise UsageError(f"--min-effect {text}: two values for every metric; give one (and METRIC=PCT entries)")
     if percent is None and not per_metric:
-        raise typer.BadParameter("an empty value; give a percent, e.g. 1 or 1.5%")
+        raise UsageError("--min-effect: an empty value; give a percent, e.g. 1 or 1.5%")
     if percent is not None and percent < 0.5 and "%" not in str(text).split(",")[0]:
         typer.echo(f"note: --min-effect {text} is {percent:g}% (a percent: 1 is 1%)", err=True)
     return MinEffect(str(text), percent, per_metric)

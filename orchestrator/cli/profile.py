@@ -2,31 +2,27 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
+from orchestrator.cli.options import JsonOpt
+from orchestrator.cli.terminal import emit_json, noun_app
 from orchestrator.errors import ConfigError
 
 if TYPE_CHECKING:
     from reports.profile_trace import TraceBreakdown
 
-app = typer.Typer(
-    no_args_is_help=True,
-    help=(
-        "Profiler traces: GPU time per kernel class (GEMM, attention, MoE permute, MoE dispatch/combine, "
-        "communication, optimizer, norm/elementwise, memcpy, other, idle). Campaigns record them with "
-        '`profile: {steps: "8:2"}`.'
-    ),
+app = noun_app(
+    "Profiler traces: where the time of profiled steps went (show): GPU time per kernel class (GEMM, "
+    "attention, MoE permute, MoE dispatch/combine, communication, optimizer, norm/elementwise, memcpy, other, "
+    'idle). Campaigns record them with `profile: {steps: "8:2"}`; Kineto Chrome traces of other runs work too.'
+    "\n\nExample: mbx profile show mbx-workspace/moe-dispatch-h200/*/1"
 )
-console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
 PathsArg = Annotated[
     list[Path], typer.Argument(help="Run dirs (<workspace>/<campaign>/<cell>/<attempt>) or trace files.")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print every figure (top kernels too) as JSON.")]
 
 
 @app.callback()
@@ -62,11 +58,14 @@ def read_one(path: Path) -> TraceBreakdown:
 def show(paths: PathsArg, as_json: JsonOpt = False) -> None:
     """Print ms per profiled step per kernel class of each trace as a Markdown table (paste it into a PR).
 
-    Example: `mbx profile show mbx-workspace/moe-dispatch-h200/*/1`"""
+    --json prints every figure (top kernels too) as JSON.
+
+    Example: mbx profile show mbx-workspace/moe-dispatch-h200/*/1
+    """
     from reports.profile_view import markdown_table
 
     found = [(str(path), read_one(path)) for path in paths]
     if as_json:
-        console.print(json.dumps({label: b.to_dict() for label, b in found}, indent=1))
+        emit_json({label: b.to_dict() for label, b in found})
     else:
-        console.print(markdown_table(found), end="")
+        typer.echo(markdown_table(found), nl=False)

@@ -1,4 +1,4 @@
-"""`mbx report NAME` and `mbx schema ...`: report pages, Markdown summaries and JSON Schemas."""
+"""`mbx report NAME`: a campaign's report site and its Markdown summary."""
 
 from __future__ import annotations
 
@@ -7,19 +7,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
-from orchestrator.cli.options import DEFAULT_WORKSPACE, CampaignNameArg, WorkspaceOpt
+from orchestrator.cli.options import DEFAULT_WORKSPACE, CampaignNameArg, JsonOpt, WorkspaceOpt
+from orchestrator.cli.terminal import console, emit_json, err, noun_app
 
-if TYPE_CHECKING:  # an annotation only: pydantic stays off the `mbx --help` path
+if TYPE_CHECKING:  # annotations only: pydantic and Rich stay off the `mbx --help` path
+    from rich.console import Console
+
     from reports.views import CampaignView
 
-console = Console(highlight=False, markup=False, emoji=False)
-err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
-schema_app = typer.Typer(no_args_is_help=True, help="Print JSON Schemas of mbx files.")
+app = noun_app("Write a campaign's report site and its Markdown summary.")
 
 
+@app.command()
 def report(
     name: CampaignNameArg,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
@@ -48,14 +48,19 @@ def report(
             "is written beside the page as wandb-report.json.",
         ),  # fmt: skip
     ] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Write the campaign's report site and print its index's path: it opens offline from disk (index.html: the
     point table, the TFLOP/s heatmap of any two swept axes, TFLOP/s vs peak memory with its Pareto frontier,
     per-step curves, the rejected points and why; cells/: one page per cell; compare/: the comparison with the
     campaign's baseline) and summary.md, the Markdown summary in a performance PR's shape.
 
-    Example: `mbx report moe-dispatch --markdown > pr.md` (the page's path goes to stderr).
+    --json prints the page's and the summary's paths (and the W&B report's, with --wandb-report) as JSON.
+
+    Example: mbx report moe-dispatch --markdown > pr.md   (the page's path goes to stderr)
     """
+    from rich.text import Text
+
     from orchestrator.errors import UsageError
     from orchestrator.flow import runner
 
@@ -67,15 +72,19 @@ def report(
     summary = (page.parent / "summary.md").read_text(encoding="utf-8")
     if markdown:
         typer.echo(summary, nl=False)
-    where = err_console if markdown else console
+    where = err() if markdown or as_json else console()
     where.print(Text(f"report: {page}"))
     if wandb_report:
         _wandb_report(workspace, view, summary, page.parent, where)
+    if as_json:
+        emit_json({"campaign": name, "page": str(page), "summary": str(page.parent / "summary.md")})
 
 
 def _wandb_report(workspace: Path, view: CampaignView, summary: str, folder: Path, where: Console) -> None:
     """Build the W&B Report; publish it when online, else write its spec beside the page."""
     import os
+
+    from rich.text import Text
 
     from orchestrator.errors import RunError
     from orchestrator.run.store import Store
@@ -99,19 +108,3 @@ def _wandb_report(workspace: Path, view: CampaignView, summary: str, folder: Pat
     write_out(target, json.dumps(report_spec(built), indent=1) + "\n", label="W&B report spec")
     why = "wandb.mode is " + settings.mode if settings.mode != "online" else "WANDB_API_KEY is not set"
     where.print(Text(f"W&B report spec: {target} (not published: {why})"))
-
-
-@schema_app.command("campaign")
-def schema_campaign() -> None:
-    """JSON Schema of campaign files (for editors and CI linting)."""
-    from orchestrator.spec.campaign import Campaign
-
-    typer.echo(json.dumps(Campaign.model_json_schema(), indent=2))
-
-
-@schema_app.command("recipe")
-def schema_recipe() -> None:
-    """JSON Schema of bundled-trainer recipes (trainer/recipe.py)."""
-    from orchestrator.spec.campaign import recipe_schema
-
-    typer.echo(json.dumps(recipe_schema(), indent=2))
