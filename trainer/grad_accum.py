@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.eager import outside_compile
+
 
 def fused_weights(model: nn.Module, expert_backend: str | None, compute_dtype: torch.dtype) -> list[nn.Parameter]:
     """The weights whose gradient GEMMs accumulate: the output layer (unless the fused cross entropy makes its
@@ -209,7 +211,7 @@ def check_te_accumulate(device: torch.device) -> None:
 ACCUMULATORS = {"torch": accumulate_with_torch, "te": accumulate_with_te}
 
 
-@torch.compiler.disable  # the backward writes a tensor outside the graph (the weight's main_grad)
+@outside_compile  # the backward writes a tensor outside the graph (the weight's main_grad)
 def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, backend: str) -> torch.Tensor:
     """x · weight[e]ᵀ per group (weight [E, out, in], a leaf); dW accumulated into its main_grad by `backend`
     (plain grouped_mm when the weight has no main_grad: prepare() was not called)."""

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from dataclasses import dataclass, field
 
+from trainer.capacity import chunk_sizes, expert_capacity
 from trainer.flops import moe_layer_pattern, padded_vocab_size
 from trainer.recipe import QUANTIZED_PRECISIONS, Recipe, layout_problems
 
@@ -275,12 +275,9 @@ def dispatch_rows(recipe: Recipe, n: int) -> int:
     moe = recipe.model.moe
     if moe.capacity_factor is None:
         return n * moe.top_k
-    chunk = min(moe.dispatch_chunk_tokens or n, n)
-    sizes = [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
     if moe.pad_to_capacity:
-        return sum(
-            moe.num_experts * math.ceil(c * moe.top_k / moe.num_experts * moe.capacity_factor) for c in sizes
-        )
+        sizes = chunk_sizes(n, moe.dispatch_chunk_tokens)
+        return sum(moe.num_experts * expert_capacity(c, moe.top_k, moe.num_experts, moe.capacity_factor) for c in sizes)
     return int(n * moe.top_k * min(1.0, moe.capacity_factor))
 
 

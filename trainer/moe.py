@@ -21,7 +21,6 @@ the tensor and the backward re-makes it (a gather, an activation).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol
 
@@ -30,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer import grad_accum
+from trainer.capacity import expert_capacity
+from trainer.eager import outside_compile
 from trainer.recipe import MoEConfig, RouterConfig
 
 
@@ -117,7 +118,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Te
     return _grouped_mm_outside_compile(x, w, offs)
 
 
-@torch.compiler.disable
+@outside_compile
 def _grouped_mm_outside_compile(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     # Eager grouped_mm runs fp32 (CPU tests), but torch.compile's meta kernel accepts only bf16 (torch 2.13).
     return F.grouped_mm(x, w, offs=offs)
@@ -190,11 +191,6 @@ class Router(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # Dispatch: where each (token, slot) pair's row goes in the expert-grouped buffer, and back.
 # ---------------------------------------------------------------------------------------------
-
-
-def expert_capacity(num_tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
-    """Megatron's `get_capacity`: ceil(T·k / E · factor) rows per expert."""
-    return math.ceil(num_tokens * top_k / num_experts * capacity_factor)
 
 
 class DispatchPlan(NamedTuple):
@@ -428,7 +424,7 @@ class GroupedExperts(nn.Module):
             raise RuntimeError("model.moe.grouped_gemm: te runs on TE GroupedLinear experts; build the model "
                                "through the Trainer (trainer.te_support.prepare_model swaps them in)")
 
-    @torch.compiler.disable  # saved-tensor hooks run eagerly
+    @outside_compile  # saved-tensor hooks run eagerly
     def _forward_recomputing(self, x: torch.Tensor, plan: DispatchPlan, remake_input: Callable | None
                              ) -> torch.Tensor:
         """The same GEMMs, with the input buffer and/or the activation output re-made in the backward."""

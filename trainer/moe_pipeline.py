@@ -29,6 +29,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from trainer.eager import outside_compile
 from trainer.moe import DispatchPlan, MoELayer, Routing, combine, dispatch, token_chunks
 
 
@@ -105,7 +106,7 @@ class MoEPipeline:
             return self._eager(layer, flat, routing)
         return self.run(layer, flat, routing, None)
 
-    @torch.compiler.disable  # streams, events, record_stream and the EP all-to-alls run eagerly
+    @outside_compile  # streams, events, record_stream and the EP all-to-alls run eagerly
     def _eager(
         self, layer: MoELayer, flat: torch.Tensor, routing: Routing
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from trainer.distributed import Dist
+from trainer.eager import install as install_outside_compile
 from trainer.expert_parallel import ExpertParallel
 from trainer.model import GPT
 from trainer.moe import MoELayer
@@ -92,6 +93,7 @@ def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 def apply_compile(model: GPT) -> None:
     """torch.compile each transformer layer separately (fast compiles, one graph per layer kind)."""
+    install_outside_compile()  # the functions marked outside_compile become torch.compiler.disable'd first
     for i, layer in enumerate(model.layers):
         model.layers[i] = torch.compile(layer)
 

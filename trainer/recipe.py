@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainer.capacity import chunk_sizes, expert_capacity
 
 BLACKWELL_ONLY_PRECISIONS = ("mxfp8", "nvfp4")
 QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")  # Transformer Engine modules under te.autocast
@@ -424,8 +425,7 @@ def _tokens_per_chunk(recipe: Recipe) -> list[int]:
     """The distinct chunk sizes one micro-batch's MoE layer dispatches (the last chunk may be shorter)."""
     moe, t = recipe.model.moe, recipe.training
     tokens = t.micro_batch_size * t.seq_length
-    chunk = min(moe.dispatch_chunk_tokens or tokens, tokens) if moe else tokens
-    return sorted({chunk} | ({tokens % chunk} if tokens % chunk else set()))
+    return sorted(set(chunk_sizes(tokens, moe.dispatch_chunk_tokens if moe else None)))
 
 
 TE_INSTALL = "pip install transformer-engine[pytorch]"
@@ -554,7 +554,7 @@ def _alignment_problems(recipe: Recipe) -> list[str]:
     if moe is not None and moe.grouped_gemm == "te":
         capacities = None
         if moe.capacity_factor is not None and moe.pad_to_capacity:
-            capacities = [math.ceil(n * moe.top_k / moe.num_experts * moe.capacity_factor)
+            capacities = [expert_capacity(n, moe.top_k, moe.num_experts, moe.capacity_factor)
                           for n in _tokens_per_chunk(recipe)]
         if capacities is None or any(c % align for c in capacities):
             got = "dropless: data-dependent group sizes" if capacities is None else f"capacity {capacities}"
