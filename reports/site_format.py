@@ -4,16 +4,14 @@ gate messages, the Jinja environment (autoescape on) and whole-or-nothing file w
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from reports import secrets
 from reports.metrics import finite
 from reports.views import PointView
+from trainer import atomic
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
@@ -82,26 +80,12 @@ def environment() -> Any:
 
 def atomic_copy(source: Path, target: Path) -> None:
     """copy2 through a temporary file: a full disk leaves the old file (or none), never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(fd)
-    try:
-        shutil.copy2(source, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.copy_file(source, target)
 
 
 def atomic_write(path: Path, text: str) -> None:
     """Write `text` through a temporary file renamed over `path`: readers see the old or the new file, whole."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as handle:  # lone surrogates
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.write_text(path, text, errors="replace")  # lone surrogates
 
 
 _CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.S)

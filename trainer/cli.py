@@ -75,8 +75,3 @@ def load_recipe(path: str | None, overrides: list[str] = ()) -> Recipe:
     for assignment in overrides:
         apply_override(data, assignment)
     return Recipe.model_validate(data)
-
-
-def recipe_yaml(recipe: Recipe) -> str:
-    """The resolved recipe as YAML (every field, defaults included): what recipe.yaml holds."""
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -8,7 +8,7 @@ only the torch C++ extension build cache (which takes a file lock) is shared.
 Values inherited from the submitting shell are replaced, not trusted: a login node's
 TRITON_CACHE_DIR on a shared filesystem is exactly what this avoids.
 
-This module imports nothing but the standard library; `trainer/__main__.py` calls
+This module imports nothing but the standard library (and the stdlib-only trainer.atomic); `trainer/__main__.py` calls
 `setup_jit_caches()` before anything imports torch.
 """
 
@@ -19,6 +19,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+from trainer import atomic
 
 # env var -> sub-directory of <root>/rank-<r>/. A library that is not installed ignores its variable.
 RANK_LOCAL_VARS: dict[str, str] = {
@@ -99,7 +101,5 @@ def write_record(record: dict, out_dir: str | os.PathLike) -> Path:
     logs = Path(out_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     path = logs / f"jit-cache-rank{record['rank']}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from trainer import atomic
+
 RECIPE = "recipe.yaml"
 LAUNCH = "launch.json"
 NODE = "node.json"
@@ -94,15 +96,8 @@ def _finite_or_none(value: Any) -> Any:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write a temporary file next to `path`, then os.replace it: readers see the old or the new file, whole."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary file behind
-        raise
+    """`data` as indented JSON, whole or not at all (trainer.atomic: readers see the old or the new file)."""
+    atomic.write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -224,6 +219,17 @@ def launch_record(*, launcher: str, campaign: str, cell_id: str, attempt: int, j
     }  # fmt: skip
 
 
+def write_recipe(run_dir: Path, recipe: dict[str, Any], *, only_if_absent: bool = False) -> Path:
+    """recipe.yaml: the resolved recipe (keys in the given order), whole or not at all. The login side writes it
+    before submission; the bundled trainer (only_if_absent) when it was started by hand."""
+    import yaml  # here, not above: node-side launcher code imports this module with the standard library only
+
+    path = Path(run_dir) / RECIPE
+    if not (only_if_absent and path.exists()):
+        atomic.write_text(path, yaml.safe_dump(recipe, sort_keys=False, default_flow_style=False, allow_unicode=True))
+    return path
+
+
 def write_launch(run_dir: Path, record: dict[str, Any]) -> None:
     """launch.json: written by the login side only (the node writes node.json)."""
     write_json(Path(run_dir) / LAUNCH, record)
@@ -286,12 +292,9 @@ class MetricsWriter:
 
 def write_metrics(run_dir: Path, rows: list[dict[str, Any]]) -> None:
     """metrics.jsonl with one row per step, replaced atomically (a reader sees the old or the new file)."""
-    path = Path(run_dir) / METRICS
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w") as handle:
+    with atomic.replacing(Path(run_dir) / METRICS) as handle:
         for row in rows:
             handle.write(json.dumps(row, allow_nan=True) + "\n")
-    os.replace(tmp, path)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

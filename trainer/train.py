@@ -40,7 +40,6 @@ from pathlib import Path
 import torch
 
 from trainer import distributed, rundir
-from trainer.cli import recipe_yaml
 from trainer.flops import step_flops
 from trainer.loop import Trainer
 from trainer.recipe import Recipe
@@ -142,8 +141,7 @@ def main(recipe: Recipe, out_dir: Path, started_at: float | None = None) -> int:
         gpu_name = torch.cuda.get_device_name(dist.device) if device == "cuda" else None
         if is_main:
             rundir.write_env(out_dir, environment(dist.world_size))
-            if not (out_dir / rundir.RECIPE).exists():
-                (out_dir / rundir.RECIPE).write_text(recipe_yaml(recipe))
+            rundir.write_recipe(out_dir, recipe.model_dump(mode="json"), only_if_absent=True)
         trainer = Trainer(recipe, dist, log=lambda line: print(line, flush=True))
         print(trainer.describe(), flush=True)
         metrics = MetricsWriter(out_dir) if is_main else None

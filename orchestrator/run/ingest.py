@@ -23,7 +23,6 @@ from orchestrator.run.lock import CampaignLock
 from orchestrator.run.store import INGEST_LAUNCHER, CellRow, Store, check_workspace
 from orchestrator.spec.campaign import NAME_PATTERN, Campaign
 from orchestrator.spec.sweep import point_digest
-from orchestrator.spec.yamlio import dump_yaml
 from reports.gates import GateResult, evaluate
 from reports.parsers.follow import LogFollower, log_files, logged_last_step
 from reports.parsers.rows import Row
@@ -251,7 +250,7 @@ def write_run_dir(plan: IngestPlan) -> None:
             name = path.name if path.name not in used else f"{index}-{path.name}"
             used.add(name)
             _link_or_copy(path, tmp / rundir.LOGS / name)
-        (tmp / rundir.RECIPE).write_text(dump_yaml(plan.cell.recipe))
+        rundir.write_recipe(tmp, plan.cell.recipe)
         rundir.write_metrics(tmp, plan.rows)
         rundir.write_status(tmp, plan.status, rundir.INGEST)
         rundir.write_launch(tmp, plan.launch)

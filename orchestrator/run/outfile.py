@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 from orchestrator.errors import UsageError
+from trainer import atomic
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -62,21 +63,13 @@ def check_target(out: Path, label: str = "--out", follow_symlinks: bool = False)
 
 
 def write_out(out: Path, text: str, label: str = "--out", follow_symlinks: bool = False) -> None:
-    """Write `text` to `out` through a temporary file in the same folder and a rename, after `check_target`;
-    an unwritable path → UsageError naming `label` and the path (nothing half-written is left)."""
+    """Write `text` to `out` whole or not at all (trainer.atomic), after `check_target`; an unwritable path →
+    UsageError naming `label` and the path (nothing half-written is left)."""
     target = check_target(Path(out), label, follow_symlinks)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
-    except OSError as err:
-        raise UsageError(f"{label} {out}: cannot be written ({err.strerror or err})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with atomic.replacing(target) as handle:
             handle.write(text)
-        check_target(target, label)  # replaced by a device or link meanwhile: refuse still
-        os.replace(tmp, target)
-    except (OSError, UsageError) as err:
-        tmp.unlink(missing_ok=True)
-        if isinstance(err, UsageError):
-            raise
+            handle.flush()
+            check_target(target, label)  # replaced by a device or link meanwhile: refuse still
+    except OSError as err:
         raise UsageError(f"{label} {out}: cannot be written ({err.strerror or err})") from None

@@ -24,7 +24,6 @@ from orchestrator.errors import ConfigError
 from orchestrator.spec import software
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.sweep import Point, PointProblems, ResolvedPoint, expand_points
-from orchestrator.spec.yamlio import dump_yaml
 from trainer import rundir
 from trainer.memory import MemoryEstimate
 
@@ -147,7 +146,7 @@ class TrainerKind(abc.ABC):
         overlays of its software are built first (once per workspace; later attempts reuse them)."""
         software.ensure_built(cell.env, workspace_of(spec.run_dir))
         spec.run_dir.mkdir(parents=True, exist_ok=True)
-        (spec.run_dir / rundir.RECIPE).write_text(dump_yaml(self.recipe_record(cell, spec)))
+        rundir.write_recipe(spec.run_dir, self.recipe_record(cell, spec))
 
     def follower(self, cell: CellRow, run_dir: Path) -> Follower | None:
         """A reader of the attempt's output while it runs; None when the kind reports its own end."""
