@@ -24,15 +24,12 @@ PARAMS = {
     CAPACITY: {"model.moe.capacity_factor": 1.0, "model.moe.pad_to_capacity": True},
     FUSED: {"cross_entropy": "fused"},
 }
-# `mbx compare` through the real entry point (cli.main: clean errors, exit codes), registered here when cli.py
-# does not register it yet.
+# `mbx compare` through the real entry point (orchestrator.cli.app.main: clean errors, exit codes).
 RUNNER = (
     "import sys\n"
-    "from orchestrator import cli, cli_compare\n"
-    "if not any(c.name == 'compare' for c in cli.app.registered_commands):\n"
-    "    cli.app.command('compare')(cli_compare.compare)\n"
+    "from orchestrator.cli.app import main\n"
     "sys.argv[0] = 'mbx'\n"
-    "cli.main()\n"
+    "main()\n"
 )
 
 pytestmark = pytest.mark.skipif(not SAMPLES.is_dir(), reason="h200 samples not present")
