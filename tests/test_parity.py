@@ -261,7 +261,7 @@ def test_without_repeats_there_is_no_floor():
 
 def test_explicit_sweep_cells_are_crossed_with_the_toggle_and_eval_twin():
     from orchestrator.spec.campaign import Campaign
-    from orchestrator.spec.parity import with_parity_axes
+    from orchestrator.trainers import with_parity_axes
 
     spec = Campaign.model_validate({
         "name": "x", "trainer": {"recipe": {"training": {"eval_interval": 2}}},

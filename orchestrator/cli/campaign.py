@@ -62,8 +62,7 @@ def validate(
     Example: mbx campaign validate campaigns/quickstart.yaml --json
     """
     from orchestrator.spec.loader import load_campaign
-    from orchestrator.spec.parity import with_parity_axes
-    from orchestrator.trainers import expand
+    from orchestrator.trainers import expand, with_parity_axes
 
     campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells)
@@ -105,8 +104,7 @@ def plan(
     from orchestrator.run.plan_view import plan_text
     from orchestrator.spec.loader import load_campaign
     from orchestrator.spec.sweep import swept_keys
-    from orchestrator.spec.parity import with_parity_axes
-    from orchestrator.trainers import expand
+    from orchestrator.trainers import expand, with_parity_axes
 
     campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells, strict=strict)
@@ -191,8 +189,7 @@ def run(
     """
     from orchestrator.flow import runner
     from orchestrator.spec.loader import load_campaign
-    from orchestrator.spec.parity import with_parity_axes
-    from orchestrator.trainers import expand
+    from orchestrator.trainers import expand, with_parity_axes
 
     campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells, strict=strict)

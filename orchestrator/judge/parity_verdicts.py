@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.judge.parity_noise import Noise, noise_floors, within_noise
 from orchestrator.run.store import CellRow
-from orchestrator.spec.parity import EVAL_KEY, Pairing, Parity, Tolerance, pairings, shown
+from orchestrator.spec.parity import Pairing, Parity, ParityAxes, Tolerance, pairings, shown
 from reports.numerics import MetricParity, metric_parity
 
 
@@ -112,10 +112,11 @@ def judge_pair(
 
 
 def judge_parity(
-    parity: Parity, cells: list[CellRow], rows_of: RowsOf, eval_interval: Any = None
+    parity: Parity, cells: list[CellRow], rows_of: RowsOf, axes: ParityAxes | None = None
 ) -> list[PairVerdict]:
     """Every pair's verdict (pairs in cell order); each cell's rows are read once (the noise floors, every
-    pairing and its pairs all look at them)."""
+    pairing and its pairs all look at them). `axes`: the trainer kind's keys of eval_check and checkpoint
+    (`TrainerKind.parity_axes`; the eval side's interval is read from the cells)."""
     read: dict[str, tuple[list[dict[str, Any]] | None, str]] = {}
 
     def rows_once(cell: CellRow) -> tuple[list[dict[str, Any]] | None, str]:
@@ -124,7 +125,7 @@ def judge_parity(
         return read[cell.cell_id]
 
     verdicts: list[PairVerdict] = []
-    for pairing in pairings(parity, eval_interval):
+    for pairing in pairings(parity, axes):
         if pairing.kind == "eval":
             pairing = _eval_pairing(pairing, cells)
         matched = match_cells(pairing, cells)
@@ -136,8 +137,9 @@ def judge_parity(
 
 def _eval_pairing(pairing: Pairing, cells: list[CellRow]) -> Pairing:
     """The eval pairing with the eval side's interval as the cells record it (the first non-null one)."""
+    key = next(iter(pairing.off))
     for cell in cells:
-        value = cell.params.get(EVAL_KEY)
+        value = cell.params.get(key)
         if value is not None:
-            return Pairing(pairing.kind, {EVAL_KEY: value}, pairing.on, pairing.metrics)
+            return Pairing(pairing.kind, {key: value}, pairing.on, pairing.metrics)
     return pairing

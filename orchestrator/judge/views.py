@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from orchestrator import trainers
 from orchestrator.judge.parity_verdicts import PairVerdict, judge_parity
 from orchestrator.run.baseline import summary_from_dict
 from orchestrator.run.collect import damaged_files
@@ -94,4 +95,5 @@ def parity_verdicts(store: Store, name: str, campaign: Campaign) -> list[PairVer
             return None, f"(cell {cell.cell_id}) has no readable metrics{f' ({problem})' if problem else ''}"
         return rows, ""
 
-    return judge_parity(campaign.parity, store.cells(name), rows_of)
+    axes = trainers.for_campaign(campaign).parity_axes(campaign, with_values=False)
+    return judge_parity(campaign.parity, store.cells(name), rows_of, axes)

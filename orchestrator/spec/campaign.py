@@ -6,7 +6,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from launchers.profile import Cluster, Container
 from orchestrator.spec.parity import Parity
@@ -88,6 +97,34 @@ class CommandTrainer(_Strict):
             "(train.train_iters for Bridge), else the log's `iteration N/M`."
         ),
     )
+    eval_interval_param: str | None = Field(
+        None,
+        description=(
+            "The param that holds the evaluation interval (a key of params, dotted for nested Bridge params), e.g. "
+            "eval_interval for Megatron-LM's --eval-interval: parity.eval_check sweeps params.<it> over [its "
+            "value, null], null leaving the flag out of the argv (Megatron-LM then evaluates only every 1000 "
+            "iterations, its default: keep train_iters below that)."
+        ),
+    )
+
+    @field_validator("eval_interval_param")
+    @classmethod
+    def _eval_param_declared(cls, name: str | None, info: ValidationInfo) -> str | None:
+        params = info.data.get("params") or {}
+        if name is not None and not _has_path(params, name):
+            raise ValueError(f"{name!r} is not a param (declared: {', '.join(sorted(params)) or 'none'}); name "
+                             "a key of trainer.params")
+        return name
+
+
+def _has_path(tree: dict[str, Any], dotted: str) -> bool:
+    """Whether nested mappings hold a value at `a.b.c`."""
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def _trainer_kind(value: Any) -> str:

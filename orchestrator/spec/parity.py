@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from orchestrator.errors import ConfigError
 
 METRICS = ("loss", "grad_norm", "eval_loss", "tokens_dropped_frac")  # metrics.jsonl keys compared per step
-EVAL_KEY = "training.eval_interval"
 EVAL_METRICS = ("loss", "grad_norm", "tokens_dropped_frac")  # eval_loss exists on one side only, by design
 Metric = Literal["loss", "grad_norm", "eval_loss", "tokens_dropped_frac"]
 
@@ -64,6 +63,17 @@ class Pair(_Strict):
         return self
 
 
+class CheckpointCheck(_Strict):
+    """Save with one setting, load with another, continue: must train as the straight run does."""
+
+    save_at: int = Field(..., ge=1, description="Step after which both sides save their state (before the last).")
+    load_with: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Dotted keys → values the loading side continues with, e.g. {model.moe.expert_weights: "
+        "discrete}; {} reloads unchanged. The other side trains straight through (saving, not reloading).",
+    )
+
+
 class Parity(BaseModel):
     """The `parity:` section: pairs of points that must train the same, judged per step and per metric."""
 
@@ -85,7 +95,14 @@ class Parity(BaseModel):
     eval_check: bool = Field(
         False,
         description="Train-eval-train vs train-only: add each point's twin with training.eval_interval null and "
-        "require training loss, grad norm and dropped fraction bitwise equal (bundled trainer).",
+        "require training loss, grad norm and dropped fraction bitwise equal (the bundled trainer; a command "
+        "trainer through trainer.eval_interval_param).",
+    )
+    checkpoint: CheckpointCheck | None = Field(
+        None,
+        description="Save at save_at, then continue in a fresh trainer loading that checkpoint with load_with "
+        "applied (the on side) vs train straight through (the off side); compared per step with `metrics`' "
+        "tolerances (steps up to save_at are the same run by construction). Bundled trainer.",
     )
 
     @field_validator("toggle")
@@ -104,8 +121,8 @@ class Parity(BaseModel):
     def _something(self) -> Parity:
         if self.toggle and self.pairs:
             raise ValueError("give a toggle or pairs, not both")
-        if not self.toggle and not self.pairs and not self.eval_check:
-            raise ValueError("names nothing to compare: give a toggle, pairs or eval_check: true")
+        if not self.toggle and not self.pairs and not self.eval_check and self.checkpoint is None:
+            raise ValueError("names nothing to compare: give a toggle, pairs, eval_check: true or checkpoint")
         keys = {frozenset(p.off) for p in self.pairs}
         if len(keys) > 1:
             raise ValueError("pairs: every pair must name the same keys (they form one sweep factor)")
@@ -121,6 +138,17 @@ def shown(value: Any) -> str:
 
 
 @dataclass(frozen=True)
+class ParityAxes:
+    """The sweep keys the trainer kind gives the checks that depend on it (`TrainerKind.parity_axes`,
+    orchestrator/trainers/base.py): eval_check's interval (and its base value), checkpoint's two keys."""
+
+    eval_key: str | None = None
+    eval_value: Any = None
+    save_key: str | None = None
+    reload_key: str | None = None
+
+
+@dataclass(frozen=True)
 class Pairing:
     """One kind of off/on comparison: the keys it sets on each side and the metrics it compares."""
 
@@ -132,19 +160,41 @@ class Pairing:
     @property
     def title(self) -> str:
         sides = ", ".join(f"{k}: {shown(self.off[k])} → {shown(self.on[k])}" for k in self.off)
+        if self.kind == "checkpoint":
+            save, reload = self.on.items()
+            return f"save at step {shown(save[1])}, reload with {shown(reload[1])} vs straight through"
         return "train-eval-train vs train-only" if self.kind == "eval" else sides
 
 
-def pairings(parity: Parity, eval_interval: Any = None) -> list[Pairing]:
-    """Every comparison the section asks for (`eval_interval`: the recipe's, for the train-only twin)."""
+def pairings(parity: Parity, axes: ParityAxes | None = None) -> list[Pairing]:
+    """Every comparison the section asks for; `axes`: the trainer kind's keys of eval_check and checkpoint."""
     found: list[Pairing] = []
     if parity.toggle:
         key, (off, on) = next(iter(parity.toggle.items()))
         found.append(Pairing("toggle", {key: off}, {key: on}, METRICS))
     found += [Pairing("pair", dict(p.off), dict(p.on), METRICS) for p in parity.pairs]
-    if parity.eval_check:
-        found.append(Pairing("eval", {EVAL_KEY: eval_interval}, {EVAL_KEY: None}, EVAL_METRICS))
+    for factor in _kind_factors(parity, axes):
+        off, on = ({k: values[i] for k, values in factor.items()} for i in (0, 1))
+        kind = "eval" if axes and axes.eval_key in factor else "checkpoint"
+        found.append(Pairing(kind, off, on, EVAL_METRICS if kind == "eval" else METRICS))
     return found
+
+
+def _kind_factors(parity: Parity, axes: ParityAxes | None) -> list[dict[str, list[Any]]]:
+    """The sweep factors of eval_check ({key: [interval, null]}) and checkpoint ({save: [N, N], reload: [null,
+    load_with]}), on the trainer kind's keys."""
+    axes = axes or ParityAxes()
+    factors = []
+    if parity.eval_check:
+        if axes.eval_key is None:
+            raise ValueError("parity.eval_check: the trainer kind's evaluation-interval key is needed")
+        factors.append({axes.eval_key: [axes.eval_value, None]})
+    if parity.checkpoint is not None:
+        if axes.save_key is None or axes.reload_key is None:
+            raise ValueError("parity.checkpoint: the trainer kind's checkpoint keys are needed")
+        check = parity.checkpoint
+        factors.append({axes.save_key: [check.save_at, check.save_at], axes.reload_key: [None, check.load_with]})
+    return factors
 
 
 def _swept(campaign: Any) -> set[str]:
@@ -157,29 +207,13 @@ def _swept(campaign: Any) -> set[str]:
     return keys
 
 
-def _eval_interval(campaign: Any, campaign_file: Path | None, file: str | None) -> Any:
-    """The base recipe's training.eval_interval (the eval side of the train-only twin)."""
-    if campaign.trainer.kind != "bundled":
-        raise ConfigError("parity.eval_check: needs the bundled trainer (trainer.kind: bundled)", file=file)
-    training = campaign.base_recipe(campaign_file).get("training")
-    if training is not None and not isinstance(training, dict):
-        raise ConfigError(f"trainer.recipe.training: must be a mapping of training settings, not "
-                          f"{type(training).__name__} (parity.eval_check reads training.eval_interval)", file=file)
-    value = (training or {}).get("eval_interval")
-    if value is None:
-        raise ConfigError(
-            "parity.eval_check: the recipe does not evaluate (training.eval_interval is not set): set it, or "
-            "drop eval_check",
-            file=file,
-        )
-    return value
-
-
-def with_parity_axes(campaign: Any, campaign_file: Path | None = None) -> Any:
+def with_parity_axes(campaign: Any, campaign_file: Path | None = None, kind_axes: ParityAxes | None = None
+                     ) -> Any:
     """The campaign with its parity sides as sweep factors: a toggle as an axis, explicit pairs as one zip
-    group, eval_check as the axis training.eval_interval: [recipe's, null]. Idempotent (a campaign whose sweep
-    already holds exactly these factors, as stored, is returned as it is). A key both swept and toggled is a
-    ConfigError naming both places."""
+    group, eval_check as the axis <the kind's eval-interval key>: [base value, null], checkpoint as one zip
+    group (`kind_axes`: the trainer kind's keys; orchestrator.trainers.with_parity_axes gives them). Idempotent (a
+    campaign whose sweep already holds exactly these factors, as stored, is returned as it is). A key both
+    swept and toggled is a ConfigError naming both places."""
     parity: Parity | None = campaign.parity
     if parity is None:
         return campaign
@@ -195,10 +229,12 @@ def with_parity_axes(campaign: Any, campaign_file: Path | None = None) -> Any:
         wanted.append(
             ("parity.pairs", {k: [v for p in parity.pairs for v in (p.off[k], p.on[k])] for k in keys})
         )
-    if parity.eval_check:
-        wanted.append(
-            ("parity.eval_check", {EVAL_KEY: [_eval_interval(campaign, campaign_file, file), None]})
-        )
+    try:
+        kind_factors = _kind_factors(parity, kind_axes)
+    except ValueError as err:
+        raise ConfigError(str(err), file=file) from None
+    where = ["parity.eval_check"] * parity.eval_check + ["parity.checkpoint"] * (parity.checkpoint is not None)
+    wanted += list(zip(where, kind_factors, strict=True))
     cells = _crossed_cells(campaign.sweep.cells, [factor for _, factor in wanted])
     for where, factor in wanted:
         if (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from orchestrator.spec import parity
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.sweep import Point
 from orchestrator.trainers.base import Follower, TrainerKind
@@ -11,7 +12,8 @@ from orchestrator.trainers.bundled import BundledKind
 from orchestrator.trainers.command import CommandKind
 from trainer.memory import MemoryEstimate
 
-__all__ = ["Follower", "TrainerKind", "expand", "for_campaign", "get", "kinds", "memory_estimate"]
+__all__ = ["Follower", "TrainerKind", "expand", "for_campaign", "get", "kinds", "memory_estimate",
+           "with_parity_axes"]
 
 _KINDS: dict[str, TrainerKind] = {kind.name: kind for kind in (BundledKind(), CommandKind())}
 
@@ -45,3 +47,10 @@ def expand(
 def memory_estimate(point: Point, on_gpu: bool) -> MemoryEstimate | None:
     """The memory estimate of one point by its trainer kind (orchestrator/run/feasibility.py's estimator)."""
     return get(point.trainer_kind).memory_estimate(point, on_gpu)
+
+
+def with_parity_axes(campaign: Campaign, campaign_file: Path | None = None) -> Campaign:
+    """The campaign with its parity sides as sweep factors (orchestrator/spec/parity.py), the checks that depend
+    on the trainer kind (eval_check, checkpoint) on the keys its kind gives (`TrainerKind.parity_axes`)."""
+    axes = for_campaign(campaign).parity_axes(campaign, campaign_file) if campaign.parity else None
+    return parity.with_parity_axes(campaign, campaign_file, axes)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -23,6 +24,7 @@ from launchers.base import LaunchSpec, Resources
 from orchestrator.errors import ConfigError
 from orchestrator.spec import software
 from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.parity import ParityAxes
 from orchestrator.spec.sweep import Point, PointProblems, ResolvedPoint, expand_points
 from trainer import rundir
 from trainer.memory import MemoryEstimate
@@ -171,3 +173,40 @@ class TrainerKind(abc.ABC):
     @abc.abstractmethod
     def planned_steps(self, cell: CellRow) -> int | None:
         """The training steps an attempt of this cell should make (None: not known before it runs)."""
+
+    # ---- parity (orchestrator/spec/parity.py): the keys of the checks that depend on the kind -------------
+    def eval_interval_key(self, campaign: Campaign) -> str:
+        """The sweep key of the evaluation interval parity.eval_check sets to null on its train-only side;
+        ConfigError when this kind has none."""
+        raise ConfigError(f"parity.eval_check: a {self.name} trainer has no evaluation interval to turn off")
+
+    def eval_interval(self, campaign: Campaign, campaign_file: Path | None) -> Any:
+        """The base value of `eval_interval_key` (the train-eval-train side); ConfigError when it does not
+        evaluate."""
+        raise ConfigError(f"parity.eval_check: a {self.name} trainer has no evaluation interval to turn off")
+
+    def checkpoint_keys(self, campaign: Campaign) -> tuple[str, str]:
+        """(save-after-step key, reload-with key) of parity.checkpoint; ConfigError when this kind cannot save
+        its state and reload it."""
+        raise ConfigError(f"parity.checkpoint: a {self.name} trainer cannot be told to save and reload its state "
+                          "(the bundled trainer can: trainer.kind: bundled)")
+
+    def parity_axes(self, campaign: Campaign, campaign_file: Path | None = None, with_values: bool = True
+                    ) -> ParityAxes:
+        """The keys (and, `with_values`, the eval interval's base value) the campaign's parity section needs."""
+        parity, file = campaign.parity, str(campaign_file) if campaign_file else None
+        axes = ParityAxes()
+        if parity is None:
+            return axes
+        try:
+            if parity.eval_check:
+                value = self.eval_interval(campaign, campaign_file) if with_values else None
+                axes = replace(axes, eval_key=self.eval_interval_key(campaign), eval_value=value)
+            if parity.checkpoint is not None:
+                save_key, reload_key = self.checkpoint_keys(campaign)
+                axes = replace(axes, save_key=save_key, reload_key=reload_key)
+        except ConfigError as err:
+            if err.file is not None or file is None:
+                raise
+            raise ConfigError(err.problems, file=file) from None  # `file: parity.…: problem`
+        return axes

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from orchestrator.errors import ConfigError
 from orchestrator.spec import profile_spec, software
 from orchestrator.spec.campaign import Campaign, Resources
 from orchestrator.spec.keys import set_path, split_namespace, unknown_key_problem
@@ -17,6 +18,8 @@ from orchestrator.trainers.base import TrainerKind, software_env
 from trainer import rundir
 from trainer.memory import MemoryEstimate, estimate
 from trainer.recipe import Recipe, launch_problems, layout_problems
+
+EVAL_KEY = "training.eval_interval"  # what parity.eval_check sets to null on its train-only side
 
 # A validated point: recipe, resources, their identities, layout problems (infeasible when not empty).
 Validated = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any], tuple[str, ...]]
@@ -106,6 +109,25 @@ class BundledKind(TrainerKind):
     def planned_steps(self, cell: CellRow) -> int | None:
         steps = (cell.recipe.get("training") or {}).get("steps")
         return int(steps) if isinstance(steps, int) else None
+
+    def eval_interval_key(self, campaign: Campaign) -> str:
+        return EVAL_KEY
+
+    def eval_interval(self, campaign: Campaign, campaign_file: Path | None) -> Any:
+        """The base recipe's training.eval_interval."""
+        training = campaign.base_recipe(campaign_file).get("training")
+        if training is not None and not isinstance(training, dict):
+            raise ConfigError(f"trainer.recipe.training: must be a mapping of training settings, not "
+                              f"{type(training).__name__} (parity.eval_check reads training.eval_interval)")
+        value = (training or {}).get("eval_interval")
+        if value is None:
+            raise ConfigError("parity.eval_check: the recipe does not evaluate (training.eval_interval is not set): "
+                              "set it, or drop eval_check")
+        return value
+
+    def checkpoint_keys(self, campaign: Campaign) -> tuple[str, str]:
+        """checkpoint.save_at and checkpoint.reload_with (trainer/checkpoint.py: one run saves, then reloads)."""
+        return "checkpoint.save_at", "checkpoint.reload_with"
 
     def memory_estimate(self, point: Point, on_gpu: bool) -> MemoryEstimate | None:
         """trainer/memory.py's model of what the bundled trainer allocates (ValueError for a refused layout);

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchers.base import LaunchSpec
+from orchestrator.errors import ConfigError
 from orchestrator.spec import profile_spec, software
 from orchestrator.spec.campaign import Campaign
-from orchestrator.spec.command import attempt_argv, key_problems, resolve_point
+from orchestrator.spec.command import attempt_argv, flatten, key_problems, resolve_point
 from orchestrator.spec.megatron_layout import estimate_args, layout_problems, megatron_args
 from orchestrator.spec.sweep import Point, ResolvedPoint
 from orchestrator.trainers.base import Follower, TrainerKind, software_env, workspace_of, world_size
@@ -99,6 +100,23 @@ class CommandKind(TrainerKind):
 
     def planned_steps(self, cell: CellRow) -> int | None:
         return cell.recipe.get("steps")
+
+    def eval_interval_key(self, campaign: Campaign) -> str:
+        """params.<trainer.eval_interval_param>: a null value leaves the flag out of the argv."""
+        name = getattr(campaign.trainer, "eval_interval_param", None)
+        if name is None:
+            raise ConfigError("parity.eval_check: name the command's evaluation-interval param in "
+                              "trainer.eval_interval_param (e.g. eval_interval for Megatron-LM's --eval-interval)")
+        return f"params.{name}"
+
+    def eval_interval(self, campaign: Campaign, campaign_file: Path | None) -> Any:
+        """The base value of that param (trainer.params; dotted names reach nested Bridge params)."""
+        key = self.eval_interval_key(campaign)
+        value = flatten(campaign.trainer.params).get(key.removeprefix("params."))
+        if value is None:
+            raise ConfigError(f"parity.eval_check: the command does not evaluate (trainer.{key} is not set): set "
+                              "it, or drop eval_check")
+        return value
 
 
 def log_follower(run_dir: Path, recipe: dict[str, Any]) -> LogFollower:
