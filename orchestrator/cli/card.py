@@ -124,7 +124,7 @@ def check(
     campaign: Annotated[str, typer.Argument(help="Campaign to gate, as named in the store.", show_default=False)],
     card_file: Annotated[Path | None, typer.Argument(help="The card file.", show_default=False)] = None,
     old_campaign: Annotated[
-        str | None, typer.Option("--campaign", "-c", hidden=True, help="Before 2026-12-05: CARD --campaign NAME.")
+        str | None, typer.Option("--campaign", "-c", hidden=True, help="Before 2026-12-04: CARD --campaign NAME.")
     ] = None,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     item: Annotated[

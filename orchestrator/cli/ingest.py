@@ -51,7 +51,7 @@ def ingest(
         ),
     ] = None,
     old_campaign: Annotated[
-        str | None, typer.Option("--campaign", "-c", hidden=True, help="Before 2026-12-05: LOG... --campaign NAME.")
+        str | None, typer.Option("--campaign", "-c", hidden=True, help="Before 2026-12-04: LOG... --campaign NAME.")
     ] = None,
     log_format: Annotated[
         str, typer.Option("--format", help="Log dialect: megatron-lm, megatron-bridge or auto.")

@@ -199,7 +199,7 @@ def parse_min_effect(text: str | MinEffect) -> MinEffect:
 
 
 MIN_EFFECT_HELP = (
-    "Smallest relative change that matters, in percent: 1 (or 1%) is 1% [before 2026-12-05 bisect and freeze "
+    "Smallest relative change that matters, in percent: 1 (or 1%) is 1% [before 2026-12-04 bisect and freeze "
     "took a fraction, 0.01]."
 )
 MinEffectOpt = Annotated[
