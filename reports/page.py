@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -10,7 +10,8 @@ from typing import Any
 from reports import site_figures
 from reports.gates import CONFIDENCE
 from reports.metrics import finite
-from reports.site_data import SiteExtras, estimate_index, knob_label, short_axis_names
+from reports.parity_figures import parity_figures
+from reports.site_data import SiteExtras, estimate_index, knob_label, search_scope, short_axis_names
 from reports.site_figures import PALETTE, axis_kind, figure, layout, series, t
 from reports.site_format import (
     DASH,
@@ -25,7 +26,7 @@ from reports.site_format import (
     point_name,
     unchecked_messages,
 )
-from reports.site_rows import point_row
+from reports.site_rows import point_row, trial_table
 from reports.views import CampaignView, CellView, PointView
 from trainer import rundir
 
@@ -161,36 +162,6 @@ def grad_norm_figure(
     return figure(fig_id, title, data, layout(title, "step", "grad norm"), spikes=len(marks))
 
 
-PARITY_FIGURES_MAX = 12  # overlaid-curve figures of parity pairs (failed pairs first)
-
-
-def _parity_figures(view: CampaignView) -> list[dict[str, Any]]:
-    """Per pair: the off and on loss curves overlaid, and their differences (loss, grad norm) on a second axis."""
-    rows = {c.cell_id: c.rows for c in view.cells}
-    order = {"fail": 0, "inconclusive": 1, "pass": 2}
-    pairs = sorted(view.parity, key=lambda p: order.get(p["verdict"], 3))[:PARITY_FIGURES_MAX]
-    figures = []
-    for index, pair in enumerate(pairs):
-        off, on = rows.get(pair.get("off_cell") or "", []), rows.get(pair.get("on_cell") or "", [])
-        if not off or not on:
-            continue
-        data: list[dict[str, Any]] = []
-        for side, side_rows, dash in (("off", off, "solid"), ("on", on, "dot")):
-            steps, ys = series(side_rows, "loss")
-            data.append({"type": "scatter", "x": steps, "y": ys, "mode": "lines", "name": f"loss {side}",
-                         "line": {"dash": dash, "width": 1.5}})  # fmt: skip
-        for metric, colour in (("loss", "#d62728"), ("grad_norm", "#9467bd")):
-            a, b = dict(zip(*series(off, metric), strict=True)), dict(zip(*series(on, metric), strict=True))
-            common = [s for s in sorted(set(a) & set(b)) if a[s] is not None and b[s] is not None]
-            data.append({"type": "scatter", "x": common, "y": [b[s] - a[s] for s in common], "mode": "lines",  # type: ignore[operator]
-                         "yaxis": "y2", "name": f"Δ {metric} (on − off)", "line": {"color": colour, "width": 1}})  # fmt: skip
-        title = f"{pair['verdict']}: {pair['title']} [{pair['label']}]"
-        fig_layout = layout(t(title), "step", "loss",
-                            yaxis2={"title": {"text": "on − off"}, "overlaying": "y", "side": "right"})  # fmt: skip
-        figures.append(figure(f"fig-parity-{index}", title, data, fig_layout, verdict=pair["verdict"]))
-    return figures
-
-
 def _tolerance_text(tol: dict[str, Any] | None) -> str:
     """A metric's tolerance in words: bitwise, or its bands and whether growth fails it."""
     if not tol:
@@ -254,6 +225,23 @@ def index_cells(view: CampaignView, best: PointView | None) -> list[CellView]:
     return [c for c in with_rows if c.cell_id in chosen]
 
 
+def searched(view: CampaignView, shown: frozenset[str]) -> CampaignView:
+    """The view with only the points (and their cells) a search's figures show."""
+    points = [p for p in view.points if p.point_id in shown]
+    cells = [c for c in view.cells if c.point_id in shown]
+    return replace(view, cells=cells, points=points)
+
+
+def curve_note(view: CampaignView, figured: CampaignView, shown: list[CellView]) -> str:
+    """What the index's per-step figures leave out (every cell's curves are on its own page)."""
+    if figured is not view:
+        return (f"{len(shown)} of {len(view.cells)} cells drawn: the search's full-length trials (its shorter rungs "
+                "are in the trials table); every cell's curves are on its page")  # fmt: skip
+    if len(shown) < len([c for c in view.cells if c.rows]):
+        return f"{len(shown)} of {len(view.cells)} cells drawn (the best and the fastest); every cell's curves are on its page"
+    return ""
+
+
 def pick_best(view: CampaignView, extras: SiteExtras) -> tuple[PointView | None, str]:
     """The best point and how it was picked: the verdicts' winner (orchestrator/judge/best.py, as mbx freeze and the
     search pick it) when given; none when the orchestrator said why there is none (a tie no figure separates,
@@ -277,14 +265,6 @@ def _counts(items: list[str]) -> list[tuple[str, int]]:
     return sorted(counted.items())
 
 
-def _trials(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """A generic table of search trials: every key any row has, values as written; the best and the Pareto
-    trials flagged."""
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    return columns, [{"values": [DASH if row.get(k) is None else fmt_param(row.get(k)) for k in columns],
-                      "best": bool(row.get("best")), "pareto": bool(row.get("pareto"))} for row in rows]  # fmt: skip
-
-
 def spike_marks(view: CampaignView) -> bool:
     """Whether the grad-norm figures mark spikes: when the campaign gates on them or compares parity pairs."""
     return "grad_norm_spikes_max" in view.gates or bool(view.parity)
@@ -299,38 +279,39 @@ def index_context(view: CampaignView, extras: SiteExtras, hrefs: dict[str, str])
     point_names = {
         p.point_id: knob_label(p.repeats[0], view.axes, fmt_param).split(" (repeat")[0] for p in view.points
     }
-    shown = index_cells(view, best)
+    scope = search_scope(extras)
+    figured = view if scope is None else searched(view, scope.shown)
+    shown = index_cells(figured, best)
     grad = grad_norm_figure(shown, names, spike_marks(view))
     curves = site_figures.curves(shown, names)
     curves[2:2] = [grad] if grad is not None else []
-    pareto = site_figures.pareto(view.points, point_names, best)
-    heat = site_figures.heatmap_data(view.points, view.axes, fmt_param)
-    trial_columns, trial_rows = _trials(extras.trials)
+    pareto = site_figures.pareto(figured.points, point_names, best, None if scope is None else scope.front)
+    heat = site_figures.heatmap_data(figured.points, view.axes, fmt_param)
+    point_hrefs = {p.point_id: hrefs[p.repeats[0].cell_id] for p in view.points if p.repeats[0].cell_id in hrefs}
     known = {p.point_id for p in view.points}
     row_of = {p.point_id: point_row(p, view.axes, best, extras, estimates, hrefs) for p in view.points}
     return {
         "view": view, "extras": extras, "how": how, "description": code_spans(view.description),
-        "point_hrefs": {p.point_id: hrefs[p.repeats[0].cell_id] for p in view.points if p.repeats[0].cell_id in hrefs},
+        "point_hrefs": point_hrefs,
         "generated_at": view.generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "gates": [(k, fmt_param(v)) for k, v in view.gates.items()],
         "rows": list(row_of.values()), "best": row_of.get(best.point_id) if best is not None else None,
         "completed": sum(1 for c in view.cells if c.state == "completed"),
         "states": _counts([c.state for c in view.cells]), "verdicts": _counts([p.verdict for p in view.points]),
-        "axis_figures": _axis_figures(view, best), "curve_figures": curves,
-        "curve_note": f"{len(shown)} of {len(view.cells)} cells drawn (the best and the fastest); every cell's "
-                      "curves are on its page" if len(shown) < len([c for c in view.cells if c.rows]) else "",
+        "axis_figures": _axis_figures(figured, best), "curve_figures": curves, "scope": scope,
+        "curve_note": curve_note(view, figured, shown),
         "heatmap": heat,
         "heatmap_json": site_figures.safe_json(heat) if heat else "",
         "pareto": pareto, "short_axes": short_axis_names(view.axes),
         "estimates": bool(estimates), "infeasible": [r for r in extras.estimates if r.get("feasible") is False
                                                      and r.get("point_id") not in known],
-        "trial_columns": trial_columns, "trial_rows": trial_rows,
+        "trials": trial_table(extras.trials, point_hrefs) if extras.trials else None,
         "fp_groups": groups, "fp_keys": fp_keys, "fp_differs": differing_keys(groups, fp_keys),
         "fp_missing": [c.cell_id for c in view.cells if not c.fingerprint and c.state != "pending"],
         "fmt_number": fmt_number,
         "eager_rows": EAGER_ROWS, "confidence": f"{CONFIDENCE:.0%}",
         "damaged": [c for c in view.cells if c.damaged],
-        "parity": parity_rows(view), "parity_figures": _parity_figures(view) if view.parity else [],
+        "parity": parity_rows(view), "parity_figures": parity_figures(view) if view.parity else [],
     }  # fmt: skip
 
 

@@ -64,6 +64,35 @@ def point_memory(point: PointView) -> tuple[float | None, str]:
     return (sum(values) / len(values) if values else None), kind
 
 
+# ---------------------------------------------------------------- a search: which points its figures show
+
+NOT_CANDIDATES = ("short run", "reference")  # rejected kinds (orchestrator/judge/freeze.py) that are no trial result
+LEFT_OUT = ("excluded", "failed", "infeasible")  # trial states that never enter the best or the Pareto front
+
+
+@dataclass(frozen=True)
+class SearchScope:
+    """The points a search's figures show: its completed full-length trials that could win (as its best and its
+    Pareto front are picked, orchestrator/judge/best.py), and those on its front (None: not recorded)."""
+
+    shown: frozenset[str]
+    front: frozenset[str] | None
+
+
+def search_scope(extras: SiteExtras) -> SearchScope | None:
+    """None when the campaign is not a search. Full length is the longest run of its trials (a halving's last
+    rung); shorter rungs' runs, the base recipe run as the loss reference and trials a constraint excluded are
+    left out, as are the points the verdicts rejected as no trial result."""
+    rows = [r for r in extras.trials if r.get("point_id")]
+    full = max((r["steps"] for r in extras.trials if isinstance(r.get("steps"), int)), default=None)
+    if full is None:
+        return None
+    off = {r["point_id"] for r in extras.rejected if r.get("kind") in NOT_CANDIDATES}
+    shown = {r["point_id"] for r in rows if r.get("steps") == full and r.get("state") not in LEFT_OUT} - off
+    front = {r["point_id"] for r in rows if r.get("pareto")} & shown
+    return SearchScope(frozenset(shown), frozenset(front) if front else None)
+
+
 # ---------------------------------------------------------------- baseline deltas
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -41,23 +42,87 @@ def safe_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+TITLE_CHARS = 52  # a title line fits the narrowest figure (560 px, 15 px font) in this many characters
+TITLE_LINE_PX = 28  # from the figure's top edge to the bottom of its title's first line (the next ones below)
+LEGEND_ROW_PX = 20  # one row of the legend under the plot
+LEGEND_WIDTH_PX = 500  # what a legend row may fill in the narrowest figure
+PLOT_PX = 300  # the plot area's height in every figure (its legend and title add to the figure's height)
+_GLYPH = re.compile(r"&[A-Za-z0-9#]+;|.", re.S)  # an escaped entity counts as one character
+
+
+def wrap(text: str, width: int = TITLE_CHARS) -> list[str]:
+    """A label's lines of at most `width` characters, broken at spaces (a longer word is cut); entities whole."""
+    lines: list[list[str]] = [[]]
+    for word in text.split(" "):
+        glyphs = _GLYPH.findall(word)
+        while glyphs:
+            line = lines[-1]
+            room = width - len(line) - (1 if line else 0)
+            if len(glyphs) <= room:
+                lines[-1] = line + ([" "] if line else []) + glyphs
+                glyphs = []
+            elif line:
+                lines.append([])
+            else:  # a word longer than a line: cut it
+                lines[-1], glyphs = glyphs[:width], glyphs[width:]
+                lines.append([])
+    return ["".join(line) for line in lines if line]
+
+
+def legend_rows(names: list[str]) -> int:
+    """Rows a horizontal legend of these entries takes in the narrowest figure (entries packed left to right)."""
+    rows, used = 0, LEGEND_WIDTH_PX
+    for name in names:
+        width = 45 + 7 * len(_GLYPH.findall(name))  # the symbol, the gap and ~7 px a character at 11 px
+        if used + width > LEGEND_WIDTH_PX:
+            rows, used = rows + 1, 0
+        used += width
+    return rows
+
+
 def layout(title: str, xtitle: str, ytitle: str, **extra: Any) -> dict[str, Any]:
-    """The house layout of every figure."""
+    """The house layout of every figure: the title wrapped to the figure's width above the plot; `figure` then
+    puts the legend in rows under the x axis (never over the plot) and makes the figure tall enough for both."""
+    lines = wrap(title)
+    top = 30 + 20 * len(lines)
     return {
-        "title": {"text": title},
-        "xaxis": {"title": {"text": xtitle}, **extra.pop("xaxis", {})},
-        "yaxis": {"title": {"text": ytitle}, **extra.pop("yaxis", {})},
+        "title": {"text": "<br>".join(lines), "x": 0, "xref": "container", "xanchor": "left", "pad": {"l": 12},
+                  "yref": "container", "yanchor": "bottom", "font": {"size": 15}},  # y: set by `figure`
+        "xaxis": {"title": {"text": xtitle}, "automargin": True, **extra.pop("xaxis", {})},
+        "yaxis": {"title": {"text": ytitle}, "automargin": True, **extra.pop("yaxis", {})},
         "template": {"layout": {"paper_bgcolor": "white", "plot_bgcolor": "white"}},
-        "height": 420,
-        "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
-        "legend": {"font": {"size": 11}},
+        "height": extra.pop("plot_px", PLOT_PX) + top + 60,
+        "margin": {"l": 70, "r": 30, "t": top, "b": 60},
+        "legend": {"font": {"size": 11}, "orientation": "h", "x": 0, "xanchor": "left", "y": 0,
+                   "yref": "container", "yanchor": "bottom"},
         **extra,
-    }
+    }  # fmt: skip
+
+
+def legend_names(data: list[dict[str, Any]], shapes: list[dict[str, Any]]) -> list[str]:
+    """The legend's entries: named traces and shapes that show one (a legend group once)."""
+    names, groups = [], set()
+    traces = [(t, t.get("showlegend", t.get("type") != "heatmap")) for t in data]
+    for item, shown in traces + [(s, s.get("showlegend", False)) for s in shapes]:
+        group = item.get("legendgroup")
+        if not shown or not item.get("name") or (group and group in groups):
+            continue
+        groups.add(group)
+        names.append(str(item["name"]))
+    return names
 
 
 def figure(
     fig_id: str, title: str, data: list[dict[str, Any]], fig_layout: dict[str, Any], **more: Any
 ) -> dict[str, Any]:
+    """A figure for the page: its legend (two entries or more) below the plot, the figure grown to hold it."""
+    names = legend_names(data, fig_layout.get("shapes", []))
+    rows = legend_rows(names) if len(names) > 1 else 0
+    grow = LEGEND_ROW_PX * rows + (10 if rows else 0)
+    height = fig_layout["height"] + grow
+    fig_layout = {**fig_layout, "showlegend": bool(rows), "height": height,
+                  "title": {**fig_layout["title"], "y": 1 - TITLE_LINE_PX / height},  # plotly anchors the first line
+                  "margin": {**fig_layout["margin"], "b": fig_layout["margin"]["b"] + grow}}  # fmt: skip
     return {"id": fig_id, "title": title, "json": safe_json({"data": data, "layout": fig_layout}), **more}
 
 
@@ -181,22 +246,27 @@ def frontier(pairs: list[tuple[float, float]]) -> list[int]:
     return kept
 
 
-def pareto(points: list[PointView], names: dict[str, str], best: PointView | None) -> dict[str, Any] | None:
-    """TFLOP/s/GPU against peak memory per point, the frontier drawn through the non-dominated points."""
+def pareto(points: list[PointView], names: dict[str, str], best: PointView | None,
+           front: set[str] | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """TFLOP/s/GPU against peak memory per point, the frontier drawn through the non-dominated points (`front`:
+    the point ids a search put on its Pareto front, used as they are: one notion, orchestrator/judge/best.py's)."""
     rows = [(p, point_memory(p), p.mean("tflops_per_gpu")) for p in points if p.completed]
     rows = [(p, m, v) for p, m, v in rows if m[0] is not None and finite(v)]
     if not rows:
         return None
     pairs = [(m[0], float(v)) for _, m, v in rows]  # type: ignore[misc]
-    front = frontier(pairs)  # type: ignore[arg-type]
+    if front is None:
+        kept = frontier(pairs)  # type: ignore[arg-type]
+    else:
+        kept = sorted((i for i, (p, _, _) in enumerate(rows) if p.point_id in front), key=lambda i: pairs[i][0])
     rss = any(m[1] == "rss" for _, m, _ in rows)
     label = [t(names.get(p.point_id, p.label)) for p, _, _ in rows]
     data = [
         {"type": "scatter", "mode": "markers", "name": "points", "x": [x for x, _ in pairs], "y": [y for _, y in pairs],
          "text": label, "marker": {"size": 10, "color": "#1f77b4", "opacity": 0.8},
          "hovertemplate": "%{text}<br>%{x:.3g} GiB, %{y:.4g} TFLOP/s/GPU<extra></extra>"},
-        {"type": "scatter", "mode": "lines+markers", "name": f"frontier ({len(front)})", "line": {"shape": "hv", "color": "#d62728"},
-         "x": [pairs[i][0] for i in front], "y": [pairs[i][1] for i in front], "text": [label[i] for i in front],
+        {"type": "scatter", "mode": "lines+markers", "name": f"frontier ({len(kept)})", "line": {"shape": "hv", "color": "#d62728"},
+         "x": [pairs[i][0] for i in kept], "y": [pairs[i][1] for i in kept], "text": [label[i] for i in kept],
          "marker": {"size": 12, "symbol": "diamond-open", "color": "#d62728"},
          "hovertemplate": "%{text}<extra>frontier</extra>"},
     ]  # fmt: skip
@@ -206,4 +276,5 @@ def pareto(points: list[PointView], names: dict[str, str], best: PointView | Non
                      "marker": {"size": 20, "symbol": "star-open", "color": "#111"}, "hoverinfo": "skip"})  # fmt: skip
     xtitle = "peak memory (GiB; RSS on CPU runs)" if rss else "peak allocated memory (GiB)"
     title = "TFLOP/s/GPU vs peak memory (Pareto frontier)"
-    return figure("fig-pareto", title, data, layout(title, xtitle, "TFLOP/s/GPU"), frontier=len(front))
+    fig = figure("fig-pareto", title, data, layout(title, xtitle, "TFLOP/s/GPU"), frontier=len(kept))
+    return {**fig, "points": [p.point_id for p, _, _ in rows], "front": [rows[i][0].point_id for i in kept]}

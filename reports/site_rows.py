@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from reports.metrics import finite
-from reports.site_data import SiteExtras, headroom, point_baseline, point_memory, relative
+from reports.site_data import SiteExtras, headroom, point_baseline, point_memory, relative, short_axis_names
 from reports.site_format import DASH, failed_messages, fmt_number, fmt_param, point_name, unchecked_messages
 from reports.views import PointView
 
@@ -114,3 +114,64 @@ def point_row(point: PointView, axes: list[str], best: PointView | None, extras:
         "baseline": _baseline(point, get, extras) if extras.baselines else [],
         "estimate": _estimate(point, extras, estimates) if estimates else None,
     }
+
+
+# ---------------------------------------------------------------- the search's trials
+
+OBJECTIVES = {"tflops_per_gpu": ("TFLOP/s/GPU", 1), "step_time_ms": ("step ms", 1),
+              "tokens_per_s_per_gpu": ("tokens/s/GPU", 0)}  # fmt: skip
+SHOWN_ELSEWHERE = {"key", "label", "params", "method", "objective_metric", "cell_ids", "best", "pareto", "decision",
+                   "point_id", "objective", "peak_gib", "loss", "cost_steps", "gpu_hours", "verdict", "reason",
+                   "trial", "rung", "steps", "state"}  # fmt: skip
+
+
+def _cell(col: str, text: str, raw: Any = None, num: bool = False, **more: Any) -> dict[str, Any]:
+    """One cell of the trials table: its text, and for a number (`num`: right-aligned) its sortable value."""
+    return {"col": col, "text": text, "raw": value_attr(raw), "num": num, "href": None, "code": False,
+            "badge": False, "marks": [], **more}  # fmt: skip
+
+
+def _versus(decision: dict[str, Any] | None) -> str:
+    """The trial against the leader of its rung: change, interval and verdict ('−12.7% [−13.0%, −12.3%] UNKNOWN')."""
+    if not decision or not finite(decision.get("change")):
+        return DASH
+    low, high = decision.get("ci_low"), decision.get("ci_high")
+    ci = f" [{low:+.1%}, {high:+.1%}]" if finite(low) and finite(high) else ""
+    return f"{decision['change']:+.1%}{ci} {str(decision.get('decision') or '').upper()}".strip()
+
+
+def trial_table(rows: list[dict[str, Any]], hrefs: dict[str, str]) -> dict[str, Any]:
+    """The search's trials as a table: one column per swept knob (short names), numbers formatted and sortable,
+    the trial against its rung's leader in words, the best and the Pareto trials flagged; `hrefs` maps point ids
+    to their cell pages."""
+    knobs = list(dict.fromkeys(k for r in rows for k in (r.get("params") or {})))
+    metric = next((r.get("objective_metric") for r in rows if r.get("objective_metric")), "tflops_per_gpu")
+    objective, digits = OBJECTIVES.get(metric, (metric, 2))
+    extra = list(dict.fromkeys(k for r in rows for k in r if k not in SHOWN_ELSEWHERE))
+    headers = (["trial", "rung", "steps"] + short_axis_names(knobs) + ["state", objective, "vs leader", "peak GiB",
+               "last loss", "verdict", "point", "cost (steps)", "GPU-h", *extra, "why"])  # fmt: skip
+    out = []
+    for r in rows:
+        params, point = r.get("params") or {}, r.get("point_id")
+        marks = (["★ best"] if r.get("best") else []) + (["Pareto"] if r.get("pareto") else [])
+        cells = [_cell("trial", str(r.get("trial", DASH)), r.get("trial"), num=True),
+                 _cell("rung", str(r.get("rung", DASH)), r.get("rung"), num=True),
+                 _cell("steps", str(r.get("steps", DASH)), r.get("steps"), num=True),
+                 *[_cell("param", fmt_param(params[k]) if k in params else DASH) for k in knobs],
+                 _cell("state", str(r.get("state") or DASH)),
+                 _cell("objective", fmt_number(r.get("objective"), digits), r.get("objective"), num=True),
+                 _cell("versus", _versus(r.get("decision")), (r.get("decision") or {}).get("change"), num=True),
+                 _cell("peak_gib", fmt_number(r.get("peak_gib"), 2), r.get("peak_gib"), num=True),
+                 _cell("loss", fmt_number(r.get("loss"), 4, thousands=False), r.get("loss"), num=True),
+                 _cell("verdict", str(r.get("verdict") or "none"), badge=True),
+                 _cell("point", point or DASH, href=hrefs.get(point or ""), code=bool(point), marks=marks),
+                 _cell("cost_steps", fmt_number(r.get("cost_steps"), 0), r.get("cost_steps"), num=True),
+                 _cell("gpu_hours", fmt_number(r.get("gpu_hours"), 2), r.get("gpu_hours"), num=True),
+                 *[_cell(k, DASH if r.get(k) is None else fmt_param(r.get(k))) for k in extra],
+                 _cell("reason", str(r.get("reason") or DASH))]  # fmt: skip
+        out.append({"cells": cells, "best": bool(r.get("best")), "pareto": bool(r.get("pareto")),
+                    "state": str(r.get("state") or "")})  # fmt: skip
+    method = next((r.get("method") for r in rows if r.get("method")), "")
+    keys = ["trial", "rung", "steps", *(["param"] * len(knobs)), "state", "objective", "versus", "peak_gib", "loss",
+            "verdict", "point", "cost_steps", "gpu_hours", *extra, "reason"]  # fmt: skip
+    return {"columns": list(zip(keys, headers, strict=True)), "rows": out, "method": method, "objective": objective}

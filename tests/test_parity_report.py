@@ -147,7 +147,7 @@ def test_parity_page_renders_in_chromium(tmp_path: Path):
         assert "js-plotly-plot" in fig.classes and fig.find_all("svg", cls="main-svg"), fig.attrs["id"]
     parity_fig = figures["fig-parity-0"]
     legend = [t.text() for t in parity_fig.find_all("text", cls="legendtext")]
-    assert legend == ["loss off", "loss on", "Δ loss (on − off)", "Δ grad_norm (on − off)"]
+    assert legend == ["loss off", "loss on", "tolerance band", "eval step", "first step outside"]  # a Δ row per metric
     grad = figures["fig-grad-norm"]
     assert "spike" in [t.text() for t in grad.find_all("text", cls="legendtext")]
     assert "(1 spike(s) marked)" in grad.find_all("text", cls="gtitle")[0].text()

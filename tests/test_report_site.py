@@ -164,7 +164,9 @@ def test_site_index_cells_and_extras(tmp_path: Path) -> None:
     infeasible = dom.by_id("infeasible-list").text()
     assert "zz9" in infeasible and "exceeds the H200" in infeasible
     trials = dom.by_id("trials-table")
-    assert [th.text() for th in trials.find_all("th")] == ["trial", "method", "rung", "point_id", "value"]
+    assert [th.text() for th in trials.find_all("th")] == ["trial", "rung", "steps", "state", "TFLOP/s/GPU", "vs leader",
+                                                           "peak GiB", "last loss", "verdict", "point", "cost (steps)",
+                                                           "GPU-h", "value", "why"]  # fmt: skip
 
 
 def test_cell_page_shows_baseline_and_curves(tmp_path: Path) -> None:

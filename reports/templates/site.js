@@ -30,7 +30,20 @@
       target.innerHTML = '<p class="plot-error">plotly.js did not load: is assets/plotly.min.js next to this page?</p>';
       return Promise.resolve();
     }
-    return Plotly.newPlot(target, fig.data, fig.layout, {responsive: true, displaylogo: false});
+    try {
+      return Plotly.newPlot(target, fig.data, fig.layout, {responsive: true, displaylogo: false}).catch(function (e) {
+        failed(target, e);
+      });
+    } catch (e) {  // a figure plotly cannot draw says so; the rest of the page is still drawn and marked ready
+      failed(target, e);
+      return Promise.resolve();
+    }
+  }
+
+  function failed(target, error) {
+    target.innerHTML = '<p class="plot-error"></p>';
+    target.firstChild.textContent = "This figure could not be drawn: " + error;
+    if (window.console) { console.error("mbx figure " + target.id + ": " + error); }
   }
 
   // Sort a table by a column: numbers by data-value, the rest by text; rows without a value go last.
