@@ -102,3 +102,12 @@ def cache_env(tmp_path: Path) -> dict[str, str]:
     """Environment keeping JIT caches and W&B inside the test's tmp dir."""
     return {"MBX_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's `--dist loadgroup` (the README's test command): every test that uses the real
+    Slurm runs on one worker (one cluster per test session), every other file's tests stay together (its
+    module-scoped fixtures, e.g. a campaign run once, are built once)."""
+    for item in items:
+        uses_slurm = "slurm" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm")
+        item.add_marker(pytest.mark.xdist_group("slurm" if uses_slurm else item.nodeid.split("::")[0]))
