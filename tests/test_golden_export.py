@@ -22,15 +22,8 @@ DATA = ROOT / "tests" / "data" / "megatron"  # the published files, in the repos
 GOLDEN_DIR = DATA / "golden_values"
 REAL_FILES = sorted(GOLDEN_DIR.glob("*.json"))
 BRIDGE_DIR = DATA / "bridge"
-# The real entry point (cli.main: clean errors, exit codes), with `golden` joined here until cli.py joins it.
-RUNNER = (
-    "import sys\n"
-    "from orchestrator import cli, cli_golden\n"
-    "if not any(g.name == 'golden' for g in cli.app.registered_groups):\n"
-    "    cli.app.add_typer(cli_golden.app, name='golden')\n"
-    "sys.argv[0] = 'mbx'\n"
-    "cli.main()\n"
-)
+# The real entry point (orchestrator.cli.app.main: clean errors, exit codes).
+RUNNER = "import sys\nfrom orchestrator.cli.app import main\nsys.argv[0] = 'mbx'\nmain()\n"
 
 
 def mbx_cli(*args: str) -> subprocess.CompletedProcess:
