@@ -240,3 +240,22 @@ def test_no_orchestrator_package_imports_a_higher_one() -> None:
                 if theirs is not None and theirs > mine:
                     upward.append(f"{path.relative_to(ROOT)}:{node.lineno} ({LAYERS[mine]}) imports {target}")
     assert upward == []
+
+
+def test_no_trainer_kind_branches_outside_the_trainer_kinds() -> None:
+    """A kind's differences live in orchestrator/trainers/ (ARCHITECTURE.md): elsewhere nothing compares a kind's
+    name (`trainer_kind == "bundled"`, `campaign.trainer.kind != "command"`)."""
+    names = {"bundled", "command"}
+    found = []
+    for name, path in modules().items():
+        if name.startswith("orchestrator.trainers") or not name.startswith(("orchestrator", "reports", "launchers")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            kinds = [s for s in sides if isinstance(s, ast.Attribute) and s.attr in ("kind", "trainer_kind")]
+            literal = [s for s in sides if isinstance(s, ast.Constant) and s.value in names]
+            if kinds and literal:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
