@@ -80,10 +80,11 @@ def root() -> None:
     Define a campaign (a base recipe plus sweeps of knobs), run every point locally or on Slurm, collect
     last-10-step TFLOP/s/GPU, step time, memory and loss, gate them and write a report.
 
-    Grammar: mbx NOUN [ACTION] CAMPAIGN [OPTIONS]. The same option means the same thing everywhere:
-    --workspace/-w (or MBX_WORKSPACE), --point/-p, --out/-o, --file/-f, --launcher/-l, --parallel/-j,
-    --markdown/-m, --min-effect (a percent); --json on every command that prints a result.
-    Exit codes: 0 ok, 1 failed, 2 bad input, 3 inconclusive.
+    \b
+    Grammar: mbx NOUN [ACTION] CAMPAIGN [OPTIONS]; one meaning per option everywhere:
+    --workspace/-w (or MBX_WORKSPACE), --point/-p, --out/-o, --file/-f, --launcher/-l,
+    --parallel/-j, --markdown/-m, --min-effect (a percent), and --json on every command
+    that prints a result. Exit codes: 0 ok, 1 failed, 2 bad input, 3 inconclusive.
 
     Example: mbx campaign run campaigns/quickstart.yaml
     """
@@ -123,22 +124,20 @@ def run(cli: Any, args: list[str] | None = None) -> None:
     """Run a Typer app with mbx's exits: MbxError -> one line per problem (the first MAX_ERRORS) and its exit
     code; bad input (exit 2) without the MBX_DEBUG hint; an unexpected exception (a bug) -> one line, the hint,
     exit 1. MBX_DEBUG=1 lets every exception through with its traceback."""
-    from reports.limits import LimitError
-
     debug = os.environ.get("MBX_DEBUG") == "1"
     try:
         cli(args=args)
-    except (MbxError, LimitError) as caught:
+    except Exception as caught:  # noqa: BLE001 - mbx's errors, inputs over a limit, and bugs
         if debug:
             raise
-        error = caught if isinstance(caught, MbxError) else ConfigError(str(caught))  # an input over a limit
+        from reports.limits import LimitError  # here, not at import: `mbx --help` stays small
+
+        error = ConfigError(str(caught)) if isinstance(caught, LimitError) else caught
+        if not isinstance(error, MbxError):  # a bug in mbx: say what, point at the traceback
+            _print_error([f"internal error: {type(caught).__name__}: {caught}"], hint=True)
+            sys.exit(1)
         _print_error(error.lines(), hint=error.exit_code != 2 and caught.__cause__ is not None)
         sys.exit(error.exit_code)
-    except Exception as caught:  # noqa: BLE001 - a bug in mbx: say what, point at the traceback
-        if debug:
-            raise
-        _print_error([f"internal error: {type(caught).__name__}: {caught}"], hint=True)
-        sys.exit(1)
 
 
 def main() -> None:
