@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from orchestrator.cli.options import DEFAULT_WORKSPACE, CampaignNameArg, JsonOpt, WorkspaceOpt
+from orchestrator.cli.options import (
+    DEFAULT_WORKSPACE,
+    CampaignNameArg,
+    JsonOpt,
+    MarkdownOpt,
+    OutDirOpt,
+    WorkspaceOpt,
+)
 from orchestrator.cli.terminal import console, emit_json, err, noun_app
 
 if TYPE_CHECKING:  # annotations only: pydantic and Rich stay off the `mbx --help` path
@@ -23,22 +30,8 @@ app = noun_app("Write a campaign's report site and its Markdown summary.")
 def report(
     name: CampaignNameArg,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            "-o",
-            help="Directory for the site (index.html, cells/, compare/, summary.md); default <workspace>/<name>/report.",
-        ),
-    ] = None,
-    markdown: Annotated[
-        bool,
-        typer.Option(
-            "--markdown",
-            "-m",
-            help="Print the Markdown summary on stdout (paste it into a PR); the page's path goes to stderr.",
-        ),  # fmt: skip
-    ] = False,
+    out: OutDirOpt = None,
+    markdown: MarkdownOpt = False,
     wandb_report: Annotated[
         bool,
         typer.Option(
@@ -55,7 +48,8 @@ def report(
     per-step curves, the rejected points and why; cells/: one page per cell; compare/: the comparison with the
     campaign's baseline) and summary.md, the Markdown summary in a performance PR's shape.
 
-    --json prints the page's and the summary's paths (and the W&B report's, with --wandb-report) as JSON.
+    --out/-o is the site's directory [default: WORKSPACE/NAME/report]. --markdown/-m prints the summary on
+    stdout and the page's path on stderr; --json prints the page's and the summary's paths as JSON.
 
     Example: mbx report moe-dispatch --markdown > pr.md   (the page's path goes to stderr)
     """

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 def noun_app(help: str) -> typer.Typer:
     """A noun's Typer app: `mbx NOUN` alone prints its help; plain Click help (no Rich: fast, one look)."""
-    return typer.Typer(no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False, help=help)
+    return typer.Typer(no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False, add_completion=False,
+                       help=help)  # fmt: skip
 
 
 @cache
