@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.site_figures import figure, layout, series, t
+from reports.site_figures import eval_marks, eval_steps, figure, layout, series, t
 from reports.views import CampaignView
 
 PARITY_FIGURES_MAX = 12  # figures of parity pairs (failed pairs first)
@@ -13,22 +13,6 @@ ROW_PX = 150  # the plot height of each row (the loss curves, then a gap per met
 GAP = 0.08  # between rows, as a fraction of the plot area
 BAND = "rgba(44, 160, 44, 0.18)"
 GAP_COLOURS = ("#6f42c1", "#0a7d74", "#8c564b", "#e377c2")
-
-
-def eval_steps(*sides: list[dict[str, Any]]) -> list[int]:
-    """The steps either side evaluated at (a row with an `eval_loss`)."""
-    return sorted({r["step"] for rows in sides for r in rows if isinstance(r.get("step"), int)
-                   and r.get("eval_loss") is not None})  # fmt: skip
-
-
-def eval_marks(steps: list[int], rows: int) -> list[dict[str, Any]]:
-    """A dotted vertical line at each eval step across every row, over the curves (one legend entry for
-    all)."""
-    axes = ["y"] + [f"y{i}" for i in range(2, rows + 1)]
-    return [{"type": "line", "xref": "x", "yref": f"{axis} domain", "x0": s, "x1": s, "y0": 0, "y1": 1,
-             "layer": "above", "line": {"color": "#57606a", "width": 1.2, "dash": "dot"}, "name": "eval step",
-             "legendgroup": "eval", "showlegend": i == 0 and axis == "y"}
-            for axis in axes for i, s in enumerate(steps)]  # fmt: skip
 
 
 def band(tol: dict[str, Any] | None, off: dict[int, float | None], steps: list[int]) -> list[float] | None:

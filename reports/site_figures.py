@@ -154,13 +154,30 @@ def axis_kind(values: list[Any]) -> tuple[bool, list[Any]]:
     return True, [json.loads(d) for d in distinct]
 
 
+def eval_steps(*sides: list[dict[str, Any]]) -> list[int]:
+    """The steps either side evaluated at (a row with an `eval_loss`)."""
+    return sorted({r["step"] for rows in sides for r in rows if isinstance(r.get("step"), int)
+                   and r.get("eval_loss") is not None})  # fmt: skip
+
+
+def eval_marks(steps: list[int], rows: int, legend: bool = True) -> list[dict[str, Any]]:
+    """A dotted vertical line at each eval step across every row, over the curves (one legend entry for
+    all)."""
+    axes = ["y"] + [f"y{i}" for i in range(2, rows + 1)]
+    return [{"type": "line", "xref": "x", "yref": f"{axis} domain", "x0": s, "x1": s, "y0": 0, "y1": 1,
+             "layer": "above", "line": {"color": "#57606a", "width": 1.2, "dash": "dot"}, "name": "eval step",
+             "legendgroup": "eval", "showlegend": legend and i == 0 and axis == "y"}
+            for axis in axes for i, s in enumerate(steps)]  # fmt: skip
+
+
 def _memory_key(cell: CellView) -> str:
     return "rss_gib" if cell_memory(cell)[1] == "rss" else "mem_max_allocated_gib"
 
 
 def curve(cells: list[CellView], names: dict[str, str], key: str, fig_id: str, title: str, ytitle: str,
           clip_first: bool = False) -> dict[str, Any] | None:  # fmt: skip
-    """One line per cell of `key` (MEMORY: peak allocated, or RSS on CPU) against the step; legends by `names`."""
+    """One line per cell of `key` (MEMORY: peak allocated, or RSS on CPU) against the step; legends by `names`;
+    the training loss with the eval steps marked."""
     data: list[dict[str, Any]] = []
     tail: list[float] = []
     heads: list[float] = []
@@ -183,7 +200,9 @@ def curve(cells: list[CellView], names: dict[str, str], key: str, fig_id: str, t
         yaxis = {"range": [max(0.0, low - pad), high + pad]}
         if any(h > high + pad or h < low - pad for h in heads):
             title += " (first steps off scale)"
-    return figure(fig_id, title, data, layout(title, "step", ytitle, yaxis=yaxis))
+    marks = eval_marks(eval_steps(*(c.rows for c in cells)), 1, legend=False) if key == "loss" else []
+    title += " (dotted: eval steps)" if marks else ""  # the legend names the cells alone
+    return figure(fig_id, title, data, layout(title, "step", ytitle, yaxis=yaxis, shapes=marks))
 
 
 def curves(cells: list[CellView], names: dict[str, str], prefix: str = "") -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ JavaScript, take full-page screenshots and count their non-white pixels in the b
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import select
@@ -41,6 +42,13 @@ NON_WHITE = """new Promise((resolve, reject) => {
 })"""
 
 
+def _above_4(fd: int) -> int:
+    """The same pipe end on a descriptor above 4 (the original closed)."""
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+    os.close(fd)
+    return moved
+
+
 class Browser:
     """One headless Chromium; `open` loads a page in a fresh tab and returns its session id."""
 
@@ -49,14 +57,15 @@ class Browser:
         profile.mkdir(parents=True, exist_ok=True)
         to_chrome, self._write = os.pipe()  # Chromium reads commands on its fd 3, writes replies on fd 4
         self._read, from_chrome = os.pipe()
+        to_chrome, from_chrome = (_above_4(fd) for fd in (to_chrome, from_chrome))  # `3<&N 4>&M` cannot collide
         flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--remote-debugging-pipe", f"--user-data-dir={profile}", "--allow-file-access-from-files",
                  "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",  # no network at all
                  "--hide-scrollbars", f"--window-size={width},{height}"]  # fmt: skip
-        # sh moves the pipe ends onto fds 3 and 4 (a fixed script; the arguments pass through "$@" untouched)
+        # bash moves the pipe ends onto fds 3 and 4 (a fixed script; the arguments pass through "$@" untouched)
         script = f'exec "$0" "$@" 3<&{to_chrome} 4>&{from_chrome}'
-        self.proc = subprocess.Popen(["sh", "-c", script, CHROMIUM, *flags], pass_fds=(to_chrome, from_chrome),
+        self.proc = subprocess.Popen(["bash", "-c", script, CHROMIUM, *flags], pass_fds=(to_chrome, from_chrome),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         os.close(to_chrome)
         os.close(from_chrome)
