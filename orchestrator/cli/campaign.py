@@ -187,20 +187,19 @@ def run(
 
     Example: mbx campaign run campaigns/quickstart.yaml -w mbx-workspace -j 2
     """
-    from orchestrator.flow import runner
-    from orchestrator.spec.loader import load_campaign
-    from orchestrator.trainers import expand, with_parity_axes
+    from orchestrator.flow import lifecycle, runner
 
-    campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
-    points = expand(campaign, file, max_cells, strict=strict)
+    options = lifecycle.Options(workspace, launcher, parallel, gpu, strict, max_cells, make_report=report,
+                                log_wandb=wandb)  # fmt: skip
+    campaign, points = lifecycle.load(file, options)  # parity sides as sweep factors
     if campaign.sweep.search is not None:  # a budgeted search: orchestrator/flow/search_run.py
         from orchestrator.flow.search_run import run_search
 
         searched = run_search(workspace, campaign, points, file, make_report=report, launcher=launcher,
                               parallel=parallel, log_wandb=wandb, gpu=gpu, strict=strict, dry_run=dry_run)  # fmt: skip
         raise typer.Exit(searched.exit_code)
-    finished = runner.run_campaign(workspace, campaign, points, file, launcher=launcher, parallel=parallel,
-                                   make_report=report, log_wandb=wandb, dry_run=dry_run, gpu=gpu, strict=strict)
+    plan = lifecycle.prepare_points(campaign, points, file, options)
+    finished = lifecycle.render(plan) if dry_run else lifecycle.execute(plan)
     raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
 
 
@@ -222,13 +221,14 @@ def resume(
 
     Example: mbx campaign resume quickstart -w mbx-workspace
     """
-    from orchestrator.flow import runner
+    from orchestrator.flow import lifecycle, runner
     from orchestrator.flow.search_run import resume_search
 
     searched = resume_search(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
     if searched is not None:  # a campaign with sweep.search: the search goes on (orchestrator/flow/search_run.py)
         raise typer.Exit(searched.exit_code)
-    finished = runner.resume_campaign(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
+    options = lifecycle.Options(workspace, parallel=parallel, make_report=report, log_wandb=wandb)
+    finished = lifecycle.execute(lifecycle.prepare_stored(workspace, name, options))
     raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
 
 

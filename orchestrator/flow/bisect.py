@@ -1,8 +1,8 @@
 """`mbx bisect`: find the first version that changes a metric, over an ordered list of values of one sweep key
 (the commits of `git rev-list GOOD..BAD` of a software repo, container tags, pip versions, env values).
 
-The probes are the points of one bisect campaign (`<campaign>.bisect-<digest>`) run through the ordinary
-runner, so a second run reuses every completed cell. Both ends are measured first; the bisect refuses when
+The probes are the points of one bisect campaign (`<campaign>.bisect-<digest>`) run through the lifecycle
+(orchestrator/flow/lifecycle.py: prepare, execute), so a second run reuses every completed cell. Both ends are measured first; the bisect refuses when
 they do not differ. Each probe is decided against the good end by orchestrator/judge/compare.py's statistics
 (reports/compare.py): DIFFERENT in the bad end's direction → bad; SAME (or below the practical threshold)
 → good; UNKNOWN → more repeats of both, up to a budget, then the bisect stops inconclusive.
@@ -177,7 +177,7 @@ def check_campaign(campaign: Campaign, file: Path | None) -> None:
 
 
 class Bisector:
-    """Runs probes through the runner (one bisect campaign in the store) and decides them."""
+    """Runs probes through the lifecycle (one bisect campaign in the store) and decides them."""
 
     def __init__(
         self, campaign: Campaign, file: Path | None, plan: Plan, workspace: Path, run_options: dict[str, Any]
@@ -210,8 +210,8 @@ class Bisector:
             raise UsageError(f"{self.plan.key}: two values resolve to the same point (the same commit?)")
 
     def measure(self, wanted: dict[int, int]) -> None:
-        """Run what is missing for these versions (repeats each) through the runner; completed cells are reused."""
-        from orchestrator.flow.runner import run_campaign
+        """Run what is missing for these versions (repeats each) through the lifecycle; completed cells are reused."""
+        from orchestrator.flow.lifecycle import run_points
 
         before = {self.point_of[i]: n for i, n in self.need.items()}
         for index, count in wanted.items():
@@ -223,10 +223,10 @@ class Bisector:
         chosen = [p for p in points if p.repeat < keep.get(p.point_id, 0)]
         # interleaved (A B A B …) within this batch: drift between runs hits every version alike
         chosen.sort(key=lambda p: p.repeat - before.get(p.point_id, 0))
-        # the runner's lines are progress (stderr); stdout gets the result
+        # the lifecycle's lines are progress (stderr); stdout gets the result
         with contextlib.redirect_stdout(sys.stderr):
-            run_campaign(self.workspace, bisect_campaign, chosen, self.file, make_report=False, log_wandb=False,
-                         **self.options)  # fmt: skip
+            run_points(self.workspace, bisect_campaign, chosen, self.file, make_report=False, log_wandb=False,
+                       **self.options)  # fmt: skip
 
     def points(self) -> dict[str, compare.Point]:
         from orchestrator.run.store import Store

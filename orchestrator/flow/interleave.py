@@ -1,8 +1,9 @@
 """Interleaved A/B runs for `mbx compare --run A.yaml B.yaml`, and the extra repeats of `--until-conclusive`.
 
 The cells of two campaigns run one at a time, alternately (A B A B …: repeat r of every matched point of A,
-then of B, then repeat r + 1), through the engine of each campaign (orchestrator/run/engine.py) with both
-campaigns registered in the store and both campaign locks held, so that drift of the machine (clocks,
+then of B, then repeat r + 1), each side prepared as `mbx campaign run` prepares it and each cell executed
+through the lifecycle (orchestrator/flow/lifecycle.py) with both campaigns registered in the store and both
+campaign locks held, so that drift of the machine (clocks,
 thermals, neighbours) falls on both sides alike. A rerun reuses every completed cell (the engine skips it)
 and adopts attempts still running. `--until-conclusive` adds repeat cells `<point>-r<n>` (the sweep's cell-id
 scheme) to the points of the pairs with an UNKNOWN verdict, registers them with the campaign's other active
@@ -24,17 +25,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from launchers.base import Launcher
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.flow.runner import check_baseline, check_plan, make_launcher, show
+from orchestrator.flow.lifecycle import Options, Plan, execute, prepare, prepare_stored
+from orchestrator.flow.runner import check_baseline, show
 from orchestrator.judge.compare import Comparison, Point, resolvable
-from orchestrator.run.baseline import baseline_summaries, params_key
-from orchestrator.run.engine import Engine, Event
+from orchestrator.run.baseline import params_key
+from orchestrator.run.engine import Event
 from orchestrator.run.lock import CampaignLock
 from orchestrator.run.progress import ProgressReporter
-from orchestrator.run.regate import regate
-from orchestrator.run.store import INGEST_LAUNCHER, CellRow, Store, cell_rows, check_workspace
-from orchestrator.spec.campaign import Campaign
+from orchestrator.run.store import INGEST_LAUNCHER, CellRow, Store, check_workspace, read_only
 from orchestrator.spec.sweep import Point as PlannedPoint
 
 console = Console(highlight=False, markup=False, emoji=False)
@@ -49,13 +48,10 @@ def max_looks(budget: int) -> int:
 
 @dataclass
 class Side:
-    """One campaign of an A/B run: its spec, where it came from, its launcher and its active cells."""
+    """One campaign of an A/B run: its tag and its plan (orchestrator/flow/lifecycle.py)."""
 
-    tag: str  # "A" or "B"
-    campaign: Campaign
-    source: str | None
-    launcher: Launcher
-    cells: list[CellRow]
+    tag: str  # "A" or "B" ("A/B" when both sides are the same campaign)
+    plan: Plan
 
 
 @dataclass
@@ -64,13 +60,6 @@ class Driven:
 
     order: list[CellRow] = field(default_factory=list)
     failed: list[tuple[CellRow, str]] = field(default_factory=list)
-
-
-def with_repeats(campaign: Campaign, repeats: int | None) -> Campaign:
-    """The campaign with `sweep.repeats` set to `repeats` (unchanged for None)."""
-    if repeats is None:
-        return campaign
-    return campaign.model_copy(update={"sweep": campaign.sweep.model_copy(update={"repeats": repeats})})
 
 
 def match_planned(
@@ -107,60 +96,58 @@ def alternate(a: list[CellRow], b: list[CellRow], pairs: list[tuple[str, str]]) 
 
 
 @contextlib.contextmanager
-def locked(workspace: Path, names: list[str]) -> Iterator[Store]:
-    """Both campaign locks (each name once) and the store, held while cells run."""
+def locked(workspace: Path, names: list[str]) -> Iterator[None]:
+    """Both campaign locks (each name once), held while cells run (the lifecycle takes them again, re-entrant)."""
     with contextlib.ExitStack() as stack:
         for name in dict.fromkeys(names):
             stack.enter_context(CampaignLock(workspace / name))
-        yield stack.enter_context(Store(workspace))
+        yield
 
 
-def load_side(tag: str, file: Path, repeats: int | None, launcher: str | None, workspace: Path,
-              max_cells: int | None) -> tuple[Side, list[PlannedPoint]]:  # fmt: skip
-    """A campaign file as one side: validated, expanded (with `repeats`), its launcher built and checked."""
-    from orchestrator.spec.loader import load_campaign
-    from orchestrator.trainers import expand
-
-    campaign = with_repeats(load_campaign(file), repeats)
-    points = expand(campaign, file, max_cells)
-    backend = make_launcher(campaign, launcher or campaign.launcher, workspace)
-    cells = cell_rows(campaign, points)
-    check_plan(campaign, backend, workspace, cells)
-    return Side(tag, campaign, str(file), backend, cells), points
+def options_of(workspace: Path, launcher: str | None, max_cells: int | None = None,
+               repeats: int | None = None) -> Options:  # fmt: skip
+    """The lifecycle's options of an A/B run: no report or W&B per side (`mbx compare` writes the result)."""
+    return Options(Path(workspace), launcher=launcher, max_cells=max_cells, repeats=repeats, make_report=False,
+                   log_wandb=False)  # fmt: skip
 
 
 def run_files(workspace: Path, file_a: Path, file_b: Path, *, repeats: int | None = None,
               launcher: str | None = None, max_cells: int | None = None) -> tuple[str, str, Driven]:  # fmt: skip
-    """`mbx compare --run A.yaml B.yaml`: register both campaigns and run their cells alternately; returns the
-    two campaign names (as stored) and what was run. Nothing is written before both files are checked."""
-    workspace = Path(workspace).expanduser().resolve()
-    side_a, points_a = load_side("A", file_a, repeats, launcher, workspace, max_cells)
-    side_b, points_b = load_side("B", file_b, repeats, launcher, workspace, max_cells)
-    if side_a.campaign.name == side_b.campaign.name:
-        raise ConfigError(f"name: both files name the campaign {side_a.campaign.name!r}; an A/B run stores "
+    """`mbx compare --run A.yaml B.yaml`: prepare both campaigns as `mbx campaign run` does (parity sides as
+    sweep factors, infeasible points recorded and skipped, `--strict` aside), register both and run their cells
+    alternately; returns the two campaign names (as stored) and what was run. Nothing is written before both
+    files are checked."""
+    options = options_of(workspace, launcher, max_cells, repeats)
+    side_a, side_b = Side("A", prepare(file_a, options)), Side("B", prepare(file_b, options))
+    name_a, name_b = side_a.plan.campaign.name, side_b.plan.campaign.name
+    if name_a == name_b:
+        raise ConfigError(f"name: both files name the campaign {name_a!r}; an A/B run stores "
                           f"each side as its own campaign: give {file_b} another name", file=str(file_b))  # fmt: skip
-    windows = (side_a.campaign.collect.window, side_b.campaign.collect.window)
+    windows = (side_a.plan.campaign.collect.window, side_b.plan.campaign.collect.window)
     if windows[0] != windows[1]:
         raise ConfigError(f"collect.window: {file_a} measures the last {windows[0]} steps and {file_b} the last "
                           f"{windows[1]}: an A/B compares like with like, give both the same window")  # fmt: skip
-    pairs = match_planned(points_a, points_b, (str(file_a), str(file_b)))
-    workspace = check_workspace(workspace)
+    pairs = match_planned(side_a.plan.points, side_b.plan.points, (str(file_a), str(file_b)))
+    workspace = check_workspace(Path(workspace))
     for side in (side_a, side_b):
-        check_baseline(workspace, side.campaign, Path(side.source or ""))
-    order = alternate(side_a.cells, side_b.cells, pairs)
-    with locked(workspace, [side_a.campaign.name, side_b.campaign.name]) as store:
-        for side in (side_a, side_b):
-            spec = side.campaign.model_dump(mode="json")
-            store.register_campaign(side.campaign.name, side.source, spec, side.launcher.name, side.cells)
-        console.print(Text(f"interleaved A/B: A = {side_a.campaign.name}, B = {side_b.campaign.name}, "
-                           f"{len(pairs)} matched point(s), {len(order)} cell(s) run one at a time, A B A B …"))  # fmt: skip
-        driven = drive(store, {s.campaign.name: s for s in (side_a, side_b)}, order)
-    return side_a.campaign.name, side_b.campaign.name, driven
+        check_baseline(workspace, side.plan.campaign, side.plan.source)
+    order = alternate(side_a.plan.cells, side_b.plan.cells, pairs)
+    with locked(workspace, [name_a, name_b]):
+        for side in (side_a, side_b):  # both registered (with their estimates) before any cell runs
+            execute(side.plan, [], _quiet, closing=False)
+        console.print(Text(f"interleaved A/B: A = {name_a}, B = {name_b}, {len(pairs)} matched point(s), "
+                           f"{len(order)} cell(s) run one at a time, A B A B …"))  # fmt: skip
+        driven = drive({name_a: side_a, name_b: side_b}, order)
+    return name_a, name_b, driven
 
 
-def drive(store: Store, sides: dict[str, Side], order: list[CellRow]) -> Driven:
-    """Run `order` one cell at a time through its campaign's engine (completed cells are skipped), then
-    re-judge both campaigns' stored verdicts with their gates."""
+def _quiet(event: Event) -> None:
+    """No progress to show: a registration runs no cell."""
+
+
+def drive(sides: dict[str, Side], order: list[CellRow]) -> Driven:
+    """Run `order` one cell at a time, each executed by the lifecycle with its campaign's plan (completed cells
+    are skipped; every stored verdict of that campaign is judged again with its gates after each)."""
     driven = Driven(order=order)
     title = " ⇄ ".join(f"{s.tag} {name}" for name, s in sides.items())
     with ProgressReporter(len(order), title) as progress:
@@ -170,21 +157,16 @@ def drive(store: Store, sides: dict[str, Side], order: list[CellRow]) -> Driven:
             label = f"{side.tag}: {event.cell.label}"
             show(progress, dataclasses.replace(event, cell=dataclasses.replace(event.cell, label=label)))
 
-        engines = {name: Engine(side.campaign, side.launcher, store.workspace, store, on_event,
-                                baseline_summaries(store, side.campaign.baseline), max_in_flight=1)
-                   for name, side in sides.items()}  # fmt: skip
         try:
             for cell in order:
-                outcome = engines[cell.campaign].run([cell])
-                driven.failed += outcome.failed
+                finished = execute(sides[cell.campaign].plan, [cell], on_event, max_in_flight=1, closing=False)
+                driven.failed += finished.outcome.failed
         except KeyboardInterrupt:
             progress.progress.stop()
             names = " and ".join(sides)
             console.print(Text(f"interrupted: the same command resumes (completed cells of {names} are kept; "
                                "an attempt already started is adopted)"), style="yellow")  # fmt: skip
             raise SystemExit(130) from None
-    for name in sides:
-        regate(store, name)
     for cell, why in driven.failed:
         console.print(Text(f"  {sides[cell.campaign].tag} {cell.cell_id} [{cell.label}] did not complete: {why}",
                            style="red"), soft_wrap=True)  # fmt: skip
@@ -205,61 +187,49 @@ def check_golden(points: list[Point]) -> None:
                              "cannot be run for it (compare with a campaign instead)")  # fmt: skip
 
 
-def check_runnable(store: Store, points: list[Point]) -> None:
+def check_runnable(store: Store | None, points: list[Point]) -> None:
     """Refuse (exit 2) campaigns more repeats cannot be run for: ingested logs."""
     for point in points:
-        record = store.campaign(point.campaign) or {}
+        record = (store.campaign(point.campaign) if store is not None else None) or {}
         if record.get("launcher") == INGEST_LAUNCHER:
             raise UsageError(f"--until-conclusive: campaign {point.campaign!r} holds ingested logs; more repeats "
                              "cannot be run for it")  # fmt: skip
 
 
-def next_repeat(store: Store, point: Point) -> CellRow:
+def next_repeat(cells: list[CellRow], point: Point) -> CellRow:
     """A new repeat cell of a point: `<point>-r<n>` after the point's highest active repeat (a cell of that id
     made earlier and since deactivated is reused with its results)."""
-    cells = [c for c in store.cells(point.campaign) if c.point_id == point.point_id]
-    last = max(cells, key=lambda c: c.repeat)
+    last = max((c for c in cells if c.point_id == point.point_id), key=lambda c: c.repeat)
     repeat = last.repeat + 1
     return dataclasses.replace(last, cell_id=f"{point.point_id}-r{repeat}", repeat=repeat)
 
 
-def add_cells(store: Store, new: list[CellRow]) -> None:
-    """Register the new cells after each campaign's active cells, keeping its spec, source and launcher."""
-    for name in dict.fromkeys(c.campaign for c in new):
-        record = store.campaign(name) or {}
-        cells = store.cells(name)
-        mine = [c for c in new if c.campaign == name]
-        start = max((c.ordinal for c in cells), default=-1) + 1
-        mine = [dataclasses.replace(c, ordinal=start + i) for i, c in enumerate(mine)]
-        store.register_campaign(
-            name, record.get("source_file"), record["spec"], record["launcher"], cells + mine
-        )
-
-
-def stored_sides(store: Store, names: list[str], launcher: str | None) -> dict[str, Side]:
-    """The A and B campaigns as stored (one side when both are the same campaign), each with the launcher it
-    was run with (or `launcher`)."""
-    tags = ("A", "B") if names[0] != names[1] else ("A/B", "A/B")
-    sides: dict[str, Side] = {}
-    for tag, name in zip(tags, names, strict=True):
-        record = store.campaign(name) or {}
-        campaign = Campaign.model_validate(record["spec"])
-        backend = make_launcher(campaign, launcher or record["launcher"], store.workspace)
-        sides[name] = Side(tag, campaign, record.get("source_file"), backend, store.cells(name))
-    return sides
+def with_cells(plan: Plan, new: list[CellRow]) -> Plan:
+    """The stored campaign's plan with `new` cells after its active ones, to be registered (spec, source and
+    launcher kept) when it is executed."""
+    start = max((c.ordinal for c in plan.cells), default=-1) + 1
+    mine = [dataclasses.replace(c, ordinal=start + i) for i, c in enumerate(new)]
+    return dataclasses.replace(plan, cells=plan.cells + mine, registered=False)
 
 
 def one_round(workspace: Path, pairs: list[tuple[Point, Point]], launcher: str | None) -> Driven:
     """One more repeat of each side of each pair (A then B), registered and run under both locks."""
     names = [pairs[0][0].campaign, pairs[0][1].campaign]  # every pair's A (B) point is of campaign A (B)
-    with locked(workspace, names) as store:
-        check_runnable(store, [p for pair in pairs for p in pair])
+    tags = ("A", "B") if names[0] != names[1] else ("A/B", "A/B")
+    with locked(workspace, names):
+        with read_only(workspace) as store:
+            check_runnable(store, [p for pair in pairs for p in pair])
+        plans = {name: prepare_stored(workspace, name, options_of(workspace, launcher)) for name in names}
         new: dict[tuple[str, str], CellRow] = {}
         for point in (p for pair in pairs for p in pair):
             if (point.campaign, point.point_id) not in new:  # a point on both sides gets one cell per round
-                new[(point.campaign, point.point_id)] = next_repeat(store, point)
-        add_cells(store, list(new.values()))
-        return drive(store, stored_sides(store, names, launcher), list(new.values()))
+                new[(point.campaign, point.point_id)] = next_repeat(plans[point.campaign].cells, point)
+        sides: dict[str, Side] = {}
+        for name, tag in dict(zip(names, tags, strict=True)).items():
+            plan = with_cells(plans[name], [c for c in new.values() if c.campaign == name])
+            execute(plan, [], _quiet, closing=False)  # the new cells registered before any runs
+            sides[name] = Side(tag, plan)
+        return drive(sides, list(new.values()))
 
 
 def until_conclusive(workspace: Path, comparison: Comparison, again: Callable[[], Comparison],

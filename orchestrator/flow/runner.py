@@ -1,4 +1,5 @@
-"""Glue between the CLI and the engine: the campaign lock, the store, the launcher, W&B, reports, exit codes."""
+"""What the lifecycle (orchestrator/flow/lifecycle.py) and the commands share: the launcher, the baseline check,
+parity, the report, exit codes; and the commands over a stored campaign: view, regate, cancel, list."""
 
 from __future__ import annotations
 
@@ -11,27 +12,16 @@ from rich.console import Console
 from rich.text import Text
 
 from launchers.base import Launcher
-from orchestrator.errors import ConfigError, MbxError, RunError, UsageError, printable
-from orchestrator.judge.closing import print_closing
-from orchestrator.judge.views import campaign_view, cell_view, parity_verdicts
+from orchestrator.errors import ConfigError, MbxError, RunError, UsageError
+from orchestrator.judge.views import campaign_view, parity_verdicts
 from orchestrator.run.baseline import baseline_summaries
-from orchestrator.run.engine import Engine, Event, Outcome
-from orchestrator.run.feasibility import Assessment, check_points, limits_of, summary_lines, with_gpu_memory
+from orchestrator.run.engine import Event, Outcome
+from orchestrator.run.feasibility import with_gpu_memory
 from orchestrator.run.lock import CampaignLock
-from orchestrator.run.plan_view import estimate_text
-from orchestrator.run.progress import ProgressReporter, print_changes
+from orchestrator.run.progress import ProgressReporter
 from orchestrator.run.regate import PointVerdict, Regated, regate
-from orchestrator.run.store import (
-    ACTIVE_STATES,
-    STORE_FILE,
-    CellRow,
-    Store,
-    cell_rows,
-    check_workspace,
-    manifest_path,
-)
+from orchestrator.run.store import ACTIVE_STATES, Store, check_workspace, manifest_path, read_only
 from orchestrator.spec.campaign import Campaign
-from orchestrator.spec.sweep import Point
 from reports.views import CampaignView
 
 # markup and emoji off: campaign names, labels, paths and reasons are user text, printed as they are
@@ -82,112 +72,22 @@ def make_launcher(campaign: Campaign, name: str, workspace: Path, parallel: int 
         raise ConfigError([f"launchers.{name}: {err}"]) from None
 
 
-def run_campaign(
-    workspace: Path,
-    campaign: Campaign,
-    points: list[Point],
-    source_file: Path | None,
-    launcher: str | None = None,
-    parallel: int | None = None,
-    make_report: bool = True,
-    log_wandb: bool = True,
-    dry_run: bool = False,
-    gpu: str | None = None,
-    strict: bool = False,
-) -> Finished:
-    """Register a campaign's cells in the store and drive them to completion (a dry run records nothing).
-
-    Feasibility first (orchestrator/run/feasibility.py): points with layout problems (`Point.infeasible`) or whose
-    memory estimate exceeds `gpu` (else each point's resources.gpu) are recorded in the store's `estimates`
-    table and skipped; `strict` refuses the campaign instead (exit 2, nothing written)."""
-    workspace = Path(workspace).expanduser().resolve()
-    launcher_name = launcher or campaign.launcher
-    campaign = with_gpu_memory(campaign, gpu)  # the headroom gate's GPU memory, stored with the campaign
-    backend = make_launcher(campaign, launcher_name, workspace, parallel)  # before any state is written
-    assessment = check_points(points, gpu, strict, str(source_file) if source_file else None, limits_of(campaign))
-    cells = cell_rows(campaign, assessment.runnable)
-    check_plan(campaign, backend, workspace, cells)
-    if dry_run:
-        return Finished(_dry_run(workspace, campaign, backend, cells, assessment))
-    workspace = check_workspace(workspace)  # a workspace of the wrong kind: one line, before the lock
-    check_baseline(workspace, campaign, source_file)
-    with CampaignLock(workspace / campaign.name), Store(workspace) as store:  # refused before any write
-        source = str(source_file) if source_file else None
-        store.register_campaign(campaign.name, source, campaign.model_dump(mode="json"), launcher_name, cells)
-        store.record_estimates(campaign.name, assessment.records())
-        for line in summary_lines(assessment, limit=20):
-            console.print(Text(printable(line)), soft_wrap=True)
-        return _drive(store, campaign, backend, cells, make_report, log_wandb, parallel)
-
-
 def check_baseline(workspace: Path, campaign: Campaign, source_file: Path | None) -> None:
     """Refuse (exit 2), before anything is written, a baseline campaign that is not in the workspace's store:
     its relative gates could never be checked."""
     if not campaign.baseline:
         return
     workspace = Path(workspace).expanduser().resolve()
-    known: list[str] = []
-    if (workspace / STORE_FILE).exists():
-        with Store(workspace, create=False) as store:
-            known = store.campaign_names()
+    with read_only(workspace) as store:  # `validate`, `plan` and dry runs check it too: nothing is written
+        known = store.campaign_names() if store is not None else []
     if campaign.baseline not in known:
         listed = ", ".join(repr(n) for n in known) or "none yet"
         raise ConfigError([f"baseline: no campaign named {campaign.baseline!r} in workspace {workspace} "
                            f"(known: {listed})"], file=str(source_file) if source_file else campaign.name)  # fmt: skip
 
 
-def check_plan(campaign: Campaign, backend: Launcher, workspace: Path, cells: list[CellRow]) -> None:
-    """Refuse (exit 2), before anything is recorded, a value the launcher cannot put in a script or pass to a
-    process (a NUL in an environment value or argument, a control character in a name)."""
-    from launchers.safety import UnsafeValue
-
-    try:
-        backend.check_specs(Engine(campaign, backend, workspace).plan(cells, {}))
-    except UnsafeValue as err:
-        raise ConfigError([f"launchers.{backend.name}: {err}"]) from None
-
-
-def _dry_run(
-    workspace: Path, campaign: Campaign, backend: Launcher, cells: list[CellRow], assessment: Assessment | None = None
-) -> Outcome:
-    """Print what a real run would submit now, rendered by the campaign's own launcher, and each point's
-    memory estimate, headroom and feasibility; write nothing."""
-    latest = {}
-    if (workspace / STORE_FILE).exists():
-        with Store(workspace) as store:
-            latest = store.latest_attempts(campaign.name)
-    rendered = Engine(campaign, backend, workspace).render(cells, latest)
-    outcome = Outcome(campaign.name, total=len(cells))
-    outcome.skipped = len(cells) - sum(len(item.specs) for item in rendered)
-    console.print(Text.assemble((campaign.name, "bold"), ": dry run with launcher ", (backend.name, "bold")))
-    for item in rendered:
-        print(item.describe(), flush=True)
-    if assessment is not None:
-        print(estimate_text(assessment), flush=True)
-    skipped = f"; {outcome.skipped} cell(s) already completed" if outcome.skipped else ""
-    console.print(Text(f"dry run: nothing submitted ({outcome.total - outcome.skipped} attempt(s) rendered){skipped}"))
-    return outcome
-
-
-def resume_campaign(
-    workspace: Path, name: str, parallel: int | None = None, make_report: bool = True, log_wandb: bool = True
-) -> Finished:
-    """Continue a campaign recorded in the store, with the launcher it was started with."""
-    workspace = check_workspace(workspace, create=False)  # nothing is made for a workspace that is not there
-    with CampaignLock(workspace / name), Store(workspace, create=False) as store:
-        record = _record(store, name)
-        if record["launcher"] == "ingest":
-            raise UsageError(
-                f"campaign {name!r} holds logs ingested with `mbx ingest`: there is nothing to resume"
-            )
-        campaign = Campaign.model_validate(record["spec"])
-        backend = make_launcher(campaign, record["launcher"], store.workspace, parallel)
-        cells = store.cells(name)
-        check_plan(campaign, backend, store.workspace, cells)
-        return _drive(store, campaign, backend, cells, make_report, log_wandb, parallel)
-
-
-def _record(store: Store, name: str) -> dict[str, Any]:
+def stored_record(store: Store, name: str) -> dict[str, Any]:
+    """The campaign's store record; UsageError (exit 2) naming the known campaigns when there is none."""
     record = store.campaign(name)
     if record is None:
         known = ", ".join(store.campaign_names()) or "none yet"
@@ -196,50 +96,6 @@ def _record(store: Store, name: str) -> dict[str, Any]:
             hint = f"; its run directories are there: `mbx store rebuild --workspace {store.workspace}` restores it"
         raise UsageError(f"no campaign named {name!r} in workspace {store.workspace} (known: {known}){hint}")
     return record
-
-
-def _drive(
-    store: Store,
-    campaign: Campaign,
-    backend: Launcher,
-    cells: list[CellRow],
-    make_report: bool,
-    log_wandb: bool,
-    parallel: int | None = None,
-) -> Finished:
-    console.print(Text.assemble((campaign.name, "bold"), f": {len(cells)} cell(s) with launcher ",
-                                (backend.name, "bold"), f", workspace {store.workspace}"))  # fmt: skip
-    logger = _WandbLogger(store, campaign) if log_wandb else None
-    with ProgressReporter(len(cells), campaign.name) as progress:
-
-        def on_event(event: Event) -> None:
-            show(progress, event)
-            if logger is not None and event.kind == "finished":
-                logger.log(event.cell, event.attempt)
-
-        engine = Engine(campaign, backend, store.workspace, store, on_event, baseline_summaries(store, campaign.baseline))
-        try:
-            outcome = engine.run(cells)
-        except KeyboardInterrupt:
-            progress.progress.stop()
-            err_console.print(
-                f"interrupted: attempts already started keep running; `mbx campaign resume {campaign.name}` "
-                f"collects them and runs the rest, `mbx campaign cancel {campaign.name}` stops them"
-            )
-            raise SystemExit(130) from None
-    if logger is not None:
-        logger.report_warnings()
-    regated = regate(store, campaign.name)  # cells skipped as completed: judged again with the current gates
-    print_changes(regated.changes, "re-judged with the current gates")
-    if make_report:
-        try:
-            page = write_report(store.workspace, campaign_view(store, campaign.name), None)
-            console.print(Text(f"report: {page}"))
-        except MbxError as err:  # every cell is stored: the verdicts below still stand
-            err_console.print(Text(f"warning: {err}"), soft_wrap=True)
-    pairs = record_parity(store, campaign)
-    print_closing(outcome, regated.judged.points, pairs)
-    return Finished(outcome, regated.judged.points, pairs)
 
 
 def record_parity(store: Store, campaign: Campaign, quiet: bool = False) -> list[dict[str, Any]]:
@@ -264,46 +120,6 @@ def show(progress: ProgressReporter, event: Event) -> None:
         progress(event)
     except Exception as err:  # noqa: BLE001 - the terminal is not worth an attempt left `running`
         err_console.print(Text(f"warning: could not show {event.kind} of {event.cell.cell_id}: {err!r}"))
-
-
-class _WandbLogger:
-    """Logs each finished attempt to W&B; failures become one warning, never a crash."""
-
-    def __init__(self, store: Store, campaign: Campaign):
-        self.store = store
-        self.campaign = campaign
-        self.warnings: list[str] = []
-
-    def log(self, cell: CellRow, attempt: int) -> None:
-        if self.campaign.wandb.mode == "disabled":
-            return
-        from reports.wandb_log import log_attempt
-
-        record = self.store.attempt(self.campaign.name, cell.cell_id, attempt)
-        view = cell_view(self.store, self.campaign.name, cell, record)
-        config = {
-            "campaign": self.campaign.name,
-            "cell_id": cell.cell_id,
-            "attempt": attempt,
-            "params": cell.params,
-            "recipe": cell.recipe,
-            "resources": cell.resources,
-        }
-        try:
-            log_attempt(
-                self.campaign.wandb,
-                self.campaign.name,
-                view,
-                config,
-                self.store.workspace,
-                on_warning=self.warnings.append,
-            )
-        except Exception as err:  # W&B must never break a campaign
-            self.warnings.append(f"W&B logging of {cell.cell_id} failed: {err}")
-
-    def report_warnings(self) -> None:
-        for warning in dict.fromkeys(self.warnings):
-            err_console.print(Text(f"warning: {warning}"))
 
 
 def exit_code(finished: Finished, inconclusive_ok: bool = False) -> int:
@@ -337,7 +153,7 @@ def verdicts_exit_code(points: list[PointVerdict], inconclusive_ok: bool = False
 def view(workspace: Path, name: str, with_rows: bool = True) -> CampaignView:
     """The campaign as the report and status show it, its stored verdicts first re-derived with its gates."""
     with Store(workspace, create=False) as store:
-        _record(store, name)
+        stored_record(store, name)
         regate(store, name)
         campaign = campaign_view(store, name, with_rows=with_rows)
         if campaign.parity:
@@ -358,7 +174,7 @@ def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Reg
         gates = with_gpu_memory(loaded, None).gates  # headroom_gib_min: the GPU memory of resources.gpu
     workspace = check_workspace(workspace, create=False)
     with Store(workspace, create=False) as store:
-        record = _record(store, name)  # before the lock: an unknown name makes no directory
+        record = stored_record(store, name)  # before the lock: an unknown name makes no directory
         with CampaignLock(workspace / name):
             done = regate(store, name, gates)
             if record["spec"].get("parity"):  # the pairs judged again from their run dirs, and stored
@@ -435,7 +251,7 @@ def cancel_campaign(workspace: Path, name: str) -> int:
     from launchers.base import Submitted
 
     with Store(workspace, create=False) as store:
-        record = _record(store, name)
+        record = stored_record(store, name)
         campaign = Campaign.model_validate(record["spec"])
         if record["launcher"] == "ingest":
             return 0

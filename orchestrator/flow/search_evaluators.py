@@ -10,7 +10,7 @@ from rich.text import Text
 
 from orchestrator import trainers
 from orchestrator.errors import ConfigError
-from orchestrator.flow.runner import run_campaign
+from orchestrator.flow.lifecycle import run_points
 from orchestrator.judge.compare import Point, Repeat, load_points
 from orchestrator.judge.search_rank import BASE_KEY, Candidate, Evidence, candidate_key
 from orchestrator.run.regate import gates_of, judge_campaign
@@ -85,7 +85,8 @@ class TableEvaluator:
 
 # ---- the real engine --------------------------------------------------------------------------------------
 class CampaignEvaluator:
-    """Runs candidates through orchestrator/flow/runner.py's run_campaign: the rung's points only, the run length
+    """Runs candidates through the lifecycle (orchestrator/flow/lifecycle.py's run_points: prepare the rung's
+    points, execute them): the rung's points only, the run length
     set through `search.steps_key` (a one-value axis, so a shorter run is its own cell and its label says
     `steps=N`); a full-length run is exactly the grid's cell. Infeasible and failed trials already in the
     store's `trials` table are read back and not run again."""
@@ -93,8 +94,8 @@ class CampaignEvaluator:
     def __init__(self, workspace: Path, campaign: Campaign, points: list[SweepPoint], file: Path | None,
                  options: dict[str, Any]) -> None:  # fmt: skip
         self.workspace, self.campaign, self.file, self.options = workspace, campaign, file, options
-        # what runs a rung's cells: run_campaign, or (tests/test_verdicts_search.py) a replay of recorded runs
-        self.runner = options.pop("runner", None) or run_campaign
+        # what runs a rung's cells: the lifecycle (prepare + execute), or (tests/test_verdicts_search.py) a replay of recorded runs
+        self.runner = options.pop("runner", None) or run_points
         self.search: Search = campaign.sweep.search or Search()
         self.repeats = campaign.sweep.repeats
         self.full_steps = full_steps(points)
@@ -166,7 +167,7 @@ class FirstBatchShown(Exception):
 
 class DryRunEvaluator(CampaignEvaluator):
     """`mbx campaign run --dry-run` of a search: the first batch the strategy asks for (the first rung of a
-    halving, the first trial of Optuna, the sample of random, the whole grid) rendered by run_campaign's dry run
+    halving, the first trial of Optuna, the sample of random, the whole grid) rendered by the lifecycle's dry run
     at its run length, then the search stops; nothing is written."""
 
     def evaluate(
@@ -177,8 +178,8 @@ class DryRunEvaluator(CampaignEvaluator):
         console.print(Text(f"{self.campaign.name}: search {self.search.method} would first run {len(todo)} "
                            f"point(s){with_base} at {steps} steps ({len(run)} cell(s))"))  # fmt: skip
         if run:
-            run_campaign(self.workspace, self.campaign, run, self.file, make_report=False, dry_run=True,
-                         **self.options)  # fmt: skip
+            run_points(self.workspace, self.campaign, run, self.file, make_report=False, dry_run=True,
+                       **self.options)  # fmt: skip
         raise FirstBatchShown
 
 
@@ -201,7 +202,7 @@ def cell_rows_of(point: SweepPoint) -> CellRow:
 
 
 class StoreReader:
-    """A rung's evidence as the store has it after run_campaign: completed repeats, verdicts, failures."""
+    """A rung's evidence as the store has it after the rung ran: completed repeats, verdicts, failures."""
 
     def __init__(self, store: Store, name: str) -> None:
         self.latest = store.latest_attempts(name)

@@ -3,7 +3,7 @@
 A search sees the sweep's points as candidates (their swept values, without the run length) and an `Evaluator`
 that runs a set of them at a run length and returns each one's `Evidence`: the completed repeats as an
 orchestrator.judge.compare `Point`, or why it is infeasible or failed. `CampaignEvaluator` drives the real engine
-through orchestrator/flow/runner.py's `run_campaign` with the rung's points (the run length set through
+through the lifecycle (orchestrator/flow/lifecycle.py: prepare, execute) with the rung's points (the run length set through
 `search.steps_key`); benchmarks/search_budget.py replays a recorded table through the same strategies.
 
 Decisions between points are orchestrator/judge/compare.py's verdicts, not raw means: a rung keeps its points that
@@ -35,7 +35,7 @@ from orchestrator.judge.search_rank import Best, Candidate, Evidence, mean_of, m
 from orchestrator.judge.views import campaign_view
 from orchestrator.run.feasibility import check_points, limits_of, with_gpu_memory
 from orchestrator.run.lock import CampaignLock
-from orchestrator.run.store import STORE_FILE, Store, cell_rows, check_workspace
+from orchestrator.run.store import Store, cell_rows, check_workspace, read_only
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.search import Search
 from orchestrator.spec.sweep import Point as SweepPoint
@@ -89,7 +89,7 @@ def candidates_of(evaluator: CampaignEvaluator, points: list[SweepPoint], ledger
 
 def run_search(workspace: Path, campaign: Campaign, points: list[SweepPoint], file: Path | None, *,
                make_report: bool = True, **options: Any) -> SearchFinished:  # fmt: skip
-    """Run `campaign.sweep.search` over `points` (options: run_campaign's launcher, parallel, log_wandb, gpu,
+    """Run `campaign.sweep.search` over `points` (options: the lifecycle's launcher, parallel, log_wandb, gpu,
     strict); trials go to the store as they are decided; the report covers every cell the search ran. The
     campaign's lock is held from the first trial to the report, so no other orchestrator runs between rungs."""
     dry_run = bool(options.pop("dry_run", False))
@@ -110,9 +110,8 @@ def _search(workspace: Path, evaluator: CampaignEvaluator, points: list[SweepPoi
     dry_run = isinstance(evaluator, DryRunEvaluator)
     search = campaign.sweep.search or Search()
     stored: list[dict[str, Any]] = []
-    if not dry_run or (workspace / STORE_FILE).exists():
-        with Store(workspace) as store:
-            stored = store.trials(campaign.name)
+    with read_only(workspace) as store:  # a dry run writes nothing; a real one made the workspace already
+        stored = store.trials(campaign.name) if store is not None else []
     for row in stored:  # infeasible and failed trials of an earlier run: never run again
         if row["state"] in ("infeasible", "failed"):
             cand = Candidate(row["key"], row["label"], row["params"])
@@ -153,7 +152,7 @@ def finish(workspace: Path, campaign: Campaign, evaluator: CampaignEvaluator, fi
     """Every cell the search ran becomes the campaign's active cells (for status, report, freeze); print the
     outcome and write the report."""
     ran = list(evaluator.ran.values())
-    campaign = with_gpu_memory(campaign, evaluator.options.get("gpu"))  # as run_campaign stored it for the rungs
+    campaign = with_gpu_memory(campaign, evaluator.options.get("gpu"))  # as the lifecycle stored it for the rungs
     if ran:
         with CampaignLock(workspace / campaign.name), Store(workspace) as store:
             record = store.campaign(campaign.name) or {}

@@ -18,7 +18,7 @@ from orchestrator.run.fingerprint import login_fingerprint
 from orchestrator.run.inflight import InFlight, Pending
 from orchestrator.run.requeue import record_requeues
 from orchestrator.run.retry import decide
-from orchestrator.run.store import ACTIVE_STATES, AttemptRow, CellRow, Store
+from orchestrator.run.store import ACTIVE_STATES, AttemptRow, CellRow, Store, next_attempt_number
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.software import record as software_record
 from reports.gates import evaluate
@@ -58,12 +58,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return not self.failed and not self.gate_failures
-
-
-def next_attempt_number(cell_dir: Path, known: int) -> int:
-    """The attempt number after every attempt the store knows and every run dir already on disk."""
-    on_disk = [int(p.name) for p in cell_dir.iterdir() if p.name.isdigit()] if cell_dir.is_dir() else []
-    return max([known, *on_disk]) + 1
 
 
 class Engine:
@@ -106,14 +100,15 @@ class Engine:
     def plan(self, cells: list[CellRow], latest: dict[str, AttemptRow]) -> list[LaunchSpec]:
         """Launch specs of the cells not yet completed, numbered as a real run would number them.
 
-        Pure: nothing is reserved or written. A dry run renders these; a real run reserves the same numbers.
+        Pure: nothing is reserved or written. A dry run renders these; a real run reserves the same numbers
+        (both through store.next_attempt_number; `latest` holds each cell's highest stored attempt).
         """
         specs = []
         for cell in cells:
             last = latest.get(cell.cell_id)
             if last is not None and last.state == "completed":
                 continue
-            number = next_attempt_number(self.root / cell.cell_id, last.attempt if last else 0)
+            number = next_attempt_number(last.attempt if last else 0, self.root / cell.cell_id)
             row = AttemptRow(campaign=self.campaign.name, cell_id=cell.cell_id, attempt=number,
                              launcher=self.launcher.name, job_id=None, job_info={},
                              run_dir=str(self.run_dir(cell, number)), state="submitted", reason=None,

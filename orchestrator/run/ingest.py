@@ -20,7 +20,7 @@ from orchestrator.errors import ConfigError, UsageError
 from orchestrator.owned_dirs import mark_owned, remove_owned_dir
 from orchestrator.run.ingest_checks import check_rows, truncated
 from orchestrator.run.lock import CampaignLock
-from orchestrator.run.store import INGEST_LAUNCHER, CellRow, Store, check_workspace
+from orchestrator.run.store import INGEST_LAUNCHER, CellRow, Store, check_workspace, next_attempt_number
 from orchestrator.spec.campaign import NAME_PATTERN, Campaign
 from orchestrator.spec.sweep import point_digest
 from reports.gates import GateResult, evaluate
@@ -186,14 +186,6 @@ def already_ingested(store: Store, name: str, cell_id: str, steps: int) -> Inges
     )  # fmt: skip
 
 
-def next_attempt(store: Store, name: str, cell_id: str, cell_dir: Path) -> int:
-    """The attempt number above every attempt the store knows and every run dir on disk."""
-    numbers = [a.attempt for a in store.attempts(name, cell_id)]
-    if cell_dir.is_dir():
-        numbers += [int(p.name) for p in cell_dir.iterdir() if p.name.isdigit()]
-    return max(numbers, default=0) + 1
-
-
 def plan_ingest(
     store: Store, spec: Campaign, parsed: Parsed, log_format: str, *, seq_length: int | None,
     num_gpus: int | None, label: str | None, params: dict[str, Any], exit_code: int | None,
@@ -202,7 +194,7 @@ def plan_ingest(
     name = spec.name
     cell_id = f"{parsed.point_id}-r0"
     cell_dir = store.workspace / name / cell_id
-    attempt = next_attempt(store, name, cell_id, cell_dir)
+    attempt = next_attempt_number(store.highest_attempt(name, cell_id), cell_dir)
     files = parsed.files
     label = label or (files[0].stem if len(files) == 1 else f"{files[0].parent.name}/{len(files)} logs")
     state, failure_class, reason = judge(parsed, exit_code)

@@ -274,6 +274,15 @@ def _campaign(row: sqlite3.Row) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """`path` opened with SQLite's `mode=ro` URI: a write raises, and no file is made when it is missing."""
+    from urllib.parse import quote
+
+    db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
+    db.row_factory = sqlite3.Row
+    return db
+
+
 def integrity_problem(db: sqlite3.Connection) -> str | None:
     """What SQLite's quick check finds wrong with an open store file (None when it is sound)."""
     try:
@@ -328,18 +337,48 @@ def check_workspace(workspace: Path, create: bool = True, file: str = STORE_FILE
     return path
 
 
+def next_attempt_number(known: int, cell_dir: Path) -> int:
+    """The one rule numbering attempts: above `known` (the highest attempt the store holds for the cell) and
+    above every run dir on disk in `cell_dir`, so an attempt never writes into an earlier one's files (even
+    after the store was lost and started afresh). The dry run (engine.plan), the real submission
+    (`Store.reserve_attempt`) and `mbx ingest` all number through it, so they agree."""
+    on_disk = [int(p.name) for p in cell_dir.iterdir() if p.name.isdigit()] if cell_dir.is_dir() else []
+    return max([int(known), *on_disk]) + 1
+
+
+@contextmanager
+def read_only(workspace: Path, file: str = STORE_FILE) -> Iterator[Store | None]:
+    """The workspace's store opened read-only (SQLite `mode=ro`): nothing is created, migrated or written; None
+    when there is no store file (nor workspace). A store of an older schema is read through a migrated copy in
+    memory. For dry runs and plans: they must leave the workspace as they found it."""
+    path = Path(workspace).expanduser().resolve()
+    if not (path / file).is_file():
+        yield None
+        return
+    store = Store(path, file, create=False, read_only=True)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 class Store:
     """One SQLite file per workspace; every write is one short transaction (safe to SIGKILL anytime).
 
     `create=False` (the commands that only read or continue): a workspace or store that does not exist is an
-    error instead of being made.
+    error instead of being made. `read_only` (use `read_only(workspace)`): opened with SQLite's `mode=ro`, no
+    table made and no migration written; any write raises.
     """
 
-    def __init__(self, workspace: Path, file: str = STORE_FILE, create: bool = True):
-        self.workspace = check_workspace(workspace, create, file)
+    def __init__(self, workspace: Path, file: str = STORE_FILE, create: bool = True, read_only: bool = False):
+        self.workspace = check_workspace(workspace, create and not read_only, file)
         self.path = self.workspace / file
+        self.read_only = read_only
         try:
-            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            if read_only:
+                self._db = _connect_read_only(self.path)
+            else:
+                self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         except sqlite3.Error as err:
             raise RunError(f"{self.path}: cannot open the run store ({err})") from None
         self._db.row_factory = sqlite3.Row
@@ -354,6 +393,9 @@ class Store:
             raise
 
     def _open(self) -> None:
+        if self.read_only:
+            self._open_read_only()
+            return
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -362,22 +404,37 @@ class Store:
             raise StoreDamaged(self.path, problem)
         with self._transaction() as db:
             version = self._schema_version(db)
-            if version is None:
-                for statement in _TABLES.split(";"):  # (executescript would COMMIT first)
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif version > SCHEMA_VERSION:
-                raise StoreTooNew(f"{self.path} was written by a newer mbx (schema {version} > {SCHEMA_VERSION}); "
-                                  "upgrade mbx")  # fmt: skip
-            elif version == 1:
-                _migrate_1_to_2(db)
-            db.execute(_PARITY_TABLE)
-            db.execute(_ESTIMATES_TABLE)
-            db.execute(_TRIALS_TABLE)
+            self._check_version(version)
+            _bring_up_to_date(db, version)
         if version == 1:
             for name in self.campaign_names():
                 self._write_manifest(self._db, name)
+
+    def _open_read_only(self) -> None:
+        """Check a store opened `mode=ro`; one of an older schema (or without an additive table) is copied into
+        memory and brought up to date there, so every reader sees schema 2 while the file stays as it was."""
+        problem = integrity_problem(self._db)
+        if problem:
+            raise StoreDamaged(self.path, problem)
+        version = self._schema_version(self._db)
+        self._check_version(version)
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if version == SCHEMA_VERSION and {"parity", "estimates", "trials"} <= tables:
+            return
+        memory = sqlite3.connect(":memory:", isolation_level=None)
+        memory.row_factory = sqlite3.Row
+        self._db.backup(memory)
+        self._db.close()
+        self._db = db = memory
+        with self._guard():
+            db.execute("BEGIN")
+            _bring_up_to_date(db, version)
+            db.execute("COMMIT")
+
+    def _check_version(self, version: int | None) -> None:
+        if version is not None and version > SCHEMA_VERSION:
+            raise StoreTooNew(f"{self.path} was written by a newer mbx (schema {version} > {SCHEMA_VERSION}); "
+                              "upgrade mbx")  # fmt: skip
 
     @staticmethod
     def _schema_version(db: sqlite3.Connection) -> int | None:
@@ -407,6 +464,8 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise RuntimeError(f"{self.path} is open read-only: a dry run or a plan writes nothing")
         with self._guard():
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -476,17 +535,15 @@ class Store:
     ) -> AttemptRow:
         """The cell's next attempt (state 'submitted', no job yet) and its new, empty run dir.
 
-        Its number is above every attempt the store knows and every run dir on disk, so an attempt never
-        writes into an earlier one's files (even after the store was lost and started afresh).
+        Numbered by `next_attempt_number` (the store's highest attempt for the cell, the run dirs on disk beside
+        `run_dir_of(n)`, which is `<cell dir>/<n>`), inside the transaction that records it.
         """
         with self._transaction() as db:
             known = db.execute(
                 "SELECT COALESCE(MAX(attempt), 0) AS n FROM attempts WHERE campaign=? AND cell_id=?",
                 (campaign, cell_id),
             ).fetchone()["n"]
-            number = int(known) + 1
-            while Path(run_dir_of(number)).exists():
-                number += 1
+            number = next_attempt_number(known, Path(run_dir_of(int(known) + 1)).parent)
             run_dir = Path(run_dir_of(number))
             row = AttemptRow(campaign=campaign, cell_id=cell_id, attempt=number, launcher=launcher,
                              run_dir=str(run_dir), state="submitted", try_number=try_number,
@@ -586,6 +643,12 @@ class Store:
                 "SELECT * FROM attempts WHERE campaign=? AND cell_id=? ORDER BY attempt", (campaign, cell_id)
             )
         return [_attempt(r) for r in rows]
+
+    def highest_attempt(self, campaign: str, cell_id: str) -> int:
+        """The highest attempt number the store holds for a cell (0: none)."""
+        rows = self._rows("SELECT COALESCE(MAX(attempt), 0) AS n FROM attempts WHERE campaign=? AND cell_id=?",
+                          (campaign, cell_id))  # fmt: skip
+        return int(rows[0]["n"])
 
     def latest_attempts(self, campaign: str) -> dict[str, AttemptRow]:
         """Each cell's attempt with the highest number."""
@@ -739,6 +802,21 @@ class Store:
 
 
 RETRY_KEY_V1 = "mbx_retry"  # schema 1 kept the retry budget in an attempt's job info under this key
+
+
+def _bring_up_to_date(db: sqlite3.Connection, version: int | None) -> None:
+    """Inside the caller's transaction: the tables made (no store yet) or migrated (schema 1), and the additive
+    tables made when missing."""
+    if version is None:
+        for statement in _TABLES.split(";"):  # (executescript would COMMIT first)
+            if statement.strip():
+                db.execute(statement)
+        db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    elif version == 1:
+        _migrate_1_to_2(db)
+    db.execute(_PARITY_TABLE)
+    db.execute(_ESTIMATES_TABLE)
+    db.execute(_TRIALS_TABLE)
 
 
 def _migrate_1_to_2(db: sqlite3.Connection) -> None:
