@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import store_rows
 
 from launchers.backends.submitit_slurm import SubmititLauncher, SubmititSettings
 from launchers.base import JobState, LaunchSpec, Resources, Submitted
@@ -157,11 +158,9 @@ def test_requeued_allocation_reruns_only_unfinished_points(slurm, tmp_path: Path
 
 
 def _attempts(workspace: Path, campaign: str) -> list[tuple]:
-    db = sqlite3.connect(workspace / "mbx.sqlite")
-    rows = db.execute("SELECT cell_id, attempt, state, job_id, run_dir FROM attempts WHERE campaign=? "
-                      "ORDER BY cell_id, attempt", (campaign,)).fetchall()  # fmt: skip
-    db.close()
-    return rows
+    """The campaign's attempts; none while another process is still creating the store's tables."""
+    return store_rows(workspace / "mbx.sqlite", "SELECT cell_id, attempt, state, job_id, run_dir FROM attempts "
+                      "WHERE campaign=? ORDER BY cell_id, attempt", (campaign,))  # fmt: skip
 
 
 def _interrupt_once_packed(slurm, file: Path, workspace: Path, env: dict[str, str], name: str,
