@@ -159,3 +159,13 @@ def test_compare_run_adds_parity_sides_and_skips_infeasible_points_as_campaign_r
                 "--dry-run")  # fmt: skip
     assert alone.returncode == 0 and alone.stdout.count("INFEASIBLE") == 2, alone.stdout + alone.stderr
     assert "2 attempt(s) rendered" in alone.stdout
+
+
+def test_campaign_list_reads_a_version_1_store_without_migrating_it(tmp_path: Path) -> None:
+    from orchestrator.flow.runner import campaign_names
+
+    shutil.copy(SCHEMA1, tmp_path / STORE_FILE)
+    before = hashlib.sha256((tmp_path / STORE_FILE).read_bytes()).hexdigest()
+    assert sorted(campaign_names(tmp_path)) == ["past", "replay", "tiny"]
+    assert hashlib.sha256((tmp_path / STORE_FILE).read_bytes()).hexdigest() == before
+    assert not list(tmp_path.glob("*/campaign.json")), "a migration writes each campaign's manifest"

@@ -250,10 +250,10 @@ def regate(
     """
     from rich.text import Text
 
-    from orchestrator.flow import runner
+    from orchestrator.flow import lifecycle, runner
     from orchestrator.run.progress import print_changes
 
-    done = runner.regate_campaign(workspace, name, file)
+    done = lifecycle.regate_campaign(workspace, name, file)
     print_changes(done.changes, "re-judged with " + ("the gates of " + str(file) if file else "the stored gates"))
     points = done.judged.points
     counts = ", ".join(f"{sum(p.verdict == v for p in points)} {v}" for v in ("pass", "fail", "inconclusive", "none")

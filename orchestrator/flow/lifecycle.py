@@ -37,8 +37,16 @@ from orchestrator.run.feasibility import Assessment, check_points, limits_of, su
 from orchestrator.run.lock import CampaignLock
 from orchestrator.run.plan_view import estimate_text
 from orchestrator.run.progress import ProgressReporter, print_changes
-from orchestrator.run.regate import regate
-from orchestrator.run.store import AttemptRow, CellRow, Store, cell_rows, check_workspace, read_only
+from orchestrator.run.regate import Regated, regate
+from orchestrator.run.store import (
+    INGEST_LAUNCHER,
+    AttemptRow,
+    CellRow,
+    Store,
+    cell_rows,
+    check_workspace,
+    read_only,
+)
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.sweep import Point
 
@@ -120,7 +128,7 @@ def prepare_stored(workspace: Path, name: str, options: Options) -> Plan:
         if store is None:  # removed since the line above
             raise UsageError(f"no run store in workspace {workspace}")
         record = stored_record(store, name)
-        if record["launcher"] == "ingest":
+        if record["launcher"] == INGEST_LAUNCHER:
             raise UsageError(f"campaign {name!r} holds logs ingested with `mbx ingest`: there is nothing to resume")
         cells = store.cells(name)
     campaign = Campaign.model_validate(record["spec"])
@@ -168,7 +176,7 @@ def execute(plan: Plan, cells: list[CellRow] | None = None, on_event: Callable[[
     `cells` (default: all the plan's cells), then every stored result judged again with the current gates and,
     with `closing`, the report, the parity pairs and the closing lines. A caller that runs the cells a few at a
     time (`mbx compare --run`) passes its own `on_event` (its progress display, its interrupt) and
-    `closing=False`."""
+    `closing=False`; `cells=[]` registers the plan and runs nothing."""
     workspace = plan.workspace
     if not plan.registered:
         workspace = check_workspace(workspace)  # a workspace of the wrong kind: one line, before the lock
@@ -226,9 +234,9 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
     """Every stored result judged again with the current gates (cells skipped as completed too); with
     `closing`: the changes printed, the report written, the parity pairs judged and the closing lines."""
     campaign = plan.campaign
-    regated = regate(store, campaign.name)
     if not closing:
-        return Finished(outcome, regated.judged.points)
+        return Finished(outcome, regate(store, campaign.name).judged.points)
+    regated = regate(store, campaign.name)
     print_changes(regated.changes, "re-judged with the current gates")
     if plan.options.make_report:
         try:
@@ -236,9 +244,32 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
             console.print(Text(f"report: {page}"))
         except MbxError as err:  # every cell is stored: the verdicts below still stand
             err_console.print(Text(f"warning: {err}"), soft_wrap=True)
-    pairs = record_parity(store, campaign)
-    print_closing(outcome, regated.judged.points, pairs)
-    return Finished(outcome, regated.judged.points, pairs)
+    regated.parity = record_parity(store, campaign)
+    print_closing(outcome, regated.judged.points, regated.parity)
+    return Finished(outcome, regated.judged.points, regated.parity)
+
+
+def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Regated:
+    """`mbx campaign regate`: execute's judging step alone, on a stored campaign: every stored result judged
+    again with its gates, or with the gates of campaign file `file` (of the same name; with the headroom gate's
+    GPU memory as prepare sets it; they are stored as the campaign's gates), and its parity pairs again from
+    their run dirs. Holds the campaign lock."""
+    gates = None
+    if file is not None:
+        from orchestrator.spec.loader import load_campaign
+
+        loaded = load_campaign(file)
+        if loaded.name != name:
+            raise UsageError(f"name: the file defines campaign {loaded.name!r}, not {name!r}", file=str(file))
+        gates = with_gpu_memory(loaded, None).gates  # headroom_gib_min: the GPU memory of resources.gpu
+    workspace = check_workspace(workspace, create=False)
+    with Store(workspace, create=False) as store:
+        record = stored_record(store, name)  # before the lock: an unknown name makes no directory
+        with CampaignLock(workspace / name):
+            done = regate(store, name, gates)
+            if record["spec"].get("parity"):  # the pairs judged again from their run dirs, and stored
+                done.parity = record_parity(store, Campaign.model_validate(record["spec"]), quiet=True)
+            return done
 
 
 def run_points(workspace: Path, campaign: Campaign, points: list[Point], file: Path | None, *,

@@ -1,5 +1,5 @@
 """What the lifecycle (orchestrator/flow/lifecycle.py) and the commands share: the launcher, the baseline check,
-parity, the report, exit codes; and the commands over a stored campaign: view, regate, cancel, list."""
+parity, the report, exit codes; and the commands over a stored campaign: view, cancel, list."""
 
 from __future__ import annotations
 
@@ -16,10 +16,8 @@ from orchestrator.errors import ConfigError, MbxError, RunError, UsageError
 from orchestrator.judge.views import campaign_view, parity_verdicts
 from orchestrator.run.baseline import baseline_summaries
 from orchestrator.run.engine import Event, Outcome
-from orchestrator.run.feasibility import with_gpu_memory
-from orchestrator.run.lock import CampaignLock
 from orchestrator.run.progress import ProgressReporter
-from orchestrator.run.regate import PointVerdict, Regated, regate
+from orchestrator.run.regate import PointVerdict, regate
 from orchestrator.run.store import ACTIVE_STATES, Store, check_workspace, manifest_path, read_only
 from orchestrator.spec.campaign import Campaign
 from reports.views import CampaignView
@@ -161,27 +159,6 @@ def view(workspace: Path, name: str, with_rows: bool = True) -> CampaignView:
         return campaign
 
 
-def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Regated:
-    """`mbx campaign regate`: re-judge every stored result of a campaign with its gates, or with the gates of
-    campaign file `file` (of the same name; they are stored as the campaign's gates). Holds the campaign lock."""
-    gates = None
-    if file is not None:
-        from orchestrator.spec.loader import load_campaign
-
-        loaded = load_campaign(file)
-        if loaded.name != name:
-            raise UsageError(f"name: the file defines campaign {loaded.name!r}, not {name!r}", file=str(file))
-        gates = with_gpu_memory(loaded, None).gates  # headroom_gib_min: the GPU memory of resources.gpu
-    workspace = check_workspace(workspace, create=False)
-    with Store(workspace, create=False) as store:
-        record = stored_record(store, name)  # before the lock: an unknown name makes no directory
-        with CampaignLock(workspace / name):
-            done = regate(store, name, gates)
-            if record["spec"].get("parity"):  # the pairs judged again from their run dirs, and stored
-                done.parity = record_parity(store, Campaign.model_validate(record["spec"]), quiet=True)
-            return done
-
-
 def write_report(workspace: Path, campaign: CampaignView, out: Path | None) -> Path:
     """Write the report site (index, a page per cell, the comparison with the baseline, summary.md) and return
     the index's path. Beside the view it passes the site what the store knows: the winner and the rejected
@@ -268,5 +245,7 @@ def cancel_campaign(workspace: Path, name: str) -> int:
 
 
 def campaign_names(workspace: Path) -> list[str]:
-    with Store(workspace, create=False) as store:
-        return store.campaign_names()
+    """The campaigns of a workspace's store, read read-only (a missing workspace or store: UsageError)."""
+    workspace = check_workspace(workspace, create=False)
+    with read_only(workspace) as store:
+        return store.campaign_names() if store is not None else []
