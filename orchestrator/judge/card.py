@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator import trainers
 from orchestrator.errors import RunError, UsageError
+from orchestrator.judge.freeze import refuse_ingested
 from orchestrator.run.outfile import write_out
 from orchestrator.run.regate import PointVerdict, judge_campaign
 from orchestrator.run.store import CellRow, Store
@@ -140,9 +141,10 @@ def export_card(
     """A card whose one item is the performance of point `ref` (all its completed repeats), the alternatives
     that lost to it (freeze's reasons) and the frozen campaign that reproduces it (the command runs it)."""
     with Store(workspace, create=False) as store:
+        record = store.campaign(campaign) or {}
+        refuse_ingested(record, campaign, "a card's reproducing campaign")
         cells = _point_cells(store, campaign, ref)
         done = _repeats(store, campaign, cells)
-        record = store.campaign(campaign) or {}
     if not done:
         states = ", ".join(c.cell_id for c in cells)
         raise UsageError(f"--point {ref!r}: no completed repeat to export (cells: {states})")

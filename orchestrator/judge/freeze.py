@@ -21,7 +21,7 @@ from orchestrator.judge.best import (
 )
 from orchestrator.judge.compare import Metric, Point, load_points
 from orchestrator.run.regate import gates_of, judge_campaign
-from orchestrator.run.store import Store
+from orchestrator.run.store import INGEST_LAUNCHER, Store
 from orchestrator.spec.search import Search
 from reports import compare as stats
 
@@ -159,6 +159,13 @@ def _reason(winner: Point, other: Point, choice: Choice, goal: Metric, breaker: 
                     f"{fmt_decision(d)}", "slower")  # fmt: skip
 
 
+def refuse_ingested(record: dict[str, Any], campaign: str, what: str) -> None:
+    """UsageError for a campaign `mbx ingest` made from logs: it has no recipe or command mbx could rerun."""
+    if record.get("launcher") == INGEST_LAUNCHER:
+        raise UsageError(f"{campaign}: ingested from logs (mbx ingest): {what} needs a point mbx can rerun; compare "
+                         "it (mbx compare) or gate it (mbx card check) instead")  # fmt: skip
+
+
 def freeze(
     workspace: Path, campaign: str, *, point: str | None = None, objective: str | None = None,
     tie_break: str = "memory", min_effect: float | None = None,
@@ -175,6 +182,7 @@ def freeze(
             excluded = {**search_rejected(points, search, store.trials(campaign)), **excluded}
         infeasible = [r for r in infeasible_rejected(store, campaign) if r.point_id not in excluded]
         cells = {c.point_id: c for c in store.cells(campaign)}
+    refuse_ingested(record, campaign, "mbx freeze")
     objective = objective or (SEARCH_OBJECTIVES[search.objective] if search else "tflops")
     if objective not in OBJECTIVES or tie_break not in TIE_BREAKS:
         raise UsageError(f"--by {objective} / --tie-break {tie_break}: choose --by from {', '.join(OBJECTIVES)} and "
