@@ -169,3 +169,20 @@ def test_campaign_list_reads_a_version_1_store_without_migrating_it(tmp_path: Pa
     assert sorted(campaign_names(tmp_path)) == ["past", "replay", "tiny"]
     assert hashlib.sha256((tmp_path / STORE_FILE).read_bytes()).hexdigest() == before
     assert not list(tmp_path.glob("*/campaign.json")), "a migration writes each campaign's manifest"
+
+
+def test_a_dry_run_renders_no_script_for_a_running_attempt_a_real_run_adopts(tmp_path: Path, capsys) -> None:
+    """A cell whose attempt is submitted and not ended is adopted by a real run (engine._start), not submitted
+    again: the dry run shows no script for it (it rendered attempt 2 before)."""
+    file = write(tmp_path, campaign("busy"))
+    options = lifecycle.Options(tmp_path / "ws")
+    plan = lifecycle.prepare(file, options)
+    (cell,) = plan.cells
+    with Store(plan.workspace) as store:
+        store.register_campaign("busy", str(file), plan.campaign.model_dump(mode="json"), "local", plan.cells)
+        store.reserve_attempt("busy", cell.cell_id, "local", lambda n: plan.workspace / "busy" / cell.cell_id / str(n))
+        store.mark_submitted("busy", cell.cell_id, 1, "4242", {})
+    dry = lifecycle.prepare(file, options)
+    assert dry.attempts == {}
+    lifecycle.render(dry)
+    assert "(0 attempt(s) rendered); 1 cell(s) running (a real run follows them)" in capsys.readouterr().out

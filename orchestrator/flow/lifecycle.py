@@ -32,7 +32,7 @@ from orchestrator.flow.runner import (
 from orchestrator.judge.closing import print_closing
 from orchestrator.judge.views import campaign_view, cell_view
 from orchestrator.run.baseline import baseline_summaries
-from orchestrator.run.engine import Engine, Event, Outcome
+from orchestrator.run.engine import Engine, Event, Outcome, adoptable
 from orchestrator.run.feasibility import Assessment, check_points, limits_of, summary_lines, with_gpu_memory
 from orchestrator.run.lock import CampaignLock
 from orchestrator.run.plan_view import estimate_text
@@ -165,9 +165,18 @@ def render(plan: Plan) -> Finished:
         print(item.describe(), flush=True)
     if plan.assessment is not None:
         print(estimate_text(plan.assessment), flush=True)
-    skipped = f"; {outcome.skipped} cell(s) already completed" if outcome.skipped else ""
-    console.print(Text(f"dry run: nothing submitted ({outcome.total - outcome.skipped} attempt(s) rendered){skipped}"))
+    console.print(Text(f"dry run: nothing submitted ({outcome.total - outcome.skipped} attempt(s) rendered)"
+                       f"{skipped_text(plan)}"), soft_wrap=True)  # fmt: skip
     return Finished(outcome)
+
+
+def skipped_text(plan: Plan) -> str:
+    """Why cells have no script in a dry run: completed, or running (a real run adopts them)."""
+    states = [plan.latest[c.cell_id] for c in plan.cells if c.cell_id in plan.latest]
+    done = sum(a.state == "completed" for a in states)
+    running = sum(adoptable(a) for a in states)
+    return (f"; {done} cell(s) already completed" if done else "") + (
+        f"; {running} cell(s) running (a real run follows them)" if running else "")
 
 
 def execute(plan: Plan, cells: list[CellRow] | None = None, on_event: Callable[[Event], None] | None = None,

@@ -60,6 +60,11 @@ class Outcome:
         return not self.failed and not self.gate_failures
 
 
+def adoptable(attempt: AttemptRow) -> bool:
+    """An attempt a run adopts instead of submitting its cell again: submitted to a launcher and not ended."""
+    return attempt.state in ACTIVE_STATES and bool(attempt.job_id)
+
+
 class Engine:
     """Drives one campaign to completion. Safe to kill at any moment and start again (`resume`)."""
 
@@ -98,7 +103,7 @@ class Engine:
         return trainers.get(cell.trainer_kind).launch_spec(self.campaign, cell, attempt)
 
     def plan(self, cells: list[CellRow], latest: dict[str, AttemptRow]) -> list[LaunchSpec]:
-        """Launch specs of the cells not yet completed, numbered as a real run would number them.
+        """Launch specs of the cells not yet completed nor running, numbered as a real run would number them.
 
         Pure: nothing is reserved or written. A dry run renders these; a real run reserves the same numbers
         (both through store.next_attempt_number; `latest` holds each cell's highest stored attempt).
@@ -106,8 +111,8 @@ class Engine:
         specs = []
         for cell in cells:
             last = latest.get(cell.cell_id)
-            if last is not None and last.state == "completed":
-                continue
+            if last is not None and (last.state == "completed" or adoptable(last)):
+                continue  # skipped, or adopted by `_start`: nothing is submitted for it
             number = next_attempt_number(last.attempt if last else 0, self.root / cell.cell_id)
             row = AttemptRow(campaign=self.campaign.name, cell_id=cell.cell_id, attempt=number,
                              launcher=self.launcher.name, job_id=None, job_info={},
@@ -171,7 +176,7 @@ class Engine:
                 outcome.skipped += 1
                 self._count_finished(outcome, cell, attempt)
                 self.on_event(Event("skipped", cell, attempt.attempt))
-            elif attempt is not None and attempt.state in ACTIVE_STATES and attempt.job_id:
+            elif attempt is not None and adoptable(attempt):
                 in_flight[attempt.job_id] = self._adopt(cell, attempt)
                 self.on_event(Event("adopted", cell, attempt.attempt))
             elif attempt is not None and attempt.state in ACTIVE_STATES:
