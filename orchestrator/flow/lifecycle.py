@@ -1,8 +1,9 @@
-"""The one campaign lifecycle: `prepare` (load → parity axes → expand → feasibility and headroom → cells →
-launcher → attempt numbers) and `execute` (lock → register → engine → regate → report → W&B).
+"""The one campaign lifecycle: `prepare` a campaign into a Plan, then `execute` it (or `render` it: a dry run).
 
-Every command that runs a campaign goes through these two: `mbx campaign run|resume`, `mbx compare --run` (its
-A B A B loop executes each side's cells, a round at a time), a search (each rung's points prepared and
+`prepare`: load → parity axes → expand → feasibility and headroom → cells → launcher → attempt numbers;
+`execute`: lock → register → engine → regate → report → W&B. Every command that runs a campaign goes
+through these two: `mbx campaign run|resume` (`regate` is execute's judging step alone), `mbx compare --run`
+(its A B A B loop executes each side's cells, a round at a time), a search (each rung's points prepared and
 executed), `mbx bisect` (each batch of versions). A dry run is `prepare` + `render`: it reads the store
 read-only (store.read_only) and writes nothing anywhere.
 """

@@ -2,7 +2,9 @@
 
 Every method that writes is one transaction, named by what happened (a campaign registered, an attempt
 reserved, submitted, finished, requeued, a past run ingested): a reader never sees half of it, and a SIGKILL
-at any moment leaves either the old or the new rows. Use it as `with Store(workspace) as store: ...`.
+at any moment leaves either the old or the new rows. Use it as `with Store(workspace) as store: ...`; what
+must write nothing (a dry run, a plan, a listing) uses `with read_only(workspace) as store: ...` (SQLite
+`mode=ro`; None without a store). Attempt numbers come from one rule, `next_attempt_number`.
 
 Tables (schema 2; `_migrate_1_to_2` upgrades a store written by schema 1)::
 
