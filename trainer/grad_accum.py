@@ -36,16 +36,15 @@ from trainer.eager import outside_compile
 def fused_weights(model: nn.Module, expert_backend: str | None, compute_dtype: torch.dtype) -> list[nn.Parameter]:
     """The weights whose gradient GEMMs accumulate: the output layer (unless the fused cross entropy makes its
     gradient), the TE layers built with fuse_wgrad_accumulation, and (given a backend) the single-parameter
-    grouped_mm experts, which it marks; the torch ones only when stored in the compute dtype (bf16 weights)."""
-    from trainer.moe import GroupedExperts
-
+    grouped_mm experts, which it marks; the torch ones only when stored in the compute dtype (bf16 weights).
+    Experts are found by their `wgrad_backend` slot (trainer/moe.py's GroupedExperts; no import back into moe)."""
     weights = []
     if getattr(model, "cross_entropy", "native") != "fused" and model.output.weight.dtype == compute_dtype:
         weights.append(model.output.weight)
     for module in model.modules():
         if getattr(module, "fuse_wgrad_accumulation", False):
             weights += list(module.parameters(recurse=False))
-        if (isinstance(module, GroupedExperts) and expert_backend and module.gemm == "torch"
+        if (hasattr(module, "wgrad_backend") and expert_backend and module.gemm == "torch"
                 and not module.discrete and module.w1.dtype == compute_dtype):
             module.wgrad_backend = expert_backend
             weights += [module.w1, module.w2]
