@@ -27,6 +27,16 @@ def _load_all() -> None:
 
     for info in pkgutil.iter_modules(launchers.backends.__path__):
         importlib.import_module(f"launchers.backends.{info.name}")
+    unlisted = sorted(set(_BACKENDS) - set(launchers.backends.MODULES))
+    if unlisted:
+        raise RuntimeError(f"launcher backend(s) {', '.join(unlisted)} missing from launchers.backends.MODULES")
+
+
+def names() -> list[str]:
+    """The names of all backends, sorted, without importing any."""
+    from launchers.backends import MODULES
+
+    return sorted(MODULES)
 
 
 def backends() -> dict[str, type[Launcher]]:
@@ -36,11 +46,16 @@ def backends() -> dict[str, type[Launcher]]:
 
 
 def get(name: str) -> type[Launcher]:
-    """The backend called `name`; KeyError lists the known names."""
-    known = backends()
-    if name not in known:
-        raise KeyError(f"no such launcher {name!r}; known: {', '.join(known)}")
-    return known[name]
+    """The backend called `name` (only its module is imported); KeyError lists the known names."""
+    from launchers.backends import MODULES
+
+    if name not in MODULES:
+        raise KeyError(f"no such launcher {name!r}; known: {', '.join(names())}")
+    if name not in _BACKENDS:
+        importlib.import_module(f"launchers.backends.{MODULES[name]}")
+    if name not in _BACKENDS:
+        raise RuntimeError(f"launchers.backends.{MODULES[name]} registers no backend called {name!r}")
+    return _BACKENDS[name]
 
 
 def settings_model(name: str) -> type[LauncherSettings]:

@@ -89,10 +89,11 @@ def validation_problems(
 
 
 def launcher_problems(campaign: Campaign) -> list[str]:
-    """`launcher` and every `launchers.<name>` section checked against the backends' typed settings."""
+    """`launcher` and every `launchers.<name>` section checked against the backends' typed settings (only the
+    backends a section names are imported)."""
     from launchers import registry
 
-    known = list(registry.backends())
+    known = registry.names()
     problems = []
     if campaign.launcher == "dry-run":
         problems.append(DRY_RUN_HINT)
@@ -105,7 +106,7 @@ def launcher_problems(campaign: Campaign) -> list[str]:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             problems.append(f"launchers.{name}: no such launcher{hint}; known: {', '.join(known)}")
             continue
-        settings = _settings_model(backend)
+        settings = registry.settings_model(backend)
         try:
             settings.model_validate(section or {})
         except ValidationError as err:
@@ -192,13 +193,6 @@ def nul_problems(data: Any, path: str = "") -> list[str]:
         return [p for i, item in enumerate(data) for p in nul_problems(item, f"{path}[{i}]")]
     problem = next((nul_problem(text) for text in strings_in(data) if "\0" in text), None)
     return [f"{path or '(top level)'}: {problem}"] if problem else []
-
-
-def _settings_model(backend: str) -> type[BaseModel]:
-    from launchers import registry
-
-    settings_model = getattr(registry, "settings_model", None)
-    return settings_model(backend) if settings_model else registry.get(backend).Settings
 
 
 def load_campaign(path: Path) -> Campaign:

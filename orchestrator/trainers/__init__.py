@@ -2,31 +2,40 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.spec import parity
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.sweep import Point
 from orchestrator.trainers.base import Follower, TrainerKind
-from orchestrator.trainers.bundled import BundledKind
-from orchestrator.trainers.command import CommandKind
-from trainer.memory import MemoryEstimate
+
+if TYPE_CHECKING:
+    from trainer.memory import MemoryEstimate
 
 __all__ = ["Follower", "TrainerKind", "expand", "for_campaign", "get", "kinds", "memory_estimate",
            "with_parity_axes"]
 
-_KINDS: dict[str, TrainerKind] = {kind.name: kind for kind in (BundledKind(), CommandKind())}
+# name -> (module, class): a kind's module is imported when the kind is first asked for (a bundled campaign's
+# `validate` loads nothing of the command kind: its argv templates, Megatron layout rules, log parsers)
+_MODULES = {"bundled": ("orchestrator.trainers.bundled", "BundledKind"),
+            "command": ("orchestrator.trainers.command", "CommandKind")}  # fmt: skip
+_KINDS: dict[str, TrainerKind] = {}
 
 
 def kinds() -> dict[str, TrainerKind]:
     """Every trainer kind, by name."""
-    return dict(_KINDS)
+    return {name: get(name) for name in _MODULES}
 
 
 def get(name: str) -> TrainerKind:
     """The trainer kind called `name`; KeyError lists the known names."""
+    if name not in _MODULES:
+        raise KeyError(f"no such trainer kind {name!r}; known: {', '.join(_MODULES)}")
     if name not in _KINDS:
-        raise KeyError(f"no such trainer kind {name!r}; known: {', '.join(_KINDS)}")
+        module, cls = _MODULES[name]
+        _KINDS[name] = getattr(importlib.import_module(module), cls)()
     return _KINDS[name]
 
 

@@ -27,10 +27,10 @@ from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.parity import ParityAxes
 from orchestrator.spec.sweep import Point, PointProblems, ResolvedPoint, expand_points
 from trainer import rundir
-from trainer.memory import MemoryEstimate
 
 if TYPE_CHECKING:
     from orchestrator.run.store import AttemptRow, CellRow
+    from trainer.memory import MemoryEstimate
 
 
 class Progress(Protocol):

@@ -16,7 +16,6 @@ from orchestrator.spec.loader import validation_problems
 from orchestrator.spec.sweep import Point, PointProblems, ResolvedPoint, canonical_json
 from orchestrator.trainers.base import TrainerKind, software_env
 from trainer import rundir
-from trainer.memory import MemoryEstimate, estimate
 from trainer.recipe import Recipe, launch_problems, layout_problems
 
 EVAL_KEY = "training.eval_interval"  # what parity.eval_check sets to null on its train-only side
@@ -27,6 +26,7 @@ Validated = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]
 if TYPE_CHECKING:
     from launchers.base import LaunchSpec
     from orchestrator.run.store import AttemptRow, CellRow
+    from trainer.memory import MemoryEstimate
 
 
 class BundledKind(TrainerKind):
@@ -151,6 +151,8 @@ _ESTIMATES: dict[tuple[str, int, bool | None], MemoryEstimate] = {}
 
 def _estimate(key: str, recipe: dict[str, Any], world_size: int, gpu: bool | None) -> MemoryEstimate:
     """The estimate of a recipe, computed once per distinct (recipe key, world, device) in a process."""
+    from trainer.memory import estimate  # (estimates are made by plan and run, not validate)
+
     cached = _ESTIMATES.get((key, world_size, gpu))
     if cached is None:
         if len(_ESTIMATES) >= 4096:

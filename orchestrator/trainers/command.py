@@ -19,12 +19,12 @@ from orchestrator.spec.command import attempt_argv, flatten, key_problems, resol
 from orchestrator.spec.megatron_layout import estimate_args, layout_problems, megatron_args
 from orchestrator.spec.sweep import Point, ResolvedPoint
 from orchestrator.trainers.base import Follower, TrainerKind, software_env, workspace_of, world_size
-from reports.parsers.follow import LogFollower, logged_last_step
 from trainer import rundir
-from trainer.memory import MemoryEstimate, estimate_megatron
 
 if TYPE_CHECKING:
     from orchestrator.run.store import AttemptRow, CellRow
+    from reports.parsers.follow import LogFollower
+    from trainer.memory import MemoryEstimate
 
 STOPPED = ("timeout", "cancelled", "preempted")
 _CLASS_OF_STOP = {"timeout": "timeout", "preempted": "preempted"}
@@ -64,6 +64,8 @@ class CommandKind(TrainerKind):
     def memory_estimate(self, point: Point, on_gpu: bool) -> MemoryEstimate | None:
         """trainer.memory.estimate_megatron of the point's Megatron flags; None when they do not give the
         model's shape (hidden size, layers, heads, sequence length, vocabulary)."""
+        from trainer.memory import estimate_megatron  # (estimates are made by plan and run, not validate)
+
         args = estimate_args(megatron_args(point.recipe["argv"])[0], point.world_size)
         return estimate_megatron(args) if args is not None else None
 
@@ -85,6 +87,8 @@ class CommandKind(TrainerKind):
 
     def finalize(self, campaign: Campaign, cell: CellRow, run_dir: Path, follower: Follower | None) -> None:
         """Logs → metrics.jsonl and status.json; a collection problem is recorded, never raised."""
+        from reports.parsers.follow import LogFollower  # (the Megatron log parsers load only to follow logs)
+
         run_dir = Path(run_dir)
         followed = follower if isinstance(follower, LogFollower) else None  # else the logs are read afresh
         try:
@@ -121,6 +125,8 @@ class CommandKind(TrainerKind):
 
 def log_follower(run_dir: Path, recipe: dict[str, Any]) -> LogFollower:
     """The follower of a command attempt's rank logs (<run dir>/logs/)."""
+    from reports.parsers.follow import LogFollower
+
     return LogFollower(
         run_dir / rundir.LOGS,
         recipe.get("log_format") or "auto",
@@ -171,6 +177,8 @@ def finalize_command_attempt(
     as `rundir.resolve_state` reads the launcher's status and exit.json; else failed with the class of
     reports.failures.classify_failure over every log in logs/. Collecting again gives the same status.
     """
+    from reports.parsers.follow import logged_last_step
+
     run_dir = Path(run_dir)
     existing = rundir.read_status(run_dir)
     collected_before = existing is not None and existing.get("written_by") == rundir.COLLECTOR
