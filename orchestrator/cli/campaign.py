@@ -100,14 +100,12 @@ def plan(
 
     Example: mbx campaign plan campaigns/quickstart.yaml --gpu H100-80GB --json
     """
+    from orchestrator.flow.lifecycle import Options, load
     from orchestrator.run.feasibility import check_points, limits_of
     from orchestrator.run.plan_view import plan_text
-    from orchestrator.spec.loader import load_campaign
     from orchestrator.spec.sweep import swept_keys
-    from orchestrator.trainers import expand, with_parity_axes
 
-    campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
-    points = expand(campaign, file, max_cells, strict=strict)
+    campaign, points = load(file, Options(max_cells=max_cells, strict=strict))  # as run loads it (parity sides too)
     assessment = check_points(points, gpu, strict, str(file), limits_of(campaign))
     if workspace is not None:
         from orchestrator.flow.runner import check_baseline
