@@ -209,7 +209,9 @@ def execute(plan: Plan, cells: list[CellRow] | None = None, on_event: Callable[[
 
 
 def _engine(store: Store, plan: Plan, on_event: Callable[[Event], None], max_in_flight: int | None) -> Engine:
+    """The engine over the plan's campaign, at most `max_in_flight` (else --parallel) attempts at once."""
     baseline = baseline_summaries(store, plan.campaign.baseline)
+    max_in_flight = max_in_flight if max_in_flight is not None else plan.options.parallel
     return Engine(plan.campaign, plan.launcher, store.workspace, store, on_event, baseline, max_in_flight)
 
 
