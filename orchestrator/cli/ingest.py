@@ -39,17 +39,30 @@ def _params(pairs: list[str]) -> dict[str, Any]:
     return params
 
 
+LogsArg = Annotated[
+    list[Path] | None,
+    typer.Argument(help="Log files of one run (one per rank, or one merged), or folders of them.", show_default=False),
+]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option("--steps", "--train-iters", min=1,
+                 help="Planned iterations, Megatron's --train-iters (default: M of the log's `iteration N/M`); a log "
+                      "that stops before them is recorded failed (truncated)."),
+]  # fmt: skip
+ParamOpt = Annotated[
+    list[str] | None,
+    typer.Option("--param", help="KEY=VALUE knob of the run (repeatable), e.g. env.NUM_OF_TOKENS_PER_CHUNK_COMBINE_API="
+                                 "128; a campaign whose cells have the same swept values compares with it through "
+                                 "`baseline:`."),
+]  # fmt: skip
+
+
 @app.command()
 def ingest(
     campaign: Annotated[
         str, typer.Argument(help="Campaign to add the run to (created if new).", show_default=False)
     ],
-    logs: Annotated[
-        list[Path] | None,
-        typer.Argument(
-            help="Log files of one run (one per rank, or one merged), or folders of them.", show_default=False
-        ),
-    ] = None,
+    logs: LogsArg = None,
     old_campaign: Annotated[
         str | None, typer.Option("--campaign", "-c", hidden=True, help="Before 2026-12-04: LOG... --campaign NAME.")
     ] = None,
@@ -65,27 +78,11 @@ def ingest(
         int | None,
         typer.Option(min=1, help="GPUs of the run, for tokens/s/GPU (default: the log's world_size)."),
     ] = None,
-    steps: Annotated[
-        int | None,
-        typer.Option(
-            "--steps",
-            "--train-iters",
-            min=1,
-            help="Planned iterations, Megatron's --train-iters (default: M of the log's `iteration N/M`); a log "
-            "that stops before them is recorded failed (truncated).",
-        ),
-    ] = None,
+    steps: StepsOpt = None,
     label: Annotated[
         str | None, typer.Option(help="Name of the run in reports (default: the log's name).")
     ] = None,
-    param: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--param",
-            help="KEY=VALUE knob of the run (repeatable), e.g. env.NUM_OF_TOKENS_PER_CHUNK_COMBINE_API=128; "
-            "a campaign whose cells have the same swept values compares with it through `baseline:`.",
-        ),
-    ] = None,
+    param: ParamOpt = None,
     exit_code: Annotated[
         int | None, typer.Option(help="The run's exit code, if known (non-zero: recorded as failed).")
     ] = None,
