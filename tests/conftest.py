@@ -104,6 +104,19 @@ def cache_env(tmp_path: Path) -> dict[str, str]:
 
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op torch thread for in-process trainer runs that are compared bit for bit: threads split a
+    reduction where the tensor shape says, so two runs whose shapes differ (chunked vs not, single vs discrete
+    experts) could differ in the last bits (2e-7 seen on AMD EPYC, torch 2.13) for that reason alone."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's `--dist loadgroup` (the README's test command): every test that uses the real
     Slurm runs on one worker (one cluster per test session), every other file's tests stay together (its

@@ -29,20 +29,12 @@ from trainer.distributed import Dist
 from trainer.loop import Trainer
 from trainer.recipe import Recipe, launch_problems
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread for every test here
 CPU = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 STEPS, SAVE_AT = 6, 3
 COMPARED = ("step", "loss", "grad_norm", "aux_loss", "tokens_dropped_frac", "lr")
 DISCRETE = {"model.moe.expert_weights": "discrete"}
 SINGLE = {"model.moe.expert_weights": "single"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: the compared runs split their reductions the same way (tests/test_trainer_parity.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _recipe(**overrides: object) -> Recipe:

@@ -83,15 +83,6 @@ def test_chunked_dispatch_with_ample_capacity_equals_dropless():
         _assert_same([ref[0], *ref[2]], [got[0], *got[2]])
 
 
-@pytest.fixture
-def one_thread():
-    """Intra-op threads split a reduction where the tensor shape says, and chunking changes the shapes: with
-    two threads on some CPUs (AMD EPYC, torch 2.13) chunked and unchunked losses differ by 2e-7 for that
-    reason too. One thread keeps the comparison reproducible from one machine to the next."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_chunked_training_losses_equal_unchunked(monkeypatch, one_thread):

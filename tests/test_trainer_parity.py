@@ -26,19 +26,11 @@ from trainer.distributed import Dist
 from trainer.loop import Trainer
 from trainer.recipe import Recipe
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread for every test here
 CPU = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 STEPS = 5
 COMPARED = ("loss", "grad_norm", "aux_loss", "tokens_dropped_frac", "skipped")
 DISCRETE = {"model.moe.expert_weights": "discrete"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread for the in-process runs (see the module docstring)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _trainer(**overrides: object) -> Trainer:

@@ -16,10 +16,6 @@ if TYPE_CHECKING:
 app = noun_app("Bring past Megatron-LM / Megatron-Bridge logs into the run store.")
 
 
-def _out():  # noqa: ANN202 - Rich's Console, made on first use
-    return console()
-
-
 def _params(pairs: list[str]) -> dict[str, Any]:
     import yaml
 
@@ -141,9 +137,9 @@ def _campaign_and_logs(first: str, rest: list[Path], old_campaign: str | None) -
 def _print_result(result: Ingested, workspace: Path) -> None:
     from rich.text import Text
 
-    console = _out()
+    out = console()
     if result.already:
-        console.print(
+        out.print(
             Text(f"already ingested: cell {result.cell_id} (attempt {result.attempt}) of {result.campaign!r} holds "
                  "these logs; --replace ingests them again")
         )  # fmt: skip
@@ -154,7 +150,7 @@ def _print_result(result: Ingested, workspace: Path) -> None:
         return "—" if value is None else f"{value:.{digits}g}"
 
     state = result.state + (f" ({result.failure_class})" if result.failure_class else "")
-    console.print(
+    out.print(
         Text.assemble(
             ("ingested ", "bold green"),
             f"{result.steps} step(s) as cell {result.cell_id} of {result.campaign!r}: {state}, "
@@ -163,5 +159,5 @@ def _print_result(result: Ingested, workspace: Path) -> None:
         )
     )
     if result.reason:
-        console.print(Text(f"  {result.reason}", style="yellow" if result.state == "completed" else "red"))
-    console.print(Text(f"  run dir {result.run_dir}\n  next: mbx report {result.campaign} --workspace {workspace}"))
+        out.print(Text(f"  {result.reason}", style="yellow" if result.state == "completed" else "red"))
+    out.print(Text(f"  run dir {result.run_dir}\n  next: mbx report {result.campaign} --workspace {workspace}"))
