@@ -48,11 +48,12 @@ def test_native_timeout_job_starts(native_timeout) -> None:
         time.sleep(0.5)
     assert launcher.poll([job])[job.job_id] == JobState.RUNNING
     # submitit's sacct watcher is given up after it answered nothing a few rounds in a row (accounting is off
-    # here); how many rounds the job spent pending varies, so poll the running job until that happened
-    for _ in range(10):
-        if not launcher.query.sacct_enabled:
-            break
+    # here); how many rounds the job spent pending varies, so poll the running job until that happened. Polls
+    # are rate-limited (1-2 s here): back-to-back polls ask nothing, so this waits between them
+    deadline = time.time() + 30
+    while launcher.query.sacct_enabled and time.time() < deadline:
         assert launcher.poll([job])[job.job_id] == JobState.RUNNING
+        time.sleep(0.5)
     assert not launcher.query.sacct_enabled, "the test cluster has accounting disabled: squeue answers"
 
 
