@@ -234,7 +234,7 @@ def _set_moments(optimizer: Any, weight: torch.Tensor, exp_avg: torch.Tensor, ex
         optimizer.exp_avg[i].copy_(exp_avg)
         optimizer.exp_avg_sq[i].copy_(exp_avg_sq)
         return
-    # torch's fused AdamW keeps `step` as a float32 tensor on the parameter's device.
+    # FusedAdamW keeps torch's fused layout: `step` a float32 tensor on the parameter's device.
     optimizer.state[weight] = {
         "step": torch.tensor(step, dtype=torch.float32, device=weight.device),
         "exp_avg": exp_avg.to(device=weight.device, dtype=weight.dtype, copy=True),

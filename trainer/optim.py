@@ -7,14 +7,15 @@ import math
 import torch
 from torch import nn
 
+from trainer.adamw import FusedAdamW
 from trainer.adamw_pa import PrecisionAwareAdamW
 from trainer.recipe import OptimizerConfig
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW | PrecisionAwareAdamW:
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> FusedAdamW | PrecisionAwareAdamW:
     """AdamW with weight decay on matrices only (not on norms), as Megatron.
 
-    fused=True (CUDA and CPU kernels): one multi-tensor kernel per step, and it honours
+    torch's fused kernel (CUDA and CPU; trainer/adamw.py): one multi-tensor kernel per step, and it honours
     `optimizer.found_inf`, which lets a non-finite step be skipped without a host sync. With
     `optimizer.moments: bf16` the precision-aware AdamW (trainer/adamw_pa.py) instead, over the parameters.
     """
@@ -26,7 +27,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
+    return FusedAdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
 
 
 def lr_at(step: int, total_steps: int, cfg: OptimizerConfig) -> float:
@@ -43,7 +44,7 @@ def lr_at(step: int, total_steps: int, cfg: OptimizerConfig) -> float:
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.lr - cfg.min_lr)
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def set_lr(optimizer: FusedAdamW | PrecisionAwareAdamW, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
 

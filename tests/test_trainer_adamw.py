@@ -1,0 +1,84 @@
+"""The trainer's fused AdamW (trainer/adamw.py): torch's `AdamW(fused=True)` bit for bit, through clipped and
+skipped steps and mixed-dtype groups, and a trainer process that never imports torch._dynamo for it."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import torch
+import trainer_helpers
+from torch import nn
+
+from trainer.adamw import FusedAdamW
+from trainer.recipe import OptimizerConfig
+
+CFG = OptimizerConfig(lr=1e-2, weight_decay=0.1)
+
+
+def model_pair() -> tuple[nn.Module, nn.Module]:
+    """Two equal models; the second has one bf16 layer, so its groups hold two (device, dtype) buckets."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 4))
+    model[2].to(torch.bfloat16)
+    return model, copy.deepcopy(model)
+
+
+def groups(model: nn.Module) -> list[dict]:
+    return [{"params": [p for p in model.parameters() if p.ndim >= 2], "weight_decay": CFG.weight_decay},
+            {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
+
+
+def step(model: nn.Module, opt, x: torch.Tensor, scale: float, skip: bool, lr: float) -> None:
+    h = model[1](model[0](x))
+    model[2](h.bfloat16()).float().pow(2).mean().backward()
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.grad_scale = torch.tensor(scale)
+    opt.found_inf = torch.tensor(1.0 if skip else 0.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_bitwise_torch_fused_adamw_through_clipped_and_skipped_steps():
+    ref_model, model = model_pair()
+    betas = (CFG.beta1, CFG.beta2)
+    ref = torch.optim.AdamW(groups(ref_model), lr=CFG.lr, betas=betas, eps=CFG.eps, fused=True)
+    opt = FusedAdamW(groups(model), lr=CFG.lr, betas=betas, eps=CFG.eps)
+    before = [p.detach().clone() for p in model.parameters()]
+    torch.manual_seed(1)
+    x = torch.randn(8, 16)
+    step(model, opt, x, scale=1.0, skip=True, lr=CFG.lr)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # a skip writes nothing
+    assert all(s["step"].item() == 0 for s in opt.state.values())
+    step(ref_model, ref, x, scale=1.0, skip=True, lr=CFG.lr)
+    for i in range(6):
+        x = torch.randn(8, 16)
+        for m, o in ((ref_model, ref), (model, opt)):
+            step(m, o, x, scale=1.0 + i, skip=i == 3, lr=CFG.lr / (1 + i))
+    for a, b in zip(ref_model.parameters(), model.parameters(), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(ref.state[a][key], opt.state[b][key]), key
+    assert {s["step"].item() for s in opt.state.values()} == {5.0}  # 7 steps, 2 skipped
+
+
+def test_zero_grad_without_set_to_none_keeps_zeroed_gradients():
+    model, _ = model_pair()
+    opt = FusedAdamW(groups(model), lr=CFG.lr, betas=(CFG.beta1, CFG.beta2), eps=CFG.eps)
+    model[0](torch.randn(2, 16)).sum().backward()
+    opt.zero_grad(set_to_none=False)
+    assert model[0].weight.grad is not None and not model[0].weight.grad.any()
+
+
+def test_a_cpu_trainer_run_never_imports_dynamo(tmp_path):
+    """torch.optim.Optimizer imports torch._dynamo on its first call (~2 s CPU per trainer process); this doesn't."""
+    recipe = trainer_helpers.write_recipe(tmp_path / "recipe.yaml", trainer_helpers.recipe_dict(**{"training.steps": 2}))
+    cmd = [sys.executable, "-X", "importtime", "-m", "trainer", "--recipe", str(recipe), "--out", str(tmp_path / "run")]
+    done = subprocess.run(cmd, cwd=trainer_helpers.ROOT, env=trainer_helpers.trainer_env(), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert trainer_helpers.status(tmp_path / "run")["state"] == "completed"
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" in imported and "torch._dynamo" not in imported
