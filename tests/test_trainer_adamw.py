@@ -7,6 +7,7 @@ import copy
 import subprocess
 import sys
 
+import pytest
 import torch
 import trainer_helpers
 from torch import nn
@@ -17,10 +18,13 @@ from trainer.recipe import OptimizerConfig
 CFG = OptimizerConfig(lr=1e-2, weight_decay=0.1)
 
 
-def model_pair() -> tuple[nn.Module, nn.Module]:
-    """Two equal models; the second has one bf16 layer, so its groups hold two (device, dtype) buckets."""
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"))]
+
+
+def model_pair(device: str = "cpu") -> tuple[nn.Module, nn.Module]:
+    """Two equal models with one bf16 layer each, so their groups hold two (device, dtype) buckets."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 4))
+    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 4)).to(device)
     model[2].to(torch.bfloat16)
     return model, copy.deepcopy(model)
 
@@ -31,30 +35,32 @@ def groups(model: nn.Module) -> list[dict]:
 
 
 def step(model: nn.Module, opt, x: torch.Tensor, scale: float, skip: bool, lr: float) -> None:
+    device = x.device
     h = model[1](model[0](x))
     model[2](h.bfloat16()).float().pow(2).mean().backward()
     for group in opt.param_groups:
         group["lr"] = lr
-    opt.grad_scale = torch.tensor(scale)
-    opt.found_inf = torch.tensor(1.0 if skip else 0.0)
+    opt.grad_scale = torch.tensor(scale, device=device)
+    opt.found_inf = torch.tensor(1.0 if skip else 0.0, device=device)
     opt.step()
     opt.zero_grad(set_to_none=True)
 
 
-def test_bitwise_torch_fused_adamw_through_clipped_and_skipped_steps():
-    ref_model, model = model_pair()
+@pytest.mark.parametrize("device", DEVICES)
+def test_bitwise_torch_fused_adamw_through_clipped_and_skipped_steps(device: str):
+    ref_model, model = model_pair(device)
     betas = (CFG.beta1, CFG.beta2)
     ref = torch.optim.AdamW(groups(ref_model), lr=CFG.lr, betas=betas, eps=CFG.eps, fused=True)
     opt = FusedAdamW(groups(model), lr=CFG.lr, betas=betas, eps=CFG.eps)
     before = [p.detach().clone() for p in model.parameters()]
     torch.manual_seed(1)
-    x = torch.randn(8, 16)
+    x = torch.randn(8, 16, device=device)
     step(model, opt, x, scale=1.0, skip=True, lr=CFG.lr)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # a skip writes nothing
     assert all(s["step"].item() == 0 for s in opt.state.values())
     step(ref_model, ref, x, scale=1.0, skip=True, lr=CFG.lr)
     for i in range(6):
-        x = torch.randn(8, 16)
+        x = torch.randn(8, 16, device=device)
         for m, o in ((ref_model, ref), (model, opt)):
             step(m, o, x, scale=1.0 + i, skip=i == 3, lr=CFG.lr / (1 + i))
     for a, b in zip(ref_model.parameters(), model.parameters(), strict=True):
