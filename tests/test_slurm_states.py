@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 from launchers.backends.submitit_slurm import SubmititLauncher, SubmititSettings
 from launchers.base import JobState, LaunchSpec, Resources, Submitted
@@ -43,18 +44,22 @@ def native_timeout(slurm, tmp_path_factory: pytest.TempPathFactory) -> tuple[Sub
 
 def test_native_timeout_job_starts(native_timeout) -> None:
     launcher, job = native_timeout
-    deadline = time.time() + 30
-    while time.time() < deadline and launcher.poll([job])[job.job_id] == JobState.PENDING:
-        time.sleep(0.5)
+    wait_for(
+        lambda: launcher.poll([job])[job.job_id] != JobState.PENDING, "the job to leave PENDING", timeout=30
+    )
     assert launcher.poll([job])[job.job_id] == JobState.RUNNING
-    # submitit's sacct watcher is given up after it answered nothing a few rounds in a row (accounting is off
-    # here); how many rounds the job spent pending varies, so poll the running job until that happened. Polls
-    # are rate-limited (1-2 s here): back-to-back polls ask nothing, so this waits between them
-    deadline = time.time() + 30
-    while launcher.query.sacct_enabled and time.time() < deadline:
+
+    def sacct_given_up() -> bool:
         assert launcher.poll([job])[job.job_id] == JobState.RUNNING
-        time.sleep(0.5)
-    assert not launcher.query.sacct_enabled, "the test cluster has accounting disabled: squeue answers"
+        return not launcher.query.sacct_enabled
+
+    # submitit's sacct watcher is given up after it answered nothing a few rounds in a row (accounting is off
+    # here, squeue answers); how many rounds the job spent pending varies, so poll the running job until then.
+    wait_for(
+        sacct_given_up,
+        "submitit's sacct watcher to be given up (the test cluster has accounting off)",
+        timeout=30,
+    )
 
 
 def test_scancel_and_time_limit_campaign_goes_on(slurm, tmp_path: Path, cache_env, write_campaign) -> None:

@@ -18,7 +18,10 @@ from trainer.recipe import OptimizerConfig
 CFG = OptimizerConfig(lr=1e-2, weight_decay=0.1)
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"))]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")),
+]
 
 
 def model_pair(device: str = "cpu") -> tuple[nn.Module, nn.Module]:
@@ -56,7 +59,9 @@ def test_bitwise_torch_fused_adamw_through_clipped_and_skipped_steps(device: str
     torch.manual_seed(1)
     x = torch.randn(8, 16, device=device)
     step(model, opt, x, scale=1.0, skip=True, lr=CFG.lr)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # a skip writes nothing
+    assert all(
+        torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)
+    )  # a skip writes nothing
     assert all(s["step"].item() == 0 for s in opt.state.values())
     step(ref_model, ref, x, scale=1.0, skip=True, lr=CFG.lr)
     for i in range(6):
@@ -80,11 +85,27 @@ def test_zero_grad_without_set_to_none_keeps_zeroed_gradients():
 
 def test_a_cpu_trainer_run_never_imports_dynamo(tmp_path):
     """torch.optim.Optimizer imports torch._dynamo on its first call (~2 s CPU per trainer process); this doesn't."""
-    recipe = trainer_helpers.write_recipe(tmp_path / "recipe.yaml", trainer_helpers.recipe_dict(**{"training.steps": 2}))
-    cmd = [sys.executable, "-X", "importtime", "-m", "trainer", "--recipe", str(recipe), "--out", str(tmp_path / "run")]
+    recipe = trainer_helpers.write_recipe(
+        tmp_path / "recipe.yaml", trainer_helpers.recipe_dict(**{"training.steps": 2})
+    )
+    cmd = [
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "trainer",
+        "--recipe",
+        str(recipe),
+        "--out",
+        str(tmp_path / "run"),
+    ]
     done = subprocess.run(cmd, cwd=trainer_helpers.ROOT, env=trainer_helpers.trainer_env(), capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert trainer_helpers.status(tmp_path / "run")["state"] == "completed"
-    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
     assert "torch" in imported and "torch._dynamo" not in imported
