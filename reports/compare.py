@@ -55,7 +55,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from reports.numerics import Spike, curve_gap, find_spikes
 
@@ -155,6 +154,8 @@ def _ratio_ci(res: Any, confidence: float) -> tuple[float, float]:
 def equivalence_p(la: np.ndarray, lb: np.ndarray, min_effect: float) -> float:
     """TOST on log values (Welch, `scipy.stats.ttest_ind_from_stats`): the larger p of H0 "B/A ≤ 1 − min_effect"
     and H0 "B/A ≥ 1 + min_effect"; SAME needs it ≤ the equivalence level."""
+    from scipy import stats  # here, not at import: status tables and pages without repeats never need it
+
     if min_effect <= 0:
         return 1.0
     sides = (float(lb.mean()), float(lb.std(ddof=1)), len(lb), float(la.mean()), float(la.std(ddof=1)), len(la))
@@ -170,6 +171,8 @@ def repeats_needed(sd: float, change: float, min_effect: float, alpha: float = A
                    power: float = 0.8, equivalence_alpha: float = EQUIVALENCE_ALPHA) -> int | None:  # fmt: skip
     """Repeats per side with which Welch tests at the noise `sd` (of log values) would decide: DIFFERENT with
     `power` when |change| ≥ min_effect, else SAME by the equivalence CI. None beyond MAX_REPEATS."""
+    from scipy import stats  # here, not at import: status tables and pages without repeats never need it
+
     log_change = abs(math.log1p(change))
     log_min = math.log1p(min_effect)
     n = np.arange(2, MAX_REPEATS + 1)
@@ -223,6 +226,8 @@ def _floored(a: np.ndarray, b: np.ndarray, min_effect: float, floor: Floor) -> D
 
 def _repeats_test(a: np.ndarray, b: np.ndarray, min_effect: float, levels: Levels) -> Decision:
     """≥ 2 repeats per side: Welch's t on log repeat values; SAME by TOST."""
+    from scipy import stats
+
     la, lb = np.log(a), np.log(b)
     res = stats.ttest_ind(lb, la, equal_var=False)
     p = float(res.pvalue)
@@ -270,6 +275,8 @@ def _single_run(a: Samples, b: Samples, ra: np.ndarray, rb: np.ndarray, min_effe
         return Decision(UNKNOWN, change, None, None, None, test="one repeat, no step samples",
                         reason="one repeat and no per-step samples: no spread to judge by", more_repeats=1,
                         **base)  # fmt: skip
+    from scipy import stats
+
     alpha = levels.alpha
     p = float(stats.mannwhitneyu(sb, sa, alternative="two-sided").pvalue)
     low, high = _ratio_ci(stats.ttest_ind(np.log(sb), np.log(sa), equal_var=False), levels.confidence)
