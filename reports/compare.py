@@ -226,7 +226,7 @@ def _floored(a: np.ndarray, b: np.ndarray, min_effect: float, floor: Floor) -> D
 
 def _repeats_test(a: np.ndarray, b: np.ndarray, min_effect: float, levels: Levels) -> Decision:
     """≥ 2 repeats per side: Welch's t on log repeat values; SAME by TOST."""
-    from scipy import stats
+    from scipy import stats  # here, not at import: status tables and pages without repeats never need it
 
     la, lb = np.log(a), np.log(b)
     res = stats.ttest_ind(lb, la, equal_var=False)
@@ -275,7 +275,7 @@ def _single_run(a: Samples, b: Samples, ra: np.ndarray, rb: np.ndarray, min_effe
         return Decision(UNKNOWN, change, None, None, None, test="one repeat, no step samples",
                         reason="one repeat and no per-step samples: no spread to judge by", more_repeats=1,
                         **base)  # fmt: skip
-    from scipy import stats
+    from scipy import stats  # here, not at import: status tables and pages without repeats never need it
 
     alpha = levels.alpha
     p = float(stats.mannwhitneyu(sb, sa, alternative="two-sided").pvalue)

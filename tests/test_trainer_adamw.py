@@ -10,13 +10,11 @@ import sys
 import pytest
 import torch
 import trainer_helpers
+from test_trainer_adamw_pa import CFG, fused
 from torch import nn
 
 from trainer.adamw import FusedAdamW
-from trainer.recipe import OptimizerConfig
-
-CFG = OptimizerConfig(lr=1e-2, weight_decay=0.1)
-
+from trainer.optim import build_optimizer
 
 DEVICES = [
     "cpu",
@@ -30,11 +28,6 @@ def model_pair(device: str = "cpu") -> tuple[nn.Module, nn.Module]:
     model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 4)).to(device)
     model[2].to(torch.bfloat16)
     return model, copy.deepcopy(model)
-
-
-def groups(model: nn.Module) -> list[dict]:
-    return [{"params": [p for p in model.parameters() if p.ndim >= 2], "weight_decay": CFG.weight_decay},
-            {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
 
 
 def step(model: nn.Module, opt, x: torch.Tensor, scale: float, skip: bool, lr: float) -> None:
@@ -52,9 +45,8 @@ def step(model: nn.Module, opt, x: torch.Tensor, scale: float, skip: bool, lr: f
 @pytest.mark.parametrize("device", DEVICES)
 def test_bitwise_torch_fused_adamw_through_clipped_and_skipped_steps(device: str):
     ref_model, model = model_pair(device)
-    betas = (CFG.beta1, CFG.beta2)
-    ref = torch.optim.AdamW(groups(ref_model), lr=CFG.lr, betas=betas, eps=CFG.eps, fused=True)
-    opt = FusedAdamW(groups(model), lr=CFG.lr, betas=betas, eps=CFG.eps)
+    ref, opt = fused(ref_model), build_optimizer(model, CFG)
+    assert isinstance(opt, FusedAdamW)
     before = [p.detach().clone() for p in model.parameters()]
     torch.manual_seed(1)
     x = torch.randn(8, 16, device=device)
@@ -77,7 +69,7 @@ def test_bitwise_torch_fused_adamw_through_clipped_and_skipped_steps(device: str
 
 def test_zero_grad_without_set_to_none_keeps_zeroed_gradients():
     model, _ = model_pair()
-    opt = FusedAdamW(groups(model), lr=CFG.lr, betas=(CFG.beta1, CFG.beta2), eps=CFG.eps)
+    opt = build_optimizer(model, CFG)
     model[0](torch.randn(2, 16)).sum().backward()
     opt.zero_grad(set_to_none=False)
     assert model[0].weight.grad is not None and not model[0].weight.grad.any()
