@@ -62,6 +62,17 @@ class SlurmCluster:
         """`mbx campaign run FILE` against this cluster as a separate process (see campaign_in_background)."""
         return campaign_in_background(file, workspace, {**self.env, **env}, launcher)
 
+    @contextlib.contextmanager
+    def partition_down(self) -> Iterator[None]:
+        """The partition DOWN while the block runs: jobs submitted meanwhile queue (reason PartitionDown) and
+        start only after it, so a test can act between a submission and the job's start on a machine of any
+        speed, instead of racing a job that might already have finished."""
+        self.run("scontrol", "update", f"PartitionName={self.partition}", "State=DOWN")
+        try:
+            yield
+        finally:
+            self.run("scontrol", "update", f"PartitionName={self.partition}", "State=UP")
+
     def cancel_all(self) -> None:
         self.run("scancel", "--user", getpass.getuser(), check=False)
 

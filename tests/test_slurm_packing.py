@@ -4,6 +4,7 @@ point would leave them (submitit and NeMo-Run)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -166,8 +167,10 @@ def _attempts(workspace: Path, campaign: str) -> list[tuple]:
 def _interrupt_once_packed(slurm, file: Path, workspace: Path, env: dict[str, str], name: str,
                            running: bool = False) -> list[tuple]:  # fmt: skip
     """`mbx campaign run` in the background, Ctrl-C'ed once both points have their `<allocation>#<pos>` ids (and,
-    with `running`, the first point has started); the attempts as the store had them."""
-    with slurm.campaign_in_background(file, workspace, env) as proc:
+    with `running`, the first point has started; without, the partition is down until then, so the pack cannot
+    finish first); the attempts as the store had them."""
+    held = contextlib.nullcontext() if running else slurm.partition_down()
+    with held, slurm.campaign_in_background(file, workspace, env) as proc:
         deadline, rows = time.time() + 120, []
         while time.time() < deadline:
             if (workspace / "mbx.sqlite").exists():
