@@ -14,6 +14,11 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every trainer the tests start (their subprocesses inherit this) and torch in the test processes use one thread:
+# with two test workers on two cores, a second OpenMP thread only spins at barriers while the other worker holds
+# the core (a 3-point, 150-step resume test: 209 s with 2 threads beside one busy core, 22 s with 1). Tests of
+# the thread defaults themselves pass their own environment (tests/test_launch_node.py).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # A stand-in for Megatron-LM's pretrain_gpt.py that replays a real log, and the real log it replays by default.
 FAKE_MEGATRON = ROOT / "tests" / "fixtures_cmd" / "fake_megatron.py"
 MEGATRON_LOG = ROOT / "tests" / "data" / "megatron" / "logs" / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"
