@@ -261,12 +261,23 @@ def campaign_in_background(file: Path, workspace: Path, env: dict[str, str], lau
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "campaign", "run", str(file), "--launcher", launcher,
          "--workspace", str(workspace)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **env},
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", "PYTHONFAULTHANDLER": "1", **env},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
         yield proc
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
+            interrupt(proc, timeout=30)
+
+
+def interrupt(proc: subprocess.Popen, timeout: float = 60) -> int:
+    """Ctrl-C a background `mbx` and return its exit code. One that does not exit in `timeout` is aborted
+    (SIGABRT: PYTHONFAULTHANDLER prints where every thread stood) and the test fails with that output."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        output = proc.communicate(timeout=30)[0] or ""
+        raise AssertionError(f"mbx did not exit {timeout:.0f} s after Ctrl-C; its output:\n{output[-6000:]}") from None

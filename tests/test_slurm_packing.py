@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import store_rows
+from slurm_cluster import interrupt
 
 from launchers.backends.submitit_slurm import SubmititLauncher, SubmititSettings
 from launchers.base import JobState, LaunchSpec, Resources, Submitted
@@ -180,8 +180,7 @@ def _interrupt_once_packed(slurm, file: Path, workspace: Path, env: dict[str, st
                     break
             time.sleep(0.5)
         assert len(rows) == 2 and (not running or (Path(rows[0][4]) / "node.json").exists()), rows
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+        assert interrupt(proc) == 130
     return rows
 
 
