@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # the core (a 3-point, 150-step resume test: 209 s with 2 threads beside one busy core, 22 s with 1). Tests of
 # the thread defaults themselves pass their own environment (tests/test_launch_node.py).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# A test session started in the background of a non-interactive shell (`cmd &` in a script, as CI jobs do)
+# inherits SIGINT ignored, and so would every `mbx` it starts: Python installs no KeyboardInterrupt handler then,
+# and the tests that press Ctrl-C on a campaign saw it run on. Restore what a terminal gives.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # A stand-in for Megatron-LM's pretrain_gpt.py that replays a real log, and the real log it replays by default.
 FAKE_MEGATRON = ROOT / "tests" / "fixtures_cmd" / "fake_megatron.py"
 MEGATRON_LOG = ROOT / "tests" / "data" / "megatron" / "logs" / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"
