@@ -19,21 +19,20 @@ KINDS = (("-m trainer", "trainer"), ("-m orchestrator", "mbx"), ("launchers.node
 
 
 def kind(row: dict) -> str:
-    line = " ".join(row.get("orig") or row["argv"])  # "orig": rows of an earlier version of the hook
+    line = " ".join(row["argv"])
     return next((name for marker, name in KINDS if marker in line), "other")
 
 
 def main(path: str) -> None:
     rows = [json.loads(line) for line in open(path) if line.strip()]
-    cpu, count, per_file = collections.Counter(), collections.Counter(), collections.Counter()
+    by_kind: dict[str, list[float]] = collections.defaultdict(list)
+    per_file: collections.Counter[str] = collections.Counter()
     for row in rows:
-        cpu[kind(row)] += row["cpu"]
-        count[kind(row)] += 1
+        by_kind[kind(row)].append(row["cpu"])
         per_file[row["test"].split("::")[0]] += row["cpu"]
-    print(f"{len(rows)} processes, {sum(cpu.values()):.0f} s CPU")
-    for name, seconds in cpu.most_common():
-        median = statistics.median(r["cpu"] for r in rows if kind(r) == name)
-        print(f"  {seconds:8.1f} s  {count[name]:5d} x {name} (median {median:.2f} s)")
+    print(f"{len(rows)} processes, {sum(per_file.values()):.0f} s CPU")
+    for name, cpus in sorted(by_kind.items(), key=lambda item: -sum(item[1])):
+        print(f"  {sum(cpus):8.1f} s  {len(cpus):5d} x {name} (median {statistics.median(cpus):.2f} s)")
     print("by test file:")
     for name, seconds in per_file.most_common(15):
         print(f"  {seconds:8.1f} s  {name or '(outside a test)'}")

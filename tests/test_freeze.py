@@ -52,8 +52,8 @@ def test_freeze_a_real_campaign(mbx, write_campaign, tmp_path: Path, cache_env) 
         "env": {"values": {"OMP_NUM_THREADS": "1"}},
         "sweep": {"repeats": 3, "cells": [
             {"training.seq_length": 32, "precision": "bf16"},
-            # 8× the tokens of an 8× wider model: ~7× the step time (280 vs 37 ms on a loaded 2-core machine),
-            # far beyond its noise
+            # 8× the tokens of an 8× wider model: ~7× the step time (280 vs 37 ms per step, `python -m trainer`
+            # by hand with OMP_NUM_THREADS=1 on a loaded 2-core machine), far beyond its noise
             {"training.seq_length": 256, "model.hidden_size": 256, "model.ffn_hidden_size": 512,
              "model.num_attention_heads": 4, "precision": "bf16"},
             {"training.seq_length": 32, "precision": "fp8"},  # refused by the trainer on a CPU: failed
