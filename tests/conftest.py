@@ -128,6 +128,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into `@group` node-id suffixes
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's `--dist loadgroup` (the README's test command): every test that uses the real
     Slurm runs on one worker (one cluster per test session), every other file's tests stay together (its
@@ -135,3 +136,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         uses_slurm = "slurm" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm")
         item.add_marker(pytest.mark.xdist_group("slurm" if uses_slurm else item.nodeid.split("::")[0]))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker under `--dist loadgroup`, stop if the groups did not reach the node ids: the scheduler
+    would then spread the Slurm tests over both workers, each with its own cluster (see pyproject's pytest pin)."""
+    if getattr(session.config.option, "loadgroup", False) and any("@" not in i.nodeid for i in session.items):
+        raise pytest.UsageError("pytest-xdist's groups were not applied to the node ids (pytest/xdist mismatch?)")
