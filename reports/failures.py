@@ -20,22 +20,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-FailureClass = Literal[
-    "infra", "oom", "nan", "config", "timeout", "preempted", "hung_after_finish", "unknown"
-]
-FAILURE_CLASSES: tuple[str, ...] = (
-    "infra",
-    "oom",
-    "nan",
-    "config",
-    "timeout",
-    "preempted",
-    "hung_after_finish",
-    "unknown",
-)
-RETRYABLE_BY_DEFAULT: frozenset[str] = frozenset({"infra", "preempted"})
+from reports.failure_classes import RETRYABLE_BY_DEFAULT, FailureClass
 
 CHUNK = 8 << 20
 # Failures show at the start of a log (configuration) or at its end (crash, kill, abort): of a big

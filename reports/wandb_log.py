@@ -9,12 +9,11 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any
 
 from reports import secrets
 from reports.views import CellView
+from reports.wandb_settings import WandbSettings
 
 REDACTED = secrets.MASK
 # Config keys whose values are never sent: credentials a recipe should not hold in the first place.
@@ -33,38 +32,6 @@ _online_failure: list[tuple[float, str]] = []
 
 class WandbLogWarning(UserWarning):
     """W&B logging failed; the campaign carries on without it."""
-
-
-class WandbSettings(BaseModel):
-    """Where and how attempts are logged to Weights & Biases."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["offline", "online", "disabled"] = Field(
-        "offline",
-        description=(
-            "offline: write runs under <dir>/wandb/ to upload later with `wandb sync`; online: send them "
-            "now (the API key comes from the WANDB_API_KEY environment variable, never from a file "
-            "mbx writes); disabled: log nothing."
-        ),
-    )
-    project: str = Field("mbx", description="W&B project the runs go to.")
-    entity: str | None = Field(None, description="W&B entity (user or team); None: the account's default.")
-    dir: str | None = Field(
-        None, description="Folder wandb writes under (it adds wandb/); None: the campaign's workspace folder."
-    )
-    tags: list[str] = Field(default_factory=list, description="Tags added to every run.")
-
-    @field_validator("project")
-    @classmethod
-    def _project_name(cls, value: str) -> str:
-        bad = sorted(set(value) & set("/\\#?%:"))
-        if not value or len(value) > 128 or bad:
-            raise ValueError(
-                "a W&B project name is 1-128 characters without / \\ # ? % :"
-                + (f" (found {' '.join(bad)})" if bad else "")
-            )
-        return value
 
 
 def scrub(config: Any, key: str = "") -> Any:

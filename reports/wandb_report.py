@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from reports.views import CampaignView
-from reports.wandb_log import WandbSettings
+from reports.wandb_settings import WandbSettings
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # campaign names (orchestrator.spec.campaign.NAME_PATTERN)
 STEP_PANELS = (

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from reports.failures import FAILURE_CLASSES, classify_failure, scan_logs
+from reports.failure_classes import FAILURE_CLASSES
+from reports.failures import classify_failure, scan_logs
 
 FIXTURES = Path(__file__).parent / "data" / "failures"
 CASES = sorted(p for p in FIXTURES.iterdir() if p.is_dir())

@@ -18,13 +18,13 @@ from report_fixtures import campaign_view, step_rows
 from reports.wandb_log import (
     REDACTED,
     WandbLogWarning,
-    WandbSettings,
     log_attempt,
     point_job_type,
     read_run_file,
     scrub,
     step_history,
 )
+from reports.wandb_settings import WandbSettings
 
 SECRETS = ("hunter2", "hunter3", "hunter4")
 
@@ -203,7 +203,8 @@ _ONLINE_WITHOUT_KEY = """
 import sys, time
 from pathlib import Path
 from report_fixtures import campaign_view
-from reports.wandb_log import WandbSettings, log_attempt
+from reports.wandb_log import log_attempt
+from reports.wandb_settings import WandbSettings
 view, messages, took = campaign_view(), [], []
 for cell in view.cells[:2]:
     start = time.perf_counter()

@@ -82,8 +82,8 @@ def _wandb_report(workspace: Path, view: CampaignView, summary: str, folder: Pat
 
     from orchestrator.errors import RunError
     from orchestrator.run.store import Store
-    from reports.wandb_log import WandbSettings
     from reports.wandb_report import build_report, report_spec
+    from reports.wandb_settings import WandbSettings
 
     with Store(workspace, create=False) as store:
         spec = (store.campaign(view.name) or {}).get("spec") or {}

@@ -22,9 +22,9 @@ from orchestrator.spec.parity import Parity
 from orchestrator.spec.profile_spec import Profile
 from orchestrator.spec.search import Search
 from orchestrator.spec.software import Software
-from reports.failures import FAILURE_CLASSES
+from reports.failure_classes import FAILURE_CLASSES
 from reports.gates import GateSpec
-from reports.wandb_log import WandbSettings
+from reports.wandb_settings import WandbSettings
 from trainer.recipe import Recipe
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
