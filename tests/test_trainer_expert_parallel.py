@@ -4,11 +4,12 @@ Same world, same global batch, same seed: only the experts' placement changes, s
 and dropped-token fractions must agree (to fp32 summation-order noise: the expert GEMMs see the rows of
 all EP peers at once, and the gradient sums run in another order than DDP's).
 
-Two ways: whole runs through torchrun (`python -m trainer`, metrics rows compared), and in-process ranks
-(torch.multiprocessing, gloo) that build the real Trainer for each knob combination and compare every
-gradient after one step's micro-batches, the experts' shards gathered over the EP group, with how the
-gradients outside DDP were reduced (collectives issued, started inside the backward) and how many count
-all-to-alls the dropless chunks cost.
+Two ways, both in the same spawned gloo ranks (one world of 2 and one of 4 for the whole file, so one
+interpreter and one torch import per rank; `torchrun -m trainer` itself on 2 ranks is test_trainer_run's): whole runs through the trainer's entry point (`trainer.__main__.run`, what `python -m
+trainer` calls), one layout after another, metrics rows compared; then the real Trainer built for each knob
+combination, every gradient after one step's micro-batches compared, the experts' shards gathered over the EP
+group, with how the gradients outside DDP were reduced (collectives issued, started inside the backward) and
+how many count all-to-alls the dropless chunks cost.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from trainer_helpers import explain, free_port, metrics, recipe_dict, run_torchrun, status
+from trainer_helpers import free_port, metrics, recipe_dict, status, write_recipe
 
 from trainer.recipe import Recipe, launch_problems
 from trainer.support import unsupported
@@ -28,12 +29,49 @@ from trainer.support import unsupported
 REL = 2e-5  # fp32 reassociation across 6 steps of a tiny model
 
 
-def _train(tmp_path, name: str, nproc: int, env: dict[str, str] | None = None, **overrides) -> list[dict]:
-    out = tmp_path / name
-    proc = run_torchrun(out, recipe_dict(**overrides), nproc=nproc, env=env)
-    assert proc.returncode == 0, explain(proc)
-    assert status(out)["state"] == "completed"
-    return metrics(out)
+def _runs_worker(rank: int, world: int, runs: list[tuple[str, str, int, dict[str, str]]]) -> None:
+    """Rank `rank` of each run in turn, through the trainer's entry point with torchrun's variables (a fresh
+    port per run: the trainer joins and leaves its process group every time)."""
+    import trainer.__main__ as entry
+
+    for out, recipe_path, port, env in runs:
+        saved = dict(os.environ)
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env)  # fmt: skip
+        try:
+            code = entry.run(["--recipe", recipe_path, "--out", out])
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        if code:
+            raise RuntimeError(f"rank {rank} of {out} exited {code}")
+
+
+def _world_worker(rank: int, world: int, runs: list, port: int, cases: list, out: str) -> None:
+    """One rank of a world: its whole runs (`_runs_worker`), then its one-step gradient cases (`_gradients_worker`)."""
+    _runs_worker(rank, world, runs)
+    if cases:
+        _gradients_worker(rank, world, port, cases, out)
+
+
+def _in_one_world(folder: Path, world: int, runs: dict[str, tuple[dict, dict[str, str]]],
+                  cases: list[tuple[str, dict, bool, int]]) -> tuple[dict[str, list[dict]], dict]:
+    """On `world` spawned gloo ranks: train every (recipe overrides, extra env) of `runs`, then take the gradients
+    of every case of `cases`. (metrics rows by run name, `_step_gradients` results by (case, EP))."""
+    specs, ports = [], set()
+    for name, (overrides, env) in runs.items():
+        while (port := free_port()) in ports:
+            pass
+        ports.add(port)
+        recipe_path = write_recipe(folder / f"{name}.yaml", recipe_dict(**overrides))
+        specs.append((str(folder / name), str(recipe_path), port, env))
+    while (gradients_port := free_port()) in ports:
+        pass
+    out = folder / "gradients.pt"
+    torch.multiprocessing.spawn(_world_worker, args=(world, specs, gradients_port, cases, str(out)), nprocs=world)
+    for name in runs:
+        assert status(folder / name)["state"] == "completed", name
+    return {name: metrics(folder / name) for name in runs}, (torch.load(out) if cases else {})
 
 
 def _assert_same_training(ep_rows: list[dict], base_rows: list[dict]) -> None:
@@ -54,35 +92,57 @@ def _assert_same_training(ep_rows: list[dict], base_rows: list[dict]) -> None:
     assert ep_rows[-1]["loss"] < ep_rows[0]["loss"]
 
 
-def test_ep2_dropless_equals_ep1(tmp_path):
-    """Data-dependent split sizes (counts all-to-all, host splits, regroup by local expert), with 4 micro-batches
-    of accumulation, evaluation every 2 steps and a NaN injected on rank 0 at step 3 (skipped by every rank)."""
-    common = {"training.micro_batch_size": 1, "training.global_batch_size": 8, "training.eval_interval": 2}
-    nan = {"MBX_TRAINER_INJECT_NAN_STEP": "3"}
-    base = _train(tmp_path, "ep1", 2, env=nan, **common)
-    ep = _train(tmp_path, "ep2", 2, env=nan, **common, **{"parallel.expert": 2})
-    _assert_same_training(ep, base)
+EP2 = {"parallel.expert": 2}
+# Data-dependent split sizes (counts all-to-all, host splits, regroup by local expert), with 4 micro-batches of
+# accumulation, evaluation every 2 steps and a NaN injected on rank 0 at step 3 (skipped by every rank).
+DROPLESS = {"training.micro_batch_size": 1, "training.global_batch_size": 8, "training.eval_interval": 2}
+NAN = {"MBX_TRAINER_INJECT_NAN_STEP": "3"}
+# pad_to_capacity (equal splits, no host sync), chunked dispatch, one parameter per expert.
+STATIC = {"model.moe.capacity_factor": 1.0, "model.moe.pad_to_capacity": True, "model.moe.dispatch_chunk_tokens": 8,
+          "model.moe.expert_weights": "discrete"}  # fmt: skip
+# World 4: EP 2 (two expert-data-parallel replicas of each expert) and EP 4 (one), compact dropping.
+LAYOUTS = {"model.moe.capacity_factor": 1.25, "model.moe.drop_policy": "position", "training.micro_batch_size": 1,
+           "training.global_batch_size": 4, "training.steps": 4}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def world2(tmp_path_factory) -> tuple[dict[str, list[dict]], dict]:
+    """Two ranks: the whole runs of the dropless and static tests, and every CASES combination's gradients."""
+    cases = [(name, overrides, fuse, ep) for name, (overrides, fuse) in CASES.items() for ep in (1, 2)]
+    return _in_one_world(tmp_path_factory.mktemp("ep-world2"), 2, {
+        "dropless-ep1": (DROPLESS, NAN), "dropless-ep2": ({**DROPLESS, **EP2}, NAN),
+        "static-ep1": (STATIC, {}), "static-ep2": ({**STATIC, **EP2}, {}),
+    }, cases)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def world4(tmp_path_factory) -> tuple[dict[str, list[dict]], dict]:
+    """Four ranks: the DP × EP layouts' whole runs, and the fused experts' gradients at EP 1 and EP 2 × EDP 2."""
+    fused = {**FUSION, **CHUNK, "training.global_batch_size": 16}
+    return _in_one_world(tmp_path_factory.mktemp("ep-world4"), 4,
+                         {f"ep{ep}": ({**LAYOUTS, "parallel.expert": ep}, {}) for ep in (1, 2, 4)},
+                         [("fused", fused, True, 1), ("fused", fused, True, 2)])  # fmt: skip
+
+
+def test_ep2_dropless_equals_ep1(world2):
+    runs, _ = world2
+    ep = runs["dropless-ep2"]
+    _assert_same_training(ep, runs["dropless-ep1"])
     assert [row["skipped"] for row in ep] == [False, False, True, False, False, False]
     assert sum("eval_loss" in row for row in ep) == 3
 
 
-def test_ep2_static_capacity_chunked_discrete_equals_ep1(tmp_path):
-    """pad_to_capacity (equal splits, no host sync), chunked dispatch, one parameter per expert."""
-    common = {"model.moe.capacity_factor": 1.0, "model.moe.pad_to_capacity": True,
-              "model.moe.dispatch_chunk_tokens": 8, "model.moe.expert_weights": "discrete"}
-    base = _train(tmp_path, "ep1", 2, **common)
-    ep = _train(tmp_path, "ep2", 2, **common, **{"parallel.expert": 2})
-    _assert_same_training(ep, base)
+def test_ep2_static_capacity_chunked_discrete_equals_ep1(world2):
+    runs, _ = world2
+    base = runs["static-ep1"]
+    _assert_same_training(runs["static-ep2"], base)
     assert any(row["tokens_dropped_frac"] > 0 for row in base)  # capacity 1.0 really drops here
 
 
-def test_dp_times_ep_layouts_on_four_ranks(tmp_path):
-    """World 4: EP 2 (two expert-data-parallel replicas of each expert) and EP 4 (one), compact dropping."""
-    common = {"model.moe.capacity_factor": 1.25, "model.moe.drop_policy": "position",
-              "training.micro_batch_size": 1, "training.global_batch_size": 4, "training.steps": 4}
-    base = _train(tmp_path, "ep1", 4, **common)
+def test_dp_times_ep_layouts_on_four_ranks(world4):
+    runs, _ = world4
     for ep_size in (2, 4):
-        _assert_same_training(_train(tmp_path, f"ep{ep_size}", 4, **common, **{"parallel.expert": ep_size}), base)
+        _assert_same_training(runs[f"ep{ep_size}"], runs["ep1"])
 
 
 def test_expert_parallel_pre_submit_checks():
@@ -202,23 +262,16 @@ def _gradients_worker(rank: int, world: int, port: int, cases: list[tuple[str, d
     dist.destroy_process_group()
 
 
-def _spawn(world: int, cases: list[tuple[str, dict, bool, int]], tmp_path: Path) -> dict:
-    out = tmp_path / f"gradients-{world}.pt"
-    torch.multiprocessing.spawn(_gradients_worker, args=(world, free_port(), cases, str(out)), nprocs=world)
-    return torch.load(out)
-
-
 def _assert_same_gradients(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], what: str) -> None:
     assert got.keys() == ref.keys(), what
     for name, grad in ref.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{what} {n}: {m}")
 
 
-def test_ep2_gradients_equal_ep1_for_each_knob_combination(tmp_path):
+def test_ep2_gradients_equal_ep1_for_each_knob_combination(world2):
     """2 ranks: EP = 2 (expert-data-parallel size 1) against EP = 1 (DP 2, every expert in DDP or fused), every
     gradient after one step of two micro-batches, for dropless, chunked, padded, compact dropping and fusion."""
-    cases = [(name, overrides, fuse, ep) for name, (overrides, fuse) in CASES.items() for ep in (1, 2)]
-    results = _spawn(2, cases, tmp_path)
+    _, results = world2
     base_grads = results[("dropless", 1)][0]
     for name in CASES:
         (ep1, info1), (ep2, info2) = results[(name, 1)], results[(name, 2)]
@@ -241,11 +294,10 @@ def test_ep2_gradients_equal_ep1_for_each_knob_combination(tmp_path):
     assert results[("fused-dropless-chunked", 1)][1]["overlapped"] == 3
 
 
-def test_fused_experts_reduce_over_the_expert_data_parallel_group_on_four_ranks(tmp_path):
+def test_fused_experts_reduce_over_the_expert_data_parallel_group_on_four_ranks(world4):
     """4 ranks, EP 2 × expert-DP 2: the fused experts' gradients are all-reduced over their expert-data-parallel
     pair from inside the backward, and equal EP = 1's (DP 4)."""
-    overrides = {**FUSION, **CHUNK, "training.global_batch_size": 16}
-    results = _spawn(4, [("fused", overrides, True, 1), ("fused", overrides, True, 2)], tmp_path)
+    _, results = world4
     (ep1, info1), (ep2, info2) = results[("fused", 1)], results[("fused", 2)]
     _assert_same_gradients(ep2, ep1, "EP 2 × EDP 2 vs EP 1 × DP 4")
     assert info2["grad_norm"] == pytest.approx(info1["grad_norm"], rel=1e-5)
