@@ -5,11 +5,12 @@ and dropped-token fractions must agree (to fp32 summation-order noise: the exper
 all EP peers at once, and the gradient sums run in another order than DDP's).
 
 Two ways, both in the same spawned gloo ranks (one world of 2 and one of 4 for the whole file, so one
-interpreter and one torch import per rank; `torchrun -m trainer` itself on 2 ranks is test_trainer_run's): whole runs through the trainer's entry point (`trainer.__main__.run`, what `python -m
-trainer` calls), one layout after another, metrics rows compared; then the real Trainer built for each knob
-combination, every gradient after one step's micro-batches compared, the experts' shards gathered over the EP
-group, with how the gradients outside DDP were reduced (collectives issued, started inside the backward) and
-how many count all-to-alls the dropless chunks cost.
+interpreter and one torch import per rank; `torchrun -m trainer` itself on 2 ranks is test_trainer_run's): whole
+runs through the trainer's entry point (`trainer.__main__.run`, what `python -m trainer` calls), one layout
+after another, metrics rows compared; then the real Trainer built for each knob combination, every gradient
+after one step's micro-batches compared, the experts' shards gathered over the EP group, with how the gradients
+outside DDP were reduced (collectives issued, started inside the backward) and how many count all-to-alls the
+dropless chunks cost.
 """
 
 from __future__ import annotations
