@@ -10,12 +10,14 @@
 - A checkpoint without its AdamW moments continues differently (what the equality above would catch).
 - `checkpoint.reload_with` through `python -m trainer`: save at 3 with single, reload as discrete in the same run
   == the straight run, bitwise.
-- Two ranks (torchrun, gloo): rank 0 saves, both load after a barrier; == the straight DP-2 run, bitwise.
+- Two ranks (spawned gloo ranks through the trainer's entry point, the straight run then the reloading one in
+  the same processes): rank 0 saves, both load after a barrier; == the straight DP-2 run, bitwise.
 - A bad `checkpoint.load_from` (missing directory, another model's shape) exits 2 with one line naming the key.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -166,10 +168,8 @@ def test_checks_before_anything_is_built(tmp_path):
 def test_two_ranks_reload_waits_for_rank_0s_checkpoint(tmp_path):
     """DP 2 over gloo: global rank 0 saves, both ranks load after a barrier; == the straight DP-2 run."""
     recipe = trainer_helpers.recipe_dict(**{"training.steps": 4, "checkpoint.save_at": 2})
-    straight = trainer_helpers.run_torchrun(tmp_path / "a", recipe, nproc=2)
-    assert straight.returncode == 0, trainer_helpers.explain(straight)
-    recipe["checkpoint"]["reload_with"] = {"model.moe.expert_weights": "discrete"}
-    reloaded = trainer_helpers.run_torchrun(tmp_path / "b", recipe, nproc=2)
-    assert reloaded.returncode == 0, trainer_helpers.explain(reloaded)
-    _assert_bitwise(trainer_helpers.metrics(tmp_path / "b"), trainer_helpers.metrics(tmp_path / "a"))
+    reloading = copy.deepcopy(recipe)
+    reloading["checkpoint"]["reload_with"] = {"model.moe.expert_weights": "discrete"}
+    runs = trainer_helpers.train_on_ranks(tmp_path, 2, {"a": (recipe, {}), "b": (reloading, {})})
+    _assert_bitwise(runs["b"], runs["a"])
     assert rundir.checkpoint_steps(tmp_path / "b") == [2]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from trainer_helpers import free_port, metrics, recipe_dict, status, write_recipe
+from trainer_helpers import metrics, new_port, rank_runs, recipe_dict, run_specs, status
 
 from trainer.recipe import Recipe, launch_problems
 from trainer.support import unsupported
@@ -30,27 +30,9 @@ from trainer.support import unsupported
 REL = 2e-5  # fp32 reassociation across 6 steps of a tiny model
 
 
-def _runs_worker(rank: int, world: int, runs: list[tuple[str, str, int, dict[str, str]]]) -> None:
-    """Rank `rank` of each run in turn, through the trainer's entry point with torchrun's variables (a fresh
-    port per run: the trainer joins and leaves its process group every time)."""
-    import trainer.__main__ as entry
-
-    for out, recipe_path, port, env in runs:
-        saved = dict(os.environ)
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env)  # fmt: skip
-        try:
-            code = entry.run(["--recipe", recipe_path, "--out", out])
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        if code:
-            raise RuntimeError(f"rank {rank} of {out} exited {code}")
-
-
 def _world_worker(rank: int, world: int, runs: list, port: int, cases: list, out: str) -> None:
-    """One rank of a world: its whole runs (`_runs_worker`), then its one-step gradient cases (`_gradients_worker`)."""
-    _runs_worker(rank, world, runs)
+    """One rank of a world: its whole runs (`rank_runs`), then its one-step gradient cases (`_gradients_worker`)."""
+    rank_runs(rank, world, runs)
     if cases:
         _gradients_worker(rank, world, port, cases, out)
 
@@ -59,15 +41,9 @@ def _in_one_world(folder: Path, world: int, runs: dict[str, tuple[dict, dict[str
                   cases: list[tuple[str, dict, bool, int]]) -> tuple[dict[str, list[dict]], dict]:
     """On `world` spawned gloo ranks: train every (recipe overrides, extra env) of `runs`, then take the gradients
     of every case of `cases`. (metrics rows by run name, `_step_gradients` results by (case, EP))."""
-    specs, ports = [], set()
-    for name, (overrides, env) in runs.items():
-        while (port := free_port()) in ports:
-            pass
-        ports.add(port)
-        recipe_path = write_recipe(folder / f"{name}.yaml", recipe_dict(**overrides))
-        specs.append((str(folder / name), str(recipe_path), port, env))
-    while (gradients_port := free_port()) in ports:
-        pass
+    ports: set[int] = set()
+    specs = run_specs(folder, {name: (recipe_dict(**overrides), env) for name, (overrides, env) in runs.items()}, ports)
+    gradients_port = new_port(ports)
     out = folder / "gradients.pt"
     torch.multiprocessing.spawn(_world_worker, args=(world, specs, gradients_port, cases, str(out)), nprocs=world)
     for name in runs:

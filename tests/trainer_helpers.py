@@ -75,6 +75,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_runs(rank: int, world: int, runs: list[tuple[str, str, int, dict[str, str]]]) -> None:
+    """Rank `rank` of each (out dir, recipe file, port, extra env) in turn, through the trainer's entry point
+    (`trainer.__main__.run`, what `python -m trainer` calls) with torchrun's variables; a fresh port per run, as
+    the trainer joins and leaves its process group every time. For torch.multiprocessing.spawn."""
+    import trainer.__main__ as entry
+
+    for out, recipe_path, port, env in runs:
+        saved = dict(os.environ)
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env)  # fmt: skip
+        try:
+            code = entry.run(["--recipe", recipe_path, "--out", out])
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        if code:
+            raise RuntimeError(f"rank {rank} of {out} exited {code}")
+
+
+def run_specs(folder: Path, runs: dict[str, tuple[dict, dict[str, str]]], ports: set[int]
+              ) -> list[tuple[str, str, int, dict[str, str]]]:
+    """`rank_runs`' arguments for {name: (recipe, extra env)}: recipe files under `folder`, ports not in `ports`
+    (which gains them)."""
+    specs = []
+    for name, (recipe, env) in runs.items():
+        specs.append((str(folder / name), str(write_recipe(folder / f"{name}.yaml", recipe)), new_port(ports), env))
+    return specs
+
+
+def new_port(taken: set[int]) -> int:
+    """A free port not in `taken` (which gains it)."""
+    while (port := free_port()) in taken:
+        pass
+    taken.add(port)
+    return port
+
+
+def train_on_ranks(folder: Path, world: int, runs: dict[str, tuple[dict, dict[str, str]]]) -> dict[str, list[dict]]:
+    """Train every {name: (recipe, extra env)} on `world` spawned gloo ranks, one run after another (one torch
+    import per rank for all of them); each must complete. Metrics rows by name."""
+    import torch.multiprocessing
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.multiprocessing.spawn(rank_runs, args=(world, run_specs(folder, runs, set())), nprocs=world)
+    for name in runs:
+        assert status(folder / name)["state"] == "completed", name
+    return {name: metrics(folder / name) for name in runs}
+
+
 def run_torchrun(out: Path, recipe: dict, nproc: int, env: dict[str, str] | None = None, timeout: float = 300
                  ) -> subprocess.CompletedProcess:
     """`torchrun --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint localhost:PORT -m trainer ...`."""
