@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 FailureClass = Literal[
     "infra", "oom", "nan", "config", "timeout", "preempted", "hung_after_finish", "unknown"
 ]
-FAILURE_CLASSES: tuple[str, ...] = ("infra", "oom", "nan", "config", "timeout", "preempted", "hung_after_finish",
-                                    "unknown")  # fmt: skip
+FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
 RETRYABLE_BY_DEFAULT: frozenset[str] = frozenset({"infra", "preempted"})

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -128,7 +129,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into `@group` node-id suffixes
+@pytest.hookimpl(tryfirst=True)  # required: xdist's own hook, which turns the marks into `@group` node-id suffixes,
+# would otherwise run first (it registers after this conftest) and find no marks: no test would be grouped
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's `--dist loadgroup` (the README's test command): every test that uses the real
     Slurm runs on one worker (one cluster per test session), every other file's tests stay together (its
@@ -138,9 +140,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group("slurm" if uses_slurm else item.nodeid.split("::")[0]))
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """On an xdist worker under `--dist loadgroup`, stop if the groups did not reach the node ids: the scheduler
-    would then spread the Slurm tests over both workers, each with its own cluster (see pyproject's pytest pin)."""
-    if getattr(session.config.option, "loadgroup", False) and any("@" not in i.nodeid for i in session.items):
-        raise pytest.UsageError("pytest-xdist's groups were not applied to the node ids (pytest/xdist mismatch?)")
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """On the xdist controller under `--dist loadgroup`: stop, saying why, when a worker's node ids lack their
+    `@group` suffix. The scheduler would then spread the Slurm tests over both workers, each starting its own
+    cluster whose job ids (and so MASTER_PORTs) collide with the other's (see pyproject's pytest pin)."""
+    if node.config.option.dist == "loadgroup" and any("@" not in nodeid for nodeid in ids):
+        pytest.exit(f"{node.gateway.id}: pytest-xdist's groups were not applied to the node ids (a pytest/xdist "
+                    "mismatch: pyproject.toml pins pytest below 9 for this)", returncode=4)  # fmt: skip

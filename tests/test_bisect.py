@@ -44,10 +44,10 @@ DEFAULTS = {  # small and forward-heavy (routing): full recompute costs about 1.
     "training": {"seq_length": 64, "micro_batch_size": 4, "steps": 10},
     "optimizer": {"warmup_steps": 2},
 }  # fmt: skip
-CULPRIT = 1  # the index (0 = good) of the commit that turns full recompute on
-# after the good one: one probe, the culprit, which the bisect must name instead of the bad end (each version
-# measured costs 3 trainer runs beside 3 fresh runs of the good end; test_bisect_over_listed_values_markdown
-# walks a longer search with exact replayed times)
+CULPRIT = 2  # the index (0 = good) of the commit that turns full recompute on: the bad end
+# after the good one: one probe, a version as fast as the good end, which the bisect must call good under real
+# timing noise before it names the bad end (each version measured costs 3 trainer runs beside 3 fresh runs of the
+# good end; test_bisect_over_listed_values_markdown walks a longer search with exact replayed times)
 COMMITS = 2
 
 

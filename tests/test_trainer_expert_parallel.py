@@ -22,7 +22,16 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from trainer_helpers import metrics, new_port, rank_runs, recipe_dict, run_specs, status
+from trainer_helpers import (
+    exit_rank,
+    metrics,
+    new_port,
+    rank_runs,
+    recipe_dict,
+    run_specs,
+    spawn_ranks,
+    status,
+)
 
 from trainer.recipe import Recipe, launch_problems
 from trainer.support import unsupported
@@ -30,22 +39,27 @@ from trainer.support import unsupported
 REL = 2e-5  # fp32 reassociation across 6 steps of a tiny model
 
 
-def _world_worker(rank: int, world: int, runs: list, port: int, cases: list, out: str) -> None:
+RunSpec = tuple[str, str, int, dict[str, str]]  # rank_runs': out dir, recipe file, MASTER_PORT, extra env
+Case = tuple[str, dict, bool, int]  # name, recipe overrides, fuse the experts' weight gradients, EP size
+
+
+def _world_worker(rank: int, world: int, runs: list[RunSpec], port: int, cases: list[Case], out: str) -> None:
     """One rank of a world: its whole runs (`rank_runs`), then its one-step gradient cases (`_gradients_worker`)."""
     rank_runs(rank, world, runs)
     if cases:
         _gradients_worker(rank, world, port, cases, out)
+    exit_rank()
 
 
 def _in_one_world(folder: Path, world: int, runs: dict[str, tuple[dict, dict[str, str]]],
-                  cases: list[tuple[str, dict, bool, int]]) -> tuple[dict[str, list[dict]], dict]:
+                  cases: list[Case]) -> tuple[dict[str, list[dict]], dict]:
     """On `world` spawned gloo ranks: train every (recipe overrides, extra env) of `runs`, then take the gradients
     of every case of `cases`. (metrics rows by run name, `_step_gradients` results by (case, EP))."""
     ports: set[int] = set()
     specs = run_specs(folder, {name: (recipe_dict(**overrides), env) for name, (overrides, env) in runs.items()}, ports)
     gradients_port = new_port(ports)
     out = folder / "gradients.pt"
-    torch.multiprocessing.spawn(_world_worker, args=(world, specs, gradients_port, cases, str(out)), nprocs=world)
+    spawn_ranks(_world_worker, (world, specs, gradients_port, cases, str(out)), world)
     for name in runs:
         assert status(folder / name)["state"] == "completed", name
     return {name: metrics(folder / name) for name in runs}, (torch.load(out) if cases else {})
@@ -83,7 +97,7 @@ LAYOUTS = {"model.moe.capacity_factor": 1.25, "model.moe.drop_policy": "position
 
 
 @pytest.fixture(scope="module")
-def world2(tmp_path_factory) -> tuple[dict[str, list[dict]], dict]:
+def world2(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[dict]], dict]:
     """Two ranks: the whole runs of the dropless and static tests, and every CASES combination's gradients."""
     cases = [(name, overrides, fuse, ep) for name, (overrides, fuse) in CASES.items() for ep in (1, 2)]
     return _in_one_world(tmp_path_factory.mktemp("ep-world2"), 2, {
@@ -93,7 +107,7 @@ def world2(tmp_path_factory) -> tuple[dict[str, list[dict]], dict]:
 
 
 @pytest.fixture(scope="module")
-def world4(tmp_path_factory) -> tuple[dict[str, list[dict]], dict]:
+def world4(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[dict]], dict]:
     """Four ranks: the DP × EP layouts' whole runs, and the fused experts' gradients at EP 1 and EP 2 × EDP 2."""
     fused = {**FUSION, **CHUNK, "training.global_batch_size": 16}
     return _in_one_world(tmp_path_factory.mktemp("ep-world4"), 4,
@@ -220,7 +234,7 @@ def _step_gradients(trainer, world: int) -> tuple[dict[str, torch.Tensor], dict]
     return seen, info
 
 
-def _gradients_worker(rank: int, world: int, port: int, cases: list[tuple[str, dict, bool, int]], out: str) -> None:
+def _gradients_worker(rank: int, world: int, port: int, cases: list[Case], out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)

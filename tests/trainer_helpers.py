@@ -1,4 +1,5 @@
-"""Helpers of the trainer tests: tiny recipes, running `python -m trainer` / torchrun for real, reading run dirs."""
+"""Helpers of the trainer tests: tiny recipes, running `python -m trainer` / torchrun for real, several runs in one
+spawned gloo world (`train_on_ranks`), reading run dirs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -75,23 +78,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# MASTER_PORTs of the spawned worlds come from below the kernel's ephemeral range (32768-60999 here): a rank keeps
+# its finished runs' process groups until it exits (trainer.train._KEPT_UNTIL_EXIT), and every gloo listener they
+# open takes an ephemeral port, which could otherwise land on a port picked for a later run.
+WORLD_PORTS = range(10000, 20000)
+
+
 def rank_runs(rank: int, world: int, runs: list[tuple[str, str, int, dict[str, str]]]) -> None:
     """Rank `rank` of each (out dir, recipe file, port, extra env) in turn, through the trainer's entry point
-    (`trainer.__main__.run`, what `python -m trainer` calls) with torchrun's variables; a fresh port per run, as
-    the trainer joins and leaves its process group every time. For torch.multiprocessing.spawn."""
+    (`trainer.__main__.run`, what `python -m trainer` calls) with torchrun's variables; a port per run, as the
+    trainer joins a new process group every time (the old ones stay until the process exits)."""
+    import signal
+
     import trainer.__main__ as entry
 
     for out, recipe_path, port, env in runs:
         saved = dict(os.environ)
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env)  # fmt: skip
+        os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                           "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                           **env})  # fmt: skip
         try:
             code = entry.run(["--recipe", recipe_path, "--out", out])
         finally:
             os.environ.clear()
             os.environ.update(saved)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the trainer's handler: spawn's SIGTERM must kill
         if code:
             raise RuntimeError(f"rank {rank} of {out} exited {code}")
+
+
+def exit_rank() -> None:
+    """End a spawned rank as `python -m trainer` does (trainer.__main__.exit_now): without interpreter teardown,
+    which can deadlock on the distributed objects the trainer keeps until exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _rank_runs_and_exit(rank: int, world: int, runs: list[tuple[str, str, int, dict[str, str]]]) -> None:
+    rank_runs(rank, world, runs)
+    exit_rank()
 
 
 def run_specs(folder: Path, runs: dict[str, tuple[dict, dict[str, str]]], ports: set[int]
@@ -105,20 +131,41 @@ def run_specs(folder: Path, runs: dict[str, tuple[dict, dict[str, str]]], ports:
 
 
 def new_port(taken: set[int]) -> int:
-    """A free port not in `taken` (which gains it)."""
-    while (port := free_port()) in taken:
-        pass
-    taken.add(port)
-    return port
+    """A port of WORLD_PORTS that is free now and not in `taken` (which gains it)."""
+    import random
+
+    while True:
+        port = random.choice(WORLD_PORTS)
+        if port in taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
+
+
+def spawn_ranks(target: Callable[..., None], args: tuple, world: int, timeout_s: float = 300) -> None:
+    """torch.multiprocessing.spawn(target, args, world) with a deadline: the ranks are killed and the test fails
+    when they have not all finished after `timeout_s`."""
+    import torch.multiprocessing
+
+    context = torch.multiprocessing.spawn(target, args=args, nprocs=world, join=False)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            raise AssertionError(f"{world} spawned ranks still running after {timeout_s:.0f} s")
 
 
 def train_on_ranks(folder: Path, world: int, runs: dict[str, tuple[dict, dict[str, str]]]) -> dict[str, list[dict]]:
     """Train every {name: (recipe, extra env)} on `world` spawned gloo ranks, one run after another (one torch
     import per rank for all of them); each must complete. Metrics rows by name."""
-    import torch.multiprocessing
-
     folder.mkdir(parents=True, exist_ok=True)
-    torch.multiprocessing.spawn(rank_runs, args=(world, run_specs(folder, runs, set())), nprocs=world)
+    spawn_ranks(_rank_runs_and_exit, (world, run_specs(folder, runs, set())), world)
     for name in runs:
         assert status(folder / name)["state"] == "completed", name
     return {name: metrics(folder / name) for name in runs}
