@@ -15,6 +15,7 @@ dropless chunks cost.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -22,16 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from trainer_helpers import (
-    exit_rank,
-    metrics,
-    new_port,
-    rank_runs,
-    recipe_dict,
-    run_specs,
-    spawn_ranks,
-    status,
-)
+from trainer_helpers import recipe_dict, train_on_ranks
 
 from trainer.recipe import Recipe, launch_problems
 from trainer.support import unsupported
@@ -39,30 +31,18 @@ from trainer.support import unsupported
 REL = 2e-5  # fp32 reassociation across 6 steps of a tiny model
 
 
-RunSpec = tuple[str, str, int, dict[str, str]]  # rank_runs': out dir, recipe file, MASTER_PORT, extra env
 Case = tuple[str, dict, bool, int]  # name, recipe overrides, fuse the experts' weight gradients, EP size
-
-
-def _world_worker(rank: int, world: int, runs: list[RunSpec], port: int, cases: list[Case], out: str) -> None:
-    """One rank of a world: its whole runs (`rank_runs`), then its one-step gradient cases (`_gradients_worker`)."""
-    rank_runs(rank, world, runs)
-    if cases:
-        _gradients_worker(rank, world, port, cases, out)
-    exit_rank()
 
 
 def _in_one_world(folder: Path, world: int, runs: dict[str, tuple[dict, dict[str, str]]],
                   cases: list[Case]) -> tuple[dict[str, list[dict]], dict]:
     """On `world` spawned gloo ranks: train every (recipe overrides, extra env) of `runs`, then take the gradients
     of every case of `cases`. (metrics rows by run name, `_step_gradients` results by (case, EP))."""
-    ports: set[int] = set()
-    specs = run_specs(folder, {name: (recipe_dict(**overrides), env) for name, (overrides, env) in runs.items()}, ports)
-    gradients_port = new_port(ports)
     out = folder / "gradients.pt"
-    spawn_ranks(_world_worker, (world, specs, gradients_port, cases, str(out)), world)
-    for name in runs:
-        assert status(folder / name)["state"] == "completed", name
-    return {name: metrics(folder / name) for name in runs}, (torch.load(out) if cases else {})
+    recipes = {name: (recipe_dict(**overrides), env) for name, (overrides, env) in runs.items()}
+    rows = train_on_ranks(folder, world, recipes, after=functools.partial(_gradients_worker, cases=cases,
+                                                                          out=str(out)))  # fmt: skip
+    return rows, torch.load(out)
 
 
 def _assert_same_training(ep_rows: list[dict], base_rows: list[dict]) -> None:

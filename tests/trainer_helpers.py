@@ -84,10 +84,14 @@ def free_port() -> int:
 WORLD_PORTS = range(10000, 20000)
 
 
-def rank_runs(rank: int, world: int, runs: list[tuple[str, str, int, dict[str, str]]]) -> None:
-    """Rank `rank` of each (out dir, recipe file, port, extra env) in turn, through the trainer's entry point
-    (`trainer.__main__.run`, what `python -m trainer` calls) with torchrun's variables; a port per run, as the
-    trainer joins a new process group every time (the old ones stay until the process exits)."""
+RunSpec = tuple[str, str, int, dict[str, str]]  # out dir, recipe file, MASTER_PORT, extra env
+AfterRuns = Callable[[int, int, int], None]  # (rank, world, a MASTER_PORT of its own): a rank's work after its runs
+
+
+def _rank_runs(rank: int, world: int, runs: list[RunSpec]) -> None:
+    """Rank `rank` of each run in turn, through the trainer's entry point (`trainer.__main__.run`, what
+    `python -m trainer` calls) with torchrun's variables; a port per run, as the trainer joins a new process
+    group every time (the old ones stay until the process exits)."""
     import signal
 
     import trainer.__main__ as entry
@@ -107,30 +111,18 @@ def rank_runs(rank: int, world: int, runs: list[tuple[str, str, int, dict[str, s
             raise RuntimeError(f"rank {rank} of {out} exited {code}")
 
 
-def exit_rank() -> None:
-    """End a spawned rank as `python -m trainer` does (trainer.__main__.exit_now): without interpreter teardown,
+def _rank_main(rank: int, world: int, runs: list[RunSpec], after: AfterRuns | None, after_port: int) -> None:
+    """A spawned rank: its runs, then `after`; it ends as `python -m trainer` does, without interpreter teardown,
     which can deadlock on the distributed objects the trainer keeps until exit."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    from trainer.__main__ import exit_now
+
+    _rank_runs(rank, world, runs)
+    if after is not None:
+        after(rank, world, after_port)
+    exit_now(0)
 
 
-def _rank_runs_and_exit(rank: int, world: int, runs: list[tuple[str, str, int, dict[str, str]]]) -> None:
-    rank_runs(rank, world, runs)
-    exit_rank()
-
-
-def run_specs(folder: Path, runs: dict[str, tuple[dict, dict[str, str]]], ports: set[int]
-              ) -> list[tuple[str, str, int, dict[str, str]]]:
-    """`rank_runs`' arguments for {name: (recipe, extra env)}: recipe files under `folder`, ports not in `ports`
-    (which gains them)."""
-    specs = []
-    for name, (recipe, env) in runs.items():
-        specs.append((str(folder / name), str(write_recipe(folder / f"{name}.yaml", recipe)), new_port(ports), env))
-    return specs
-
-
-def new_port(taken: set[int]) -> int:
+def _new_port(taken: set[int]) -> int:
     """A port of WORLD_PORTS that is free now and not in `taken` (which gains it)."""
     import random
 
@@ -161,11 +153,16 @@ def spawn_ranks(target: Callable[..., None], args: tuple, world: int, timeout_s:
             raise AssertionError(f"{world} spawned ranks still running after {timeout_s:.0f} s")
 
 
-def train_on_ranks(folder: Path, world: int, runs: dict[str, tuple[dict, dict[str, str]]]) -> dict[str, list[dict]]:
+def train_on_ranks(folder: Path, world: int, runs: dict[str, tuple[dict, dict[str, str]]],
+                   after: AfterRuns | None = None) -> dict[str, list[dict]]:
     """Train every {name: (recipe, extra env)} on `world` spawned gloo ranks, one run after another (one torch
-    import per rank for all of them); each must complete. Metrics rows by name."""
+    import per rank for all of them), then call `after` in every rank (picklable: a module-level function or a
+    functools.partial of one); each run must complete. Metrics rows by name."""
     folder.mkdir(parents=True, exist_ok=True)
-    spawn_ranks(_rank_runs_and_exit, (world, run_specs(folder, runs, set())), world)
+    ports: set[int] = set()
+    specs = [(str(folder / name), str(write_recipe(folder / f"{name}.yaml", recipe)), _new_port(ports), env)
+             for name, (recipe, env) in runs.items()]  # fmt: skip
+    spawn_ranks(_rank_main, (world, specs, after, _new_port(ports)), world)
     for name in runs:
         assert status(folder / name)["state"] == "completed", name
     return {name: metrics(folder / name) for name in runs}
