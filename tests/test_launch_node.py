@@ -59,6 +59,38 @@ def test_a_program_that_cannot_start(tmp_path: Path) -> None:
     assert status["exit_code"] == 127 and "cannot start" in (tmp_path / "launcher.log").read_text()
 
 
+def test_the_disk_reserve_lives_while_the_command_runs(tmp_path: Path) -> None:
+    """The wrapper holds rundir.DISK_RESERVE_BYTES (allocated, not sparse) while the command runs, none after."""
+    reserve = tmp_path / rundir.DISK_RESERVE
+    probe = (f"import os, sys; s = os.stat({str(reserve)!r}); "
+             f"sys.exit(0 if s.st_size == {rundir.DISK_RESERVE_BYTES} and s.st_blocks * 512 >= s.st_size else 5)")  # fmt: skip
+    assert run_wrapper(tmp_path, sys.executable, "-c", probe) == 0
+    assert not reserve.exists()
+    assert run_wrapper(tmp_path, str(tmp_path / "no-such-program")) == 127 and not reserve.exists()
+
+
+def test_a_full_disk_still_gets_exit_status_and_its_reason(tmp_path: Path) -> None:
+    """The command fills the run dir's disk and dies with no room for a word: the wrapper frees its reserve,
+    notes the ENOSPC in the log and records the end with it, which the classifier calls infra (retried)."""
+    from test_faults import small_disk
+
+    from orchestrator.run.collect import classify_attempt
+
+    with small_disk(tmp_path / "disk", size="1m") as disk:
+        run_dir, log = disk / "run", disk / "run" / rundir.LOGS / "launcher.log"
+        log.parent.mkdir(parents=True)
+        fill = (f"f = open({str(disk / 'filler')!r}, 'wb')\n"
+                "try:\n    while True:\n        f.write(bytes(65536)); f.flush()\nexcept OSError:\n    pass\n"
+                "raise SystemExit(1)")  # fmt: skip
+        assert attempt.run(run_dir, [sys.executable, "-c", fill], log) == 1
+        assert rundir.read_exit(run_dir)["exit_code"] == 1
+        status = rundir.read_status(run_dir)
+        assert status["state"] == "failed" and "(ENOSPC)" in status["reason"], status
+        assert log.read_text().splitlines()[-1].startswith("attempt: the run dir's disk was full (ENOSPC)")
+        assert not (run_dir / rundir.DISK_RESERVE).exists()
+        assert classify_attempt(run_dir, status, rundir.read_exit(run_dir))[0] == "infra"
+
+
 def test_sigterm_is_forwarded_and_recorded(tmp_path: Path) -> None:
     """The wrapper as a process (python -m launchers.node.attempt): SIGTERM reaches the child; cancelled."""
     marker = tmp_path / "started"

@@ -20,10 +20,12 @@ Files (who writes each: see ARCHITECTURE.md)::
     logs/           stdout/stderr per rank
     requeued/<n>/   what a run interrupted by a Slurm requeue left (node side moves it there)
     checkpoint/step-<N>/   the bundled trainer's saved state after step N (trainer/checkpoint.py: the format)
+    .disk-reserve   space the attempt wrapper holds while the command runs, freed to record its end on a full disk
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -49,6 +51,8 @@ LOGS = "logs"
 REQUEUED = "requeued"
 CHECKPOINTS = "checkpoint"  # checkpoint/step-<N>/, each with CHECKPOINT_META (written last: a complete one)
 CHECKPOINT_META = "checkpoint.json"
+DISK_RESERVE = ".disk-reserve"  # the attempt wrapper's (launchers/node/attempt.py): deleted when the attempt ends
+DISK_RESERVE_BYTES = 256 << 10  # exit.json, status.json with a log tail, a line in the log: a few pages
 # What a rerun of the same job (Slurm requeue) must not mix with the interrupted run's outputs.
 RUN_OUTPUTS = (STATUS, EXIT, METRICS, ENV, NODE, LOGS)
 
@@ -178,6 +182,36 @@ def one_line(err: BaseException) -> str:
 
 
 # ---- exit.json, hung.json, launch.json, node.json, env.json ----------------------------------------------
+def reserve_space(run_dir: Path, size: int = DISK_RESERVE_BYTES) -> bool:
+    """Hold `size` bytes of the run dir's file system in DISK_RESERVE (allocated, not sparse), so that once the
+    command has ended its exit and status can be recorded even if the disk filled meanwhile. False (and no
+    file) when the space is not there."""
+    path = Path(run_dir) / DISK_RESERVE
+    try:
+        with path.open("wb") as handle:
+            try:
+                os.posix_fallocate(handle.fileno(), 0, size)
+            except OSError as err:
+                if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # file systems without fallocate: write
+                    raise
+                handle.write(bytes(size))
+                handle.flush()
+                os.fsync(handle.fileno())
+        return True
+    except OSError:
+        path.unlink(missing_ok=True)
+        return False
+
+
+def release_space(run_dir: Path) -> bool:
+    """Delete DISK_RESERVE; whether there was one."""
+    try:
+        (Path(run_dir) / DISK_RESERVE).unlink()
+        return True
+    except OSError:
+        return False
+
+
 def write_exit(run_dir: Path, *, exit_code: int | None, started_at: float, ended_at: float,
                timed_out_after_s: float | None = None, stopped_by_signal: int | None = None) -> None:
     """exit.json: how the process ended, as the attempt wrapper saw it (facts, not a verdict)."""

@@ -12,7 +12,10 @@ launchers/node/rank.py calls `run()` in-process on rank 0)::
 - then status.json is settled from what the run left (`rundir.resolve_state(status, exit)`): the trainer's own
   status stands unless this wrapper stopped it; with no status at all, one is written from the exit code
   (writer `rundir.WRAPPER`, with the tail of FILE), so whoever collects the run later knows what happened;
-- a command that cannot start is recorded as exit code 127, failed with reason "cannot start ...".
+- a command that cannot start is recorded as exit code 127, failed with reason "cannot start ...";
+- while the command runs, `rundir.DISK_RESERVE` holds a little of the run dir's file system: if the disk filled
+  (the trainer's own last words may be lost then), the wrapper frees it, appends the ENOSPC to FILE (where the
+  failure classifier finds it: an infrastructure failure, retried) and records the end with that reason.
 
 Exit status: 0 when the child exited 0, its code when positive, 128 + N when killed by signal N.
 Standard library only (plus trainer/rundir.py from the checkout).
@@ -22,16 +25,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from trainer import rundir
 
 KILL_AFTER_S = 30.0  # after SIGTERM at the time limit
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def tail(path: Path | None, lines: int = 20) -> str:
@@ -59,9 +65,8 @@ def settle(run_dir: Path, log: Path | None, reason: str | None = None) -> rundir
 def cannot_start(run_dir: Path, log: Path | None, command: list[str], err: OSError, started: float) -> int:
     """The program does not exist or cannot run: say so where collection looks (exit code 127)."""
     message = f"cannot start {command[0]!r}: {err.strerror or err}"
-    if log is not None:
-        with log.open("ab") as handle:
-            handle.write((message + "\n").encode())
+    rundir.release_space(run_dir)
+    note(log, message)
     print(message, file=sys.stderr)
     rundir.write_exit(run_dir, exit_code=127, started_at=started, ended_at=time.time())
     settle(run_dir, log, reason=message if rundir.read_status(run_dir) is None else None)
@@ -87,6 +92,7 @@ def wait(child: subprocess.Popen[bytes], time_limit_s: float | None, started: fl
 def run(run_dir: Path, command: list[str], log: Path | None = None, time_limit_s: float | None = None) -> int:
     """Run `command` as one attempt in `run_dir`; returns this wrapper's exit status."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.reserve_space(run_dir)  # best effort: without it a full disk may leave no record (see record_end)
     started = time.time()
     output = log.open("ab") if log is not None else None
     try:
@@ -110,14 +116,38 @@ def run(run_dir: Path, command: list[str], log: Path | None = None, time_limit_s
     finally:
         if output is not None:
             output.close()
-    try:
-        rundir.write_exit(run_dir, exit_code=code, started_at=started, ended_at=time.time(),
-                          timed_out_after_s=time_limit_s if timed_out else None,
-                          stopped_by_signal=None if timed_out else stopping.get("signal"))  # fmt: skip
-        settle(run_dir, log)
-    except OSError as err:  # a full disk: the scheduler's view and collection decide without these files
-        print(f"attempt: could not record how the command ended in {run_dir}: {err}", file=sys.stderr)
+    record_end(run_dir, log, {"exit_code": code, "started_at": started, "ended_at": time.time(),
+                              "timed_out_after_s": time_limit_s if timed_out else None,
+                              "stopped_by_signal": None if timed_out else stopping.get("signal")})  # fmt: skip
     return 0 if code == 0 else (code if code > 0 else 128 - code)
+
+
+def record_end(run_dir: Path, log: Path | None, facts: dict[str, Any]) -> None:
+    """exit.json (`facts`: write_exit's arguments) and the settled status.json. On a full disk the reserve is
+    freed, the disk-full noted in the log, and both written again with that reason; the reserve goes either way."""
+    try:
+        rundir.write_exit(run_dir, **facts)
+        settle(run_dir, log)
+    except OSError as err:
+        if err.errno not in DISK_FULL or not rundir.release_space(run_dir):
+            print(f"attempt: could not record how the command ended in {run_dir}: {err}", file=sys.stderr)
+            return
+        reason = f"the run dir's disk was full ({errno.errorcode[err.errno]}) when the command ended: {err}"
+        try:
+            note(log, f"attempt: {reason} (recorded in the space the wrapper had reserved)")
+            rundir.write_exit(run_dir, **facts)
+            settle(run_dir, log, reason=reason)
+        except OSError as again:  # the scheduler's view and collection decide without these files
+            print(f"attempt: could not record how the command ended in {run_dir}: {again}", file=sys.stderr)
+    finally:
+        rundir.release_space(run_dir)
+
+
+def note(log: Path | None, line: str) -> None:
+    """Append one line to the attempt's log (the file the failure classifier reads)."""
+    if log is not None:
+        with log.open("ab") as handle:
+            handle.write((line + "\n").encode())
 
 
 def main(argv: list[str] | None = None) -> int:

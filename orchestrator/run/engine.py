@@ -54,6 +54,7 @@ class Outcome:
     skipped: int = 0
     # completed, but with a note (e.g. hung after its last step: results kept, process cancelled)
     warnings: list[tuple[CellRow, str]] = field(default_factory=list)
+    retryable: list[str] = field(default_factory=list)  # classes of failed cells a resume runs again (retry.on)
 
     @property
     def ok(self) -> bool:
@@ -357,6 +358,8 @@ class Engine:
             return
         if attempt.state != "completed":
             outcome.failed.append((cell, f"{attempt.state}: {attempt.reason or 'no reason recorded'}"))
+            if attempt.failure_class in self.campaign.retry.on:
+                outcome.retryable.append(attempt.failure_class)
             return
         outcome.completed += 1
         if attempt.failure_class:  # completed with a class: hung after its last step (results kept)

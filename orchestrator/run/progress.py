@@ -158,6 +158,10 @@ def print_outcome(outcome: Outcome, points: list[PointVerdict]) -> None:
                                     f"{len(undecided)} undecided (exit 3; --inconclusive-ok accepts it)"), soft_wrap=True)  # fmt: skip
     for cell, why in outcome.failed:
         console.print(Text(f"  {cell.cell_id} [{cell.label}] did not complete: {why}"), soft_wrap=True)
+    if outcome.retryable:
+        classes = ", ".join(sorted(set(outcome.retryable)))
+        console.print(Text(f"  {len(outcome.retryable)} of them failed for a reason worth another attempt ({classes}): "
+                           f"once it is fixed, `mbx campaign resume {outcome.campaign}` runs them again"), soft_wrap=True)  # fmt: skip
     for point in failed:
         if point.gate is not None and all(c.gate == "completed" for c in point.gate.failed):
             continue  # its cells that did not complete are named above
