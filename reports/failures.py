@@ -149,6 +149,8 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("illegal memory access", "infra", b"illegal memory access"),
     _sig("no space left on device (ENOSPC)", "infra", (b"No space left", b"Errno 28"),
          rb"No space left on device|\[Errno 28\]"),  # fmt: skip
+    _sig("disk quota exceeded (EDQUOT)", "infra", (b"Disk quota exceeded", b"Errno 122"),
+         rb"Disk quota exceeded|\[Errno 122\]"),  # fmt: skip
     _sig(
         "network error",
         "infra",

@@ -110,6 +110,14 @@ def test_exit_codes_without_messages(tmp_path: Path) -> None:
     assert stalled.failure_class == "unknown" and "3/10" in stalled.reason
 
 
+def test_a_full_disk_or_quota_is_infra(tmp_path: Path) -> None:
+    """The attempt wrapper's note on a full disk (launchers/node/attempt.py) and a quota's OSError: retryable."""
+    for line in ("OSError: [Errno 28] No space left on device: 'metrics.jsonl'",
+                 "attempt: the run dir's disk was full (EDQUOT) when the command ended: [Errno 122] Disk quota exceeded"):  # fmt: skip
+        result = classify_failure([write(tmp_path, "rank0.log", iterations(3, 10) + line + "\n")], [1])
+        assert result.failure_class == "infra" and result.retryable and line in result.reason, result
+
+
 def test_a_clean_end_is_not_a_failure(tmp_path: Path) -> None:
     log = write(tmp_path, "rank0.log", iterations(5, 5) + "Connection reset by peer (during teardown)\n")
     result = classify_failure([log], [0, 0])

@@ -69,6 +69,12 @@ def test_the_disk_reserve_lives_while_the_command_runs(tmp_path: Path) -> None:
     assert run_wrapper(tmp_path, str(tmp_path / "no-such-program")) == 127 and not reserve.exists()
 
 
+def _filling(disk: Path, then: str) -> list[str]:
+    """A command that fills `disk` (a file written until ENOSPC), then runs `then`."""
+    return [sys.executable, "-c", f"f = open({str(disk / 'filler')!r}, 'wb')\ntry:\n    while True:\n"
+            f"        f.write(bytes(65536)); f.flush()\nexcept OSError:\n    pass\n{then}"]  # fmt: skip
+
+
 def test_a_full_disk_still_gets_exit_status_and_its_reason(tmp_path: Path) -> None:
     """The command fills the run dir's disk and dies with no room for a word: the wrapper frees its reserve,
     notes the ENOSPC in the log and records the end with it, which the classifier calls infra (retried)."""
@@ -79,16 +85,25 @@ def test_a_full_disk_still_gets_exit_status_and_its_reason(tmp_path: Path) -> No
     with small_disk(tmp_path / "disk", size="1m") as disk:
         run_dir, log = disk / "run", disk / "run" / rundir.LOGS / "launcher.log"
         log.parent.mkdir(parents=True)
-        fill = (f"f = open({str(disk / 'filler')!r}, 'wb')\n"
-                "try:\n    while True:\n        f.write(bytes(65536)); f.flush()\nexcept OSError:\n    pass\n"
-                "raise SystemExit(1)")  # fmt: skip
-        assert attempt.run(run_dir, [sys.executable, "-c", fill], log) == 1
+        assert attempt.run(run_dir, _filling(disk, "raise SystemExit(1)"), log) == 1
         assert rundir.read_exit(run_dir)["exit_code"] == 1
         status = rundir.read_status(run_dir)
-        assert status["state"] == "failed" and "(ENOSPC)" in status["reason"], status
+        assert status["state"] == "failed" and status["reason"].startswith("trainer exited with code 1; ")
+        assert "(ENOSPC)" in status["reason"], status
         assert log.read_text().splitlines()[-1].startswith("attempt: the run dir's disk was full (ENOSPC)")
         assert not (run_dir / rundir.DISK_RESERVE).exists()
         assert classify_attempt(run_dir, status, rundir.read_exit(run_dir))[0] == "infra"
+
+
+def test_a_time_limit_on_a_full_disk_stays_a_timeout_and_says_both(tmp_path: Path) -> None:
+    from test_faults import small_disk
+
+    with small_disk(tmp_path / "disk", size="1m") as disk:
+        run_dir = disk / "run"
+        assert attempt.run(run_dir, _filling(disk, "import time; time.sleep(30)"), disk / "log", 1.0) == 128 + 15
+        status = rundir.read_status(run_dir)
+        assert status["state"] == "timeout" and "time limit" in status["reason"], status
+        assert "(ENOSPC)" in status["reason"] and rundir.read_exit(run_dir)["timed_out_after_s"] == 1.0
 
 
 def test_sigterm_is_forwarded_and_recorded(tmp_path: Path) -> None:

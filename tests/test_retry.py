@@ -50,6 +50,10 @@ def test_bounded_retries_with_real_failures(mbx, write_campaign, tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAIL 1/4 completed" in result.stdout
     assert "attempt 1 failed (infra)" in result.stdout and "retrying" in result.stdout
+    # of the three failed cells only infra-progress (budget spent) is worth resuming: infra-always made no
+    # progress on its retry (a real failure) and config is not retryable
+    assert ("1 of them failed for a reason worth another attempt (infra): once it is fixed, "
+            "`mbx campaign resume flaky` runs them again") in result.stdout, result.stdout  # fmt: skip
 
     db = sqlite3.connect(workspace / "mbx.sqlite")
     assert db.execute("SELECT COUNT(*) FROM cells WHERE campaign='flaky'").fetchone()[0] == 4, (

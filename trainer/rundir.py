@@ -185,7 +185,8 @@ def one_line(err: BaseException) -> str:
 def reserve_space(run_dir: Path, size: int = DISK_RESERVE_BYTES) -> bool:
     """Hold `size` bytes of the run dir's file system in DISK_RESERVE (allocated, not sparse), so that once the
     command has ended its exit and status can be recorded even if the disk filled meanwhile. False (and no
-    file) when the space is not there."""
+    file) when the space is not there. Best effort where space freed comes back late (copy-on-write file
+    systems, Lustre) or where fallocate is missing (random bytes then: a compressing file system keeps them)."""
     path = Path(run_dir) / DISK_RESERVE
     try:
         with path.open("wb") as handle:
@@ -194,7 +195,7 @@ def reserve_space(run_dir: Path, size: int = DISK_RESERVE_BYTES) -> bool:
             except OSError as err:
                 if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # file systems without fallocate: write
                     raise
-                handle.write(bytes(size))
+                handle.write(os.urandom(size))
                 handle.flush()
                 os.fsync(handle.fileno())
         return True

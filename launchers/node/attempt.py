@@ -14,8 +14,8 @@ launchers/node/rank.py calls `run()` in-process on rank 0)::
   (writer `rundir.WRAPPER`, with the tail of FILE), so whoever collects the run later knows what happened;
 - a command that cannot start is recorded as exit code 127, failed with reason "cannot start ...";
 - while the command runs, `rundir.DISK_RESERVE` holds a little of the run dir's file system: if the disk filled
-  (the trainer's own last words may be lost then), the wrapper frees it, appends the ENOSPC to FILE (where the
-  failure classifier finds it: an infrastructure failure, retried) and records the end with that reason.
+  (the trainer's own last words may be lost then), the wrapper frees it, appends the ENOSPC (or EDQUOT) to FILE
+  (where the failure classifier finds it: an infrastructure failure, retried) and adds it to the reason.
 
 Exit status: 0 when the child exited 0, its code when positive, 128 + N when killed by signal N.
 Standard library only (plus trainer/rundir.py from the checkout).
@@ -51,13 +51,16 @@ def tail(path: Path | None, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def settle(run_dir: Path, log: Path | None, reason: str | None = None) -> rundir.Resolution:
-    """status.json from the run's status and exit facts; a record this wrapper writes carries the log's tail."""
+def settle(run_dir: Path, log: Path | None, reason: str | None = None, also: str | None = None) -> rundir.Resolution:
+    """status.json from the run's status and exit facts; a record this wrapper writes carries the log's tail,
+    `reason` instead of the resolved one, or `also` after it."""
     resolution = rundir.resolve_state(rundir.read_status(run_dir), rundir.read_exit(run_dir))
     if resolution.write is not None:
         record = {**resolution.write, "log_tail": tail(log)}
         if reason is not None:
             record["reason"] = reason
+        if also is not None:
+            record["reason"] = f"{record['reason']}; {also}" if record.get("reason") else also
         resolution = dataclasses.replace(resolution, write=record, reason=record["reason"])
     return rundir.settle(run_dir, resolution)
 
@@ -93,6 +96,13 @@ def run(run_dir: Path, command: list[str], log: Path | None = None, time_limit_s
     """Run `command` as one attempt in `run_dir`; returns this wrapper's exit status."""
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.reserve_space(run_dir)  # best effort: without it a full disk may leave no record (see record_end)
+    try:
+        return _run(run_dir, command, log, time_limit_s)
+    finally:
+        rundir.release_space(run_dir)  # also when this wrapper fails (a SIGKILL leaves it: the engine removes it)
+
+
+def _run(run_dir: Path, command: list[str], log: Path | None, time_limit_s: float | None) -> int:
     started = time.time()
     output = log.open("ab") if log is not None else None
     try:
@@ -123,24 +133,26 @@ def run(run_dir: Path, command: list[str], log: Path | None = None, time_limit_s
 
 
 def record_end(run_dir: Path, log: Path | None, facts: dict[str, Any]) -> None:
-    """exit.json (`facts`: write_exit's arguments) and the settled status.json. On a full disk the reserve is
-    freed, the disk-full noted in the log, and both written again with that reason; the reserve goes either way."""
+    """exit.json (`facts`: write_exit's arguments) and the settled status.json. On a full disk (or quota) the
+    reserve is freed, the cause noted in the log and added to the reason, and both written again."""
     try:
         rundir.write_exit(run_dir, **facts)
         settle(run_dir, log)
+        return
     except OSError as err:
-        if err.errno not in DISK_FULL or not rundir.release_space(run_dir):
+        if err.errno not in DISK_FULL:
             print(f"attempt: could not record how the command ended in {run_dir}: {err}", file=sys.stderr)
             return
-        reason = f"the run dir's disk was full ({errno.errorcode[err.errno]}) when the command ended: {err}"
-        try:
-            note(log, f"attempt: {reason} (recorded in the space the wrapper had reserved)")
-            rundir.write_exit(run_dir, **facts)
-            settle(run_dir, log, reason=reason)
-        except OSError as again:  # the scheduler's view and collection decide without these files
-            print(f"attempt: could not record how the command ended in {run_dir}: {again}", file=sys.stderr)
+        full = err
     finally:
         rundir.release_space(run_dir)
+    cause = f"the run dir's disk was full ({errno.errorcode[full.errno]}) when the command ended: {full}"
+    try:  # without a reserve (the disk was full from the start) the log's last page may still take the note
+        note(log, f"attempt: {cause}")
+        rundir.write_exit(run_dir, **facts)
+        settle(run_dir, log, also=cause)
+    except OSError as again:  # the scheduler's view and collection decide without these files
+        print(f"attempt: could not record how the command ended in {run_dir}: {again}", file=sys.stderr)
 
 
 def note(log: Path | None, line: str) -> None:

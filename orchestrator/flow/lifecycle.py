@@ -65,6 +65,7 @@ class Options:
     repeats: int | None = None  # sweep.repeats overridden (`mbx compare --run --repeats`)
     make_report: bool = True
     log_wandb: bool = True
+    resume_hint: bool = True  # the closing line may name `mbx campaign resume` (not for a search's or bisect's batch)
 
 
 @dataclass
@@ -257,7 +258,7 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
         except MbxError as err:  # every cell is stored: the verdicts below still stand
             err_console.print(Text(f"warning: {err}"), soft_wrap=True)
     regated.parity = record_parity(store, campaign)
-    print_closing(outcome, regated.judged.points, regated.parity)
+    print_closing(outcome, regated.judged.points, regated.parity, plan.options.resume_hint)
     return Finished(outcome, regated.judged.points, regated.parity)
 
 
@@ -288,7 +289,7 @@ def run_points(workspace: Path, campaign: Campaign, points: list[Point], file: P
                make_report: bool = True, dry_run: bool = False, **options: Any) -> Finished:  # fmt: skip
     """`prepare_points` then `execute` (or `render` for a dry run): a search's rung, a bisect's batch of
     versions. `options`: Options' launcher, parallel, gpu, strict, log_wandb."""
-    opts = Options(workspace, make_report=make_report, **options)
+    opts = Options(workspace, make_report=make_report, resume_hint=False, **options)
     plan = prepare_points(campaign, points, file, opts)
     return render(plan) if dry_run else execute(plan)
 

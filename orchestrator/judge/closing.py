@@ -42,12 +42,14 @@ def parity_lines(pairs: list[dict[str, Any]]) -> list[Text]:
     return lines
 
 
-def print_closing(outcome: Outcome, points: list[PointVerdict], pairs: list[dict[str, Any]]) -> None:
+def print_closing(outcome: Outcome, points: list[PointVerdict], pairs: list[dict[str, Any]],
+                  resume_hint: bool = True) -> None:  # fmt: skip
     """The closing verdict: the gates' (orchestrator/run/progress.py's lines, unless all passed), then for a parity
-    campaign the last line joins both: PASS only when every gate and every pair passed."""
+    campaign the last line joins both: PASS only when every gate and every pair passed. `resume_hint`: failed cells
+    of a retryable class are said to be run again by `mbx campaign resume`."""
     gates_ok = not outcome.failed and all(p.verdict == "pass" for p in points)
     if not pairs or not gates_ok:
-        print_outcome(outcome, points)
+        print_outcome(outcome, points, resume_hint)
     if not pairs:
         return
     for cell, note in outcome.warnings if gates_ok else []:

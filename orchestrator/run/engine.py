@@ -329,7 +329,7 @@ class Engine:
             self.on_event(Event("retrying", flight.cell, attempt.attempt, collected, note=decision.why))
             return
         self._count_finished(outcome, flight.cell, self.store.attempt(self.campaign.name, flight.cell.cell_id,
-                                                                      attempt.attempt))  # fmt: skip
+                                                                      attempt.attempt), not decision.real_failure)  # fmt: skip
         self.on_event(Event("finished", flight.cell, attempt.attempt, collected))
 
     def _record(self, cell: CellRow, attempt: AttemptRow, collected: Collected) -> None:
@@ -343,6 +343,7 @@ class Engine:
                          evaluate(self.campaign.gates, None, state="failed", reason=reason))  # fmt: skip
 
     def _collect(self, flight: InFlight, state: JobState) -> Collected:
+        rundir.release_space(flight.run_dir)  # the attempt wrapper's reserve, left by a killed wrapper
         try:
             flight.kind.finalize(self.campaign, flight.cell, flight.run_dir, flight.follower)
         except Exception as err:  # noqa: BLE001 - a collection problem never stops the run: it is recorded
@@ -353,12 +354,13 @@ class Engine:
         return collect_attempt(flight.run_dir, self.campaign.gates, self.campaign.collect.window, baseline,
                                state.value)  # fmt: skip
 
-    def _count_finished(self, outcome: Outcome, cell: CellRow, attempt: AttemptRow | None) -> None:
+    def _count_finished(self, outcome: Outcome, cell: CellRow, attempt: AttemptRow | None,
+                        worth_retrying: bool = True) -> None:  # fmt: skip
         if attempt is None:
             return
         if attempt.state != "completed":
             outcome.failed.append((cell, f"{attempt.state}: {attempt.reason or 'no reason recorded'}"))
-            if attempt.failure_class in self.campaign.retry.on:
+            if worth_retrying and attempt.failure_class in self.campaign.retry.on:
                 outcome.retryable.append(attempt.failure_class)
             return
         outcome.completed += 1

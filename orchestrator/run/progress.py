@@ -136,9 +136,10 @@ def print_changes(changes: list[str], title: str) -> None:
         console.print(Text(f"  {line}"), soft_wrap=True)
 
 
-def print_outcome(outcome: Outcome, points: list[PointVerdict]) -> None:
+def print_outcome(outcome: Outcome, points: list[PointVerdict], resume_hint: bool = True) -> None:
     """The closing verdict, from the points' verdicts (all repeats of each): PASS only when every point
-    passed; INCONCLUSIVE (never PASS) names the undecided points and why; FAIL names what failed."""
+    passed; INCONCLUSIVE (never PASS) names the undecided points and why; FAIL names what failed (and, with
+    `resume_hint`, that `mbx campaign resume` runs the ones that failed for a retryable reason again)."""
     done = f"{outcome.completed}/{outcome.total} completed"
     if outcome.skipped:
         done += f" ({outcome.skipped} skipped: already completed)"
@@ -158,7 +159,7 @@ def print_outcome(outcome: Outcome, points: list[PointVerdict]) -> None:
                                     f"{len(undecided)} undecided (exit 3; --inconclusive-ok accepts it)"), soft_wrap=True)  # fmt: skip
     for cell, why in outcome.failed:
         console.print(Text(f"  {cell.cell_id} [{cell.label}] did not complete: {why}"), soft_wrap=True)
-    if outcome.retryable:
+    if outcome.retryable and resume_hint:
         classes = ", ".join(sorted(set(outcome.retryable)))
         console.print(Text(f"  {len(outcome.retryable)} of them failed for a reason worth another attempt ({classes}): "
                            f"once it is fixed, `mbx campaign resume {outcome.campaign}` runs them again"), soft_wrap=True)  # fmt: skip

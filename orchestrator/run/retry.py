@@ -18,6 +18,7 @@ class Decision:
 
     retry: bool
     why: str | None = None
+    real_failure: bool = False  # a retry that got no further: not worth another attempt, by resume either
 
 
 def decide(
@@ -51,6 +52,7 @@ def decide(
             False,
             f"not retried: the retry made no progress (last step {steps_now or 0}, "
             f"previous attempt {steps_before}), so this is a real failure",
+            real_failure=True,
         )
     return Decision(
         True, f"{failure_class} is retryable: attempt {attempts_made + 1} of {policy.max_attempts}"
