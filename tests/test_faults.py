@@ -41,6 +41,8 @@ import pytest
 import yaml
 from conftest import ROOT, TINY_MOE_RECIPE
 
+from trainer import rundir
+
 FAKE = ROOT / "tests" / "fixtures_cmd" / "fake_megatron.py"
 LOG = ROOT / "tests" / "data" / "megatron" / "logs" / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"
 LOG_STEPS = 15  # iterations in LOG
@@ -453,9 +455,10 @@ def test_full_disk_reason_names_enospc(full_disk_run):
 
 
 # ---- SIGKILL of one rank ------------------------------------------------------------------------------------
-def rank_pid(run_dir: Path, rank: int) -> int | None:
-    """The pid of the trainer process of `rank` of the attempt in run_dir (from /proc's environments)."""
-    want = {f"MBX_RUN_DIR={run_dir}".encode(), f"RANK={rank}".encode()}
+def attempt_pid(run_dir: Path, program: bytes, rank: int | None = None) -> int | None:
+    """The pid of the process of the attempt in run_dir whose command line has `program` (the trainer's: of
+    `rank`, when given), from /proc's environments."""
+    want = {f"MBX_RUN_DIR={run_dir}".encode(), *([f"RANK={rank}".encode()] if rank is not None else [])}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -464,9 +467,14 @@ def rank_pid(run_dir: Path, rank: int) -> int | None:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if want <= env and b"trainer" in cmdline and b"torchrun" not in cmdline:
+        if want <= env and program in cmdline and b"torchrun" not in cmdline:
             return int(entry.name)
     return None
+
+
+def rank_pid(run_dir: Path, rank: int) -> int | None:
+    """The pid of the trainer process of `rank` of the attempt in run_dir."""
+    return attempt_pid(run_dir, b"trainer", rank)
 
 
 def test_sigkill_of_one_rank(mbx, tmp_path):
@@ -495,6 +503,30 @@ def test_sigkill_of_one_rank(mbx, tmp_path):
     steps = metric_steps(run_dir)
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < 5000, "steps logged once each, then stopped"
     assert rank_pid(run_dir, 0) is None, "rank 0 did not outlive the attempt"
+
+
+def test_sigkill_of_the_attempt_wrapper_and_its_trainer(mbx, tmp_path):
+    """The node side vanishes (wrapper and trainer SIGKILLed, as a lost node): the attempt ends failed with a
+    reason, and the engine deletes the disk reserve the wrapper held (rundir.DISK_RESERVE) and could not free."""
+    file = write(tmp_path, tiny_campaign("wrapkill", 5000))
+    workspace = tmp_path / "ws"
+    with orchestrator(tmp_path, "campaign", "run", str(file), "--workspace", str(workspace),
+                      "--no-report") as (proc, folder):  # fmt: skip
+        wait_for(lambda: (m := list(workspace.glob("wrapkill/*/1/metrics.jsonl"))) and m[0].read_text().count("\n")
+                 >= 3, "3 steps", proc)  # fmt: skip
+        run_dir = next(workspace.glob("wrapkill/*/1"))
+        assert (run_dir / rundir.DISK_RESERVE).stat().st_size == rundir.DISK_RESERVE_BYTES
+        pids = [attempt_pid(run_dir, b"launchers.node.attempt"), attempt_pid(run_dir, b"-m\0trainer")]
+        assert None not in pids, pids
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=120)
+        out = output_of(folder)
+    assert proc.returncode == 1, out
+    assert_clean(out)
+    ((_, state, reason, _),) = next(iter(assert_consistent(workspace, "wrapkill", None).values()))
+    assert state == "failed" and reason, reason
+    assert not (run_dir / rundir.DISK_RESERVE).exists()
 
 
 # ---- the store deleted mid-run ------------------------------------------------------------------------------
