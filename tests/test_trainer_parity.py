@@ -9,10 +9,12 @@
   and bf16 main grads without accumulation are bitwise equal to fp32 ones.
 
 Threads: the in-process runs pin torch to 1 intra-op thread (fixture `one_thread`), the entry-point run to 2
-(`OMP_NUM_THREADS=2`), the CI machine's count (AMD EPYC). The single/discrete and eval parities hold at any
-thread count: both sides reduce tensors of the same shapes, and shapes are what split a reduction between
-threads (the grad-norm ulp this file guards against showed with 1 thread and with 2). One thread keeps the
-bounded comparisons reproducible and the file fast on 2 shared cores.
+(`OMP_NUM_THREADS=2`), the CI machine's count (2 cores; an AMD EPYC or an AVX-512 Intel Xeon). The single/discrete
+and eval parities hold at any thread count: both sides reduce tensors of the same shapes, and shapes are what split
+a reduction between threads (the grad-norm ulp this file guards against showed with 1 thread and with 2). One
+thread keeps the bounded comparisons reproducible and the file fast on 2 shared cores. A bitwise claim compares
+runs through the same kernels: two kernels for the same maths (torch's fused AdamW and trainer/adamw_pa.py) agree
+to an ulp only, and which ulp depends on the CPU's vector width.
 """
 
 from __future__ import annotations
