@@ -182,10 +182,10 @@ def one_line(err: BaseException) -> str:
 
 
 # ---- exit.json, hung.json, launch.json, node.json, env.json ----------------------------------------------
-def reserve_space(run_dir: Path, size: int = DISK_RESERVE_BYTES) -> bool:
+def reserve_space(run_dir: Path, size: int = DISK_RESERVE_BYTES) -> None:
     """Hold `size` bytes of the run dir's file system in DISK_RESERVE (allocated, not sparse), so that once the
-    command has ended its exit and status can be recorded even if the disk filled meanwhile. False (and no
-    file) when the space is not there. Best effort where space freed comes back late (copy-on-write file
+    command has ended its exit and status can be recorded even if the disk filled meanwhile. No file when the
+    space is not there. Best effort where space freed comes back late (copy-on-write file
     systems, Lustre) or where fallocate is missing (random bytes then: a compressing file system keeps them)."""
     path = Path(run_dir) / DISK_RESERVE
     try:
@@ -198,19 +198,16 @@ def reserve_space(run_dir: Path, size: int = DISK_RESERVE_BYTES) -> bool:
                 handle.write(os.urandom(size))
                 handle.flush()
                 os.fsync(handle.fileno())
-        return True
     except OSError:
-        path.unlink(missing_ok=True)
-        return False
+        release_space(run_dir)
 
 
-def release_space(run_dir: Path) -> bool:
-    """Delete DISK_RESERVE; whether there was one."""
+def release_space(run_dir: Path) -> None:
+    """Delete DISK_RESERVE, if there is one."""
     try:
-        (Path(run_dir) / DISK_RESERVE).unlink()
-        return True
+        (Path(run_dir) / DISK_RESERVE).unlink(missing_ok=True)
     except OSError:
-        return False
+        pass
 
 
 def write_exit(run_dir: Path, *, exit_code: int | None, started_at: float, ended_at: float,

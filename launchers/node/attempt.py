@@ -144,8 +144,7 @@ def record_end(run_dir: Path, log: Path | None, facts: dict[str, Any]) -> None:
             print(f"attempt: could not record how the command ended in {run_dir}: {err}", file=sys.stderr)
             return
         full = err
-    finally:
-        rundir.release_space(run_dir)
+    rundir.release_space(run_dir)  # run() deletes it in every other case
     cause = f"the run dir's disk was full ({errno.errorcode[full.errno]}) when the command ended: {full}"
     try:  # without a reserve (the disk was full from the start) the log's last page may still take the note
         note(log, f"attempt: {cause}")
