@@ -1,6 +1,11 @@
-"""mbx's exception tree: configuration/usage errors exit 2, runtime failures exit 1."""
+"""mbx's exception tree: configuration/usage errors exit 2, runtime failures exit 1; and mbx's exit codes."""
 
 from __future__ import annotations
+
+# mbx's exit codes, the one table (README's; orchestrator/judge/outcome.py maps verdicts onto them): 0 every
+# verdict passed, 1 something failed (or an error while running), 2 bad input, 3 inconclusive (nothing failed,
+# something undecided; `--inconclusive-ok` makes it 0).
+EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 
 
 def printable(text: str) -> str:
@@ -13,7 +18,7 @@ def printable(text: str) -> str:
 class MbxError(Exception):
     """Root of every error mbx reports as a clean message (no traceback unless MBX_DEBUG=1)."""
 
-    exit_code = 1
+    exit_code = EXIT_FAIL
 
     def lines(self) -> list[str]:
         return [str(self)]
@@ -22,7 +27,7 @@ class MbxError(Exception):
 class ConfigError(MbxError):
     """A campaign file, recipe or option is invalid. Each problem is `file: key.path: what is allowed`."""
 
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, problems: list[str] | str, file: str | None = None):
         self.problems = [problems] if isinstance(problems, str) else list(problems)

@@ -142,18 +142,25 @@ def _gate_sections(view: CampaignView) -> list[str]:
     return out
 
 
-def _parity_section(view: CampaignView) -> list[str]:
+def _parity_head(view: CampaignView, extras: SiteExtras) -> str:
+    """The parity part of the campaign's outcome (orchestrator/judge/outcome.py), in bold; without it (a summary
+    rendered from a view alone) the pairs counted, with no verdict of its own."""
+    part = ((extras.outcome or {}).get("parts") or {}).get("parity")
+    if part:
+        return f"**{md_text(part['text'])}**"
+    counts = _counts([p["verdict"] for p in view.parity])
+    return f"{len(view.parity)} pair(s): {md_text(counts)}"
+
+
+def _parity_section(view: CampaignView, extras: SiteExtras) -> list[str]:
     """The toggle matrix: one row per on/off pair, one column per metric (verdict, max |Δ|, first step exceeded)."""
     if not view.parity:
         return []
     columns, rows = parity_rows(view)
     icon = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}
-    passed = sum(p["verdict"] == "pass" for p in view.parity)
-    failed_n = sum(p["verdict"] == "fail" for p in view.parity)
-    head = "FAIL" if failed_n else "PASS" if passed == len(view.parity) else "INCONCLUSIVE"
-    out = ["", "### Numerics parity", "", f"**Parity {head}**: {passed} of {len(view.parity)} pair(s) passed"
-           + (f", {failed_n} failed" if failed_n else ""), "", "| pair (off → on) | combination | repeat | verdict | "
-           + " | ".join(md_code(c, table=True) for c in columns) + " |", "|---|---|--:|---|" + "---|" * len(columns)]  # fmt: skip
+    out = ["", "### Numerics parity", "", _parity_head(view, extras), "", "| pair (off → on) | combination | repeat | "
+           "verdict | " + " | ".join(md_code(c, table=True) for c in columns) + " |",
+           "|---|---|--:|---|" + "---|" * len(columns)]  # fmt: skip
     for row in rows:
         pair = row["pair"]
         cells = [
@@ -292,6 +299,15 @@ def _rejected(extras: SiteExtras) -> list[str]:
                   f"{md_text(r.get('why', ''))}" for r in extras.rejected]  # fmt: skip
 
 
+def _outcome(extras: SiteExtras) -> list[str]:
+    """The campaign's outcome as the closing line says it (given by the orchestrator), in bold with its icon."""
+    if not extras.outcome:
+        return []
+    word, _, text = str(extras.outcome.get("closing", "")).partition(" ")
+    icon = {"pass": "✅", "fail": "❌"}.get(str(extras.outcome.get("verdict")), "⚠️")
+    return [f"{icon} **{md_text(word)}** {md_text(text)}", ""]
+
+
 def markdown_summary(view: CampaignView, extras: SiteExtras | None = None) -> str:
     """The campaign as GFM in a performance PR's shape: Frozen configuration, Performance result, Validation
     (gates, failed and inconclusive points), Rejected experiments; then the point table, parity, environment."""
@@ -312,7 +328,8 @@ def markdown_summary(view: CampaignView, extras: SiteExtras | None = None) -> st
         f"cells: {len(view.cells)} ({md_text(_counts([c.state for c in view.cells]))}) · points: {len(view.points)}",
         "",
     ]
-    lead = _parity_section(view)  # a parity campaign leads with what it is for
+    out += _outcome(extras)  # the closing line's word first
+    lead = _parity_section(view, extras)  # a parity campaign leads with what it is for
     out += [*lead[1:], ""] if lead else []
     out += _frozen(view, best, how, extras)
     out += _performance(view, best, extras)

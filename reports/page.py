@@ -312,7 +312,18 @@ def index_context(view: CampaignView, extras: SiteExtras, hrefs: dict[str, str])
         "eager_rows": EAGER_ROWS, "confidence": f"{CONFIDENCE:.0%}",
         "damaged": [c for c in view.cells if c.damaged],
         "parity": parity_rows(view), "parity_figures": parity_figures(view) if view.parity else [],
+        "outcome": outcome_badge(extras), "parity_head": ((extras.outcome or {}).get("parts") or {}).get("parity"),
+        "parity_counts": _counts([p["verdict"] for p in view.parity]),
     }  # fmt: skip
+
+
+def outcome_badge(extras: SiteExtras) -> dict[str, str] | None:
+    """The campaign's outcome as the closing line says it (the orchestrator's, orchestrator/judge/outcome.py):
+    its verdict, its word and the rest of the line; None for a page rendered without it."""
+    if not extras.outcome:
+        return None
+    word, _, text = str(extras.outcome.get("closing", "")).partition(" ")
+    return {"verdict": str(extras.outcome.get("verdict")), "word": word, "text": text}
 
 
 def render_report(view: CampaignView, extras: SiteExtras | None = None, hrefs: dict[str, str] | None = None,

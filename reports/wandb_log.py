@@ -1,4 +1,5 @@
-"""Log one attempt's step rows, window figures and verdict to Weights & Biases (offline by default)."""
+"""Log one attempt's step rows, window figures and verdict, and a campaign's outcome, to Weights & Biases (offline
+by default)."""
 
 from __future__ import annotations
 
@@ -239,21 +240,68 @@ def log_attempt(
     After an online run failed to start (no key, no network), online calls in the next ONLINE_RETRY_S
     seconds skip at once with the same message instead of each waiting out the init timeout.
     """
-    if settings.mode == "disabled":
-        return None
-    what = f"{campaign}/{cell.cell_id}/a{cell.attempt}"
-    if _online_recently_failed(settings, what, on_warning):
-        return None
-    run = None
-    stage = "start"
-    try:
-        run = _init_run(settings, campaign, cell, config, workspace_dir)
-        stage = "log"
+    run_config = scrub(dict(config))
+    run_config["mbx"] = {
+        "campaign": campaign,
+        "cell_id": cell.cell_id,
+        "point_id": cell.point_id,
+        "repeat": cell.repeat,
+        "attempt": cell.attempt,
+        "params": scrub(dict(cell.params)),
+        "run_dir": cell.run_dir,
+    }
+    name = f"{campaign}/{cell.cell_id}/a{cell.attempt}"
+
+    def fill(run: Any) -> None:
         run.define_metric("step")
         run.define_metric("*", step_metric="step")
         for step, fields in step_history(cell.rows):
             run.log(fields, step=step)
         run.summary.update(run_summary(cell))
+
+    init = {"name": name, "job_type": point_job_type(cell), "config": run_config}
+    return _log_run(settings, campaign, init, fill, workspace_dir, on_warning)
+
+
+OUTCOME_JOB_TYPE = "outcome"
+
+
+def log_outcome(
+    settings: WandbSettings,
+    campaign: str,
+    outcome: dict[str, Any],
+    workspace_dir: Path,
+    *,
+    on_warning: Callable[[str], None] | None = None,
+) -> str | None:
+    """Log a campaign's outcome (orchestrator/judge/outcome.py's `to_dict`: verdict, closing line, exit code,
+    parts) as one run of the campaign's group, job_type `outcome`, so the W&B summary says the closing line's
+    word: `outcome/verdict`, `outcome/closing`, `outcome/exit_code`, `outcome/<part>` (gates, parity, search).
+    Returns and warns as `log_attempt` does."""
+    summary: dict[str, Any] = {f"outcome/{key}": outcome.get(key) for key in ("verdict", "closing", "exit_code")}
+    for name, part in (outcome.get("parts") or {}).items():
+        summary[f"outcome/{name}"] = part.get("verdict")
+        summary[f"outcome/{name}_text"] = part.get("text")
+    init = {"name": f"{campaign}/outcome", "job_type": OUTCOME_JOB_TYPE, "config": {"mbx": {"campaign": campaign}}}
+    return _log_run(settings, campaign, init, lambda run: run.summary.update(scrub(summary)), workspace_dir,
+                    on_warning)  # fmt: skip
+
+
+def _log_run(settings: WandbSettings, campaign: str, init: dict[str, Any], fill: Callable[[Any], None],
+             workspace_dir: Path, on_warning: Callable[[str], None] | None) -> str | None:  # fmt: skip
+    """One W&B run (`init`: its name, job_type, config) filled by `fill(run)` and finished; offline, wait until
+    its file is complete. Any failure is one warning and None, never an exception."""
+    if settings.mode == "disabled":
+        return None
+    what = init["name"]
+    if _online_recently_failed(settings, what, on_warning):
+        return None
+    run = None
+    stage = "start"
+    try:
+        run = _init_run(settings, campaign, init, workspace_dir)
+        stage = "log"
+        fill(run)
         # offline: the offline-run-<time>-<id>/ folder holding run-<id>.wandb; online: the run id.
         folder = Path(run.dir).parent
         result = str(folder) if settings.mode == "offline" else str(run.id)
@@ -300,32 +348,21 @@ def _online_recently_failed(
     return True
 
 
-def _init_run(
-    settings: WandbSettings, campaign: str, cell: CellView, config: dict[str, Any], workspace_dir: Path
-) -> Any:
-    """wandb.init for one attempt: scrubbed config, no console capture, no metadata, no system sampler."""
+def _init_run(settings: WandbSettings, campaign: str, init: dict[str, Any], workspace_dir: Path) -> Any:
+    """wandb.init for one run of the campaign's group (`init`: name, job_type, scrubbed config): no console
+    capture, no metadata, no system sampler."""
     import wandb  # lazy: importing wandb costs about a second
 
-    run_config = scrub(dict(config))
-    run_config["mbx"] = {
-        "campaign": campaign,
-        "cell_id": cell.cell_id,
-        "point_id": cell.point_id,
-        "repeat": cell.repeat,
-        "attempt": cell.attempt,
-        "params": scrub(dict(cell.params)),
-        "run_dir": cell.run_dir,
-    }
     run_dir = Path(settings.dir) if settings.dir else Path(workspace_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return wandb.init(
         project=settings.project,
         entity=settings.entity,
         group=campaign,
-        name=f"{campaign}/{cell.cell_id}/a{cell.attempt}",
-        job_type=point_job_type(cell),
+        name=init["name"],
+        job_type=init["job_type"],
         tags=list(settings.tags),
-        config=run_config,
+        config=init["config"],
         mode=settings.mode,
         dir=str(run_dir),
         reinit="create_new",  # never finish or reuse a run the caller may have open

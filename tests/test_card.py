@@ -90,7 +90,7 @@ def test_export_validate_check_round_trip(mbx, tmp_path: Path, cache_env: dict[s
     workspace = tmp_path / "ws"
     run = mbx("campaign", "run", str(_campaign(tmp_path)), "--workspace", str(workspace), env=cache_env)
     assert run.returncode == 0, run.stdout + run.stderr
-    points = json.loads(mbx("campaign", "status", "cardrun", "--workspace", str(workspace), "--json").stdout)
+    points = json.loads(mbx("campaign", "status", "cardrun", "--workspace", str(workspace), "--json").stdout)["cells"]
     point = points[0]["point_id"]
 
     card_file = tmp_path / "cardrun.card.yaml"

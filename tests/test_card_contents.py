@@ -33,7 +33,7 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     env = {"MBX_CACHE_DIR": str(tmp / "cache"), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     run = run_mbx("campaign", "run", str(path), "--workspace", str(workspace), "--no-report", env=env)
     assert run.returncode == 1, run.stdout + run.stderr  # the fp8 point fails on a CPU
-    points = json.loads(run_mbx("campaign", "status", "cardpick", "--workspace", str(workspace), "--json").stdout)
+    points = json.loads(run_mbx("campaign", "status", "cardpick", "--workspace", str(workspace), "--json").stdout)["cells"]
     (bf16,) = [p["point_id"] for p in points if "bf16" in p["label"]]
     return workspace, bf16
 

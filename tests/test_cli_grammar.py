@@ -115,7 +115,7 @@ def test_json_output_parses(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     code, out, _ = mbx(capsys, "campaign", "list", "-w", ws, "--json")
     assert (code, json.loads(out)) == (0, ["past"])
     code, out, _ = mbx(capsys, "campaign", "status", "past", "-w", ws, "--json")
-    assert code == 0 and [c["cell_id"] for c in json.loads(out)] == [ingested["cell_id"]]
+    assert code == 0 and [c["cell_id"] for c in json.loads(out)["cells"]] == [ingested["cell_id"]]
     code, out, err = mbx(capsys, "campaign", "regate", "past", "-w", ws, "--json")  # progress to stderr
     regated = json.loads(out)
     assert (code, regated["exit_code"], regated["cells"][0]["verdict"]) == (0, 0, "pass") and "judged" in err

@@ -86,7 +86,7 @@ def test_command_campaign_replays_megatron_log(mbx, write_campaign, tmp_path):
     assert "FAIL 2/2 completed" in result.stdout
     assert "tflops_per_gpu_min: 174.7 TFLOP/s is below the minimum 200" in result.stdout
 
-    status = json.loads(mbx("campaign", "status", "replay", "--workspace", str(workspace), "--json").stdout)
+    status = json.loads(mbx("campaign", "status", "replay", "--workspace", str(workspace), "--json").stdout)["cells"]
     by_slowdown = {cell["params"]["fake_slowdown"]: cell for cell in status}
     assert by_slowdown[1.0]["verdict"] == "pass" and by_slowdown[2.0]["verdict"] == "fail"
     for slowdown, cell in by_slowdown.items():
@@ -156,7 +156,7 @@ def test_bridge_style_command_and_log(mbx, write_campaign, tmp_path):
     workspace = tmp_path / "ws"
     result = mbx("campaign", "run", str(path), "--workspace", str(workspace), "--no-report")
     assert result.returncode == 0, result.stdout + result.stderr
-    (cell,) = json.loads(mbx("campaign", "status", "bridge", "--workspace", str(workspace), "--json").stdout)
+    (cell,) = json.loads(mbx("campaign", "status", "bridge", "--workspace", str(workspace), "--json").stdout)["cells"]
     run = Path(cell["run_dir"])
     echo = json.loads((run / "echo.json").read_text())
     # the swept key joins its section (params are nested by dotted path), the hostile value stays verbatim
@@ -190,7 +190,7 @@ def test_hung_after_finish_is_cancelled_and_keeps_results(mbx, write_campaign, t
     result = mbx("campaign", "run", str(path), "--workspace", str(workspace), timeout=90)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "hung after finishing: all 15/15 steps logged, no exit in 1 s" in result.stdout
-    (cell,) = json.loads(mbx("campaign", "status", "hangs", "--workspace", str(workspace), "--json").stdout)
+    (cell,) = json.loads(mbx("campaign", "status", "hangs", "--workspace", str(workspace), "--json").stdout)["cells"]
     assert cell["state"] == "completed" and cell["failure_class"] == "hung_after_finish"
     assert cell["verdict"] == "pass" and cell["summary"]["window_steps"] == 10
     assert cell["summary"]["tflops_per_gpu"] == pytest.approx(

@@ -27,7 +27,7 @@ def test_failed_point_is_recorded_and_campaign_goes_on(mbx, write_campaign, tmp_
     assert "[precision=fp8] did not complete: failed:" in result.stdout
     assert "worth another attempt" not in result.stdout  # fp8 on a CPU is no infrastructure failure: no resume hint
 
-    status = json.loads(mbx("campaign", "status", "onefails", "--workspace", str(workspace), "--json").stdout)
+    status = json.loads(mbx("campaign", "status", "onefails", "--workspace", str(workspace), "--json").stdout)["cells"]
     by_precision = {cell["params"]["precision"]: cell for cell in status}
     assert by_precision["bf16"]["state"] == "completed" and by_precision["bf16"]["verdict"] == "pass"
     failed = by_precision["fp8"]

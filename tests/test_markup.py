@@ -76,7 +76,7 @@ def test_markup_in_values_labels_paths_and_reasons(tmp_path, cache_env):
     for name in ("mk", "mkfail"):
         status = _clean(run_mbx("campaign", "status", name, "--workspace", str(workspace)), 0)
         assert "[/x]" in status and name in status
-        as_json = json.loads(_clean(run_mbx("campaign", "status", name, "--workspace", str(workspace), "--json"), 0))
+        as_json = json.loads(_clean(run_mbx("campaign", "status", name, "--workspace", str(workspace), "--json"), 0))["cells"]
         assert any("[/x]" in cell["label"] for cell in as_json)
         report = _clean(run_mbx("report", name, "--workspace", str(workspace), "--markdown"), 0)
         assert str(workspace) in report.replace("\n", "")

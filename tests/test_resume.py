@@ -75,5 +75,5 @@ def test_sigkill_then_resume_finishes_everything_exactly_once(mbx, write_campaig
         assert steps == list(range(1, 151)), f"{cell}: steps missing or repeated"
     # status shows the finished campaign and the report was written by resume
     status = mbx("campaign", "status", "killme", "--workspace", str(workspace), "--json")
-    assert [c["state"] for c in json.loads(status.stdout)] == ["completed"] * 3
+    assert [c["state"] for c in json.loads(status.stdout)["cells"]] == ["completed"] * 3
     assert (workspace / "killme" / "report" / "index.html").exists()

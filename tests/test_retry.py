@@ -59,7 +59,7 @@ def test_bounded_retries_with_real_failures(mbx, write_campaign, tmp_path):
     assert db.execute("SELECT COUNT(*) FROM cells WHERE campaign='flaky'").fetchone()[0] == 4, (
         "no duplicate cell"
     )
-    status = json.loads(mbx("campaign", "status", "flaky", "--workspace", str(workspace), "--json").stdout)
+    status = json.loads(mbx("campaign", "status", "flaky", "--workspace", str(workspace), "--json").stdout)["cells"]
     by_mode = {cell["params"]["fail"]: cell for cell in status}
     attempts = {
         mode: db.execute(

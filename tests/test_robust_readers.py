@@ -136,7 +136,7 @@ def test_damaged_file_is_a_note_not_a_traceback(finished, tmp_path, case):
     name = CORRUPTIONS[case](damaged_dir)
     damaged_path = str(damaged_dir / name) if name else str(damaged_dir)
 
-    status = json.loads(_clean(run_mbx("campaign", "status", NAME, "--workspace", str(workspace), "--json")))
+    status = json.loads(_clean(run_mbx("campaign", "status", NAME, "--workspace", str(workspace), "--json")))["cells"]
     assert [c["state"] for c in status] == ["completed", "completed"]
     assert all(c["summary"] and c["summary"]["tflops_per_gpu"] for c in status), "stored results must stay shown"
     notes = status[0]["damaged"]

@@ -91,5 +91,5 @@ def test_requeued_job_is_a_new_attempt_of_the_same_cell(
         [sys.executable, "-m", "orchestrator", "campaign", "status", "qs-requeue", "--workspace", str(workspace),
          "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    (row,) = json.loads(status.stdout)
+    (row,) = json.loads(status.stdout)["cells"]
     assert row["state"] == "completed" and row["attempt"] == 2, row

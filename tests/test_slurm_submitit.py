@@ -127,6 +127,6 @@ def test_quickstart_through_submitit(
     # collected, gated and reported like a local run
     assert (workspace / "qs-submitit" / "report" / "index.html").exists()
     status = mbx("campaign", "status", "qs-submitit", "--workspace", str(workspace), "--json", env=env)
-    payload = json.loads(status.stdout)
+    payload = json.loads(status.stdout)["cells"]
     assert {c["state"] for c in payload} == {"completed"} and {c["verdict"] for c in payload} == {"pass"}
     assert re.search(r"\d+_[01]", real[0][4])

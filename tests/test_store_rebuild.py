@@ -33,7 +33,7 @@ def _attempts(workspace: Path) -> list[tuple]:
 def _status(mbx, workspace: Path, name: str) -> list[dict]:
     result = mbx("campaign", "status", name, "--workspace", str(workspace), "--json")
     assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout)
+    return json.loads(result.stdout)["cells"]
 
 
 def test_rebuild_brings_back_results_and_attempt_numbers(mbx, write_campaign, cache_env, tmp_path):

@@ -74,9 +74,9 @@ def test_a_log_cut_before_its_planned_iterations_is_not_passed(mbx, tmp_path):
     workspace = str(tmp_path / "ws")
     short = cut(tmp_path, 5)
     out = mbx("ingest", str(short), "--campaign", "past", "--workspace", workspace)
-    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.returncode == 1, out.stdout + out.stderr  # a failed cell exits 1, as `campaign run` does
     status = {c["label"]: c for c in json.loads(mbx("campaign", "status", "past", "--workspace", workspace,
-                                                     "--json").stdout)}  # fmt: skip
+                                                     "--json").stdout)["cells"]}  # fmt: skip
     cell = status["cut-5"]
     assert (cell["state"], cell["verdict"]) == ("failed", "fail") and "stopped at step 5 of 15" in cell["reason"]
     assert "failed" in out.stdout and "stopped at step 5 of 15" in out.stdout

@@ -24,7 +24,7 @@ from orchestrator.spec.campaign import Retry
 def status(mbx, workspace: Path, name: str) -> list[dict]:
     result = mbx("campaign", "status", name, "--workspace", str(workspace), "--json")
     assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout)
+    return json.loads(result.stdout)["cells"]
 
 
 def figures(cells: list[dict]) -> list[tuple]:

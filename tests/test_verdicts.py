@@ -159,7 +159,7 @@ def test_changed_gates_are_applied_to_stored_results(mbx, tmp_path):
     assert second.returncode == 1, second.stdout + second.stderr
     assert "already completed" in second.stdout and "FAIL 1/1 completed" in second.stdout
     assert "is below the minimum 360 TFLOP/s" in second.stdout
-    status = json.loads(mbx("campaign", "status", "gated", "--workspace", str(workspace), "--json").stdout)
+    status = json.loads(mbx("campaign", "status", "gated", "--workspace", str(workspace), "--json").stdout)["cells"]
     assert [(c["verdict"], c["point_verdict"]) for c in status] == [("fail", "fail")]
     page = (workspace / "gated" / "report" / "index.html").read_text()
     assert "tflops_per_gpu_min=360.0" in page and 'data-verdict="fail"' in page

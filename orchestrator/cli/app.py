@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import typer
 from typer.core import TyperGroup
 
-from orchestrator.errors import ConfigError, MbxError, printable
+from orchestrator.errors import EXIT_BAD_INPUT, EXIT_FAIL, ConfigError, MbxError, printable
 
 if TYPE_CHECKING:
     import click
@@ -134,8 +134,8 @@ def run(cli: Any, args: list[str] | None = None) -> None:
         error = ConfigError(str(caught)) if isinstance(caught, LimitError) else caught
         if not isinstance(error, MbxError):  # a bug in mbx: say what, point at the traceback
             _print_error([f"internal error: {type(caught).__name__}: {caught}"], hint=True)
-            sys.exit(1)
-        _print_error(error.lines(), hint=error.exit_code != 2 and caught.__cause__ is not None)
+            sys.exit(EXIT_FAIL)
+        _print_error(error.lines(), hint=error.exit_code != EXIT_BAD_INPUT and caught.__cause__ is not None)
         sys.exit(error.exit_code)
 
 

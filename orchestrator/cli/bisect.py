@@ -11,6 +11,7 @@ import typer
 from orchestrator.cli.options import (
     DEFAULT_WORKSPACE,
     CampaignFileArg,
+    InconclusiveOkOpt,
     JsonOpt,
     LauncherOpt,
     MarkdownOpt,
@@ -70,6 +71,7 @@ def bisect(
     min_effect: MinEffectOpt = None,
     markdown: MarkdownOpt = False,
     as_json: JsonOpt = False,
+    inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
     """Bisect an ordered list of versions against the campaign's frozen recipe.
 
@@ -85,7 +87,8 @@ def bisect(
     stderr, the final table (every measurement, the first bad version, its diagnosis) on stdout.
 
     Exit codes: 0 the first bad version is named; 1 refused: the ends do not differ (or did not run);
-    2 bad input; 3 inconclusive (the ends, or a probe, undecided within the budget).
+    2 bad input; 3 inconclusive (the ends, or a probe, undecided within the budget); `--inconclusive-ok`
+    turns 3 into 0.
 
     --min-effect is a percent [default: 1].
 
@@ -108,12 +111,12 @@ def bisect(
                            f"campaign {plan.name} in {workspace}"))  # fmt: skip
     result = runner.run()
     if as_json:
-        typer.echo(json.dumps(search.to_json(result), indent=2, default=str))
+        typer.echo(json.dumps(search.to_json(result, inconclusive_ok), indent=2, default=str))
     elif markdown:
         typer.echo(search.to_markdown(result), nl=False)
     else:
         show(result)
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(result.exit_code(inconclusive_ok))
 
 
 def show(result: object) -> None:

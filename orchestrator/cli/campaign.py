@@ -35,7 +35,8 @@ app = noun_app(
 
 
 def _closing(arguments: dict[str, Any], code: int) -> dict[str, Any]:
-    """`run/resume/regate --json`: the exit code and every cell as `mbx campaign status --json` prints them."""
+    """`run/resume/regate --json`: the campaign's outcome (its verdict and closing line), the exit code and every
+    cell, as `mbx campaign status --json` prints them (judged in memory from the store, read-only)."""
     from orchestrator.cli import status_view
     from orchestrator.flow import runner
 
@@ -47,7 +48,7 @@ def _closing(arguments: dict[str, Any], code: int) -> dict[str, Any]:
     if arguments.get("dry_run"):  # nothing was recorded
         return {"campaign": name, "exit_code": code, "dry_run": True}
     view = runner.view(arguments["workspace"], name, with_rows=False)
-    return {"campaign": name, "exit_code": code, "cells": status_view.status_payload(view)}
+    return {**status_view.status_json(arguments["workspace"], view), "exit_code": code}
 
 
 @app.command()
@@ -185,7 +186,7 @@ def run(
 
     Example: mbx campaign run campaigns/quickstart.yaml -w mbx-workspace -j 2
     """
-    from orchestrator.flow import lifecycle, runner
+    from orchestrator.flow import lifecycle
 
     options = lifecycle.Options(workspace, launcher, parallel, gpu, strict, max_cells, make_report=report,
                                 log_wandb=wandb)  # fmt: skip
@@ -195,10 +196,10 @@ def run(
 
         searched = run_search(workspace, campaign, points, file, make_report=report, launcher=launcher,
                               parallel=parallel, log_wandb=wandb, gpu=gpu, strict=strict, dry_run=dry_run)  # fmt: skip
-        raise typer.Exit(searched.exit_code)
+        raise typer.Exit(searched.exit_code(inconclusive_ok))
     plan = lifecycle.prepare_points(campaign, points, file, options)
     finished = lifecycle.render(plan) if dry_run else lifecycle.execute(plan)
-    raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
+    raise typer.Exit(finished.exit_code(inconclusive_ok))
 
 
 @app.command()
@@ -219,15 +220,15 @@ def resume(
 
     Example: mbx campaign resume quickstart -w mbx-workspace
     """
-    from orchestrator.flow import lifecycle, runner
+    from orchestrator.flow import lifecycle
     from orchestrator.flow.search_run import resume_search
 
     searched = resume_search(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
     if searched is not None:  # a campaign with sweep.search: the search goes on (orchestrator/flow/search_run.py)
-        raise typer.Exit(searched.exit_code)
+        raise typer.Exit(searched.exit_code(inconclusive_ok))
     options = lifecycle.Options(workspace, parallel=parallel, make_report=report, log_wandb=wandb)
     finished = lifecycle.execute(lifecycle.prepare_stored(workspace, name, options))
-    raise typer.Exit(runner.exit_code(finished, inconclusive_ok))
+    raise typer.Exit(finished.exit_code(inconclusive_ok))
 
 
 @app.command()
@@ -248,31 +249,34 @@ def regate(
     """
     from rich.text import Text
 
-    from orchestrator.flow import lifecycle, runner
+    from orchestrator.flow import lifecycle
+    from orchestrator.judge.closing import closing_text, parity_lines
+    from orchestrator.judge.outcome import campaign_outcome
     from orchestrator.run.progress import print_changes
 
     done = lifecycle.regate_campaign(workspace, name, file)
     print_changes(done.changes, "re-judged with " + ("the gates of " + str(file) if file else "the stored gates"))
     points = done.judged.points
-    counts = ", ".join(f"{sum(p.verdict == v for p in points)} {v}" for v in ("pass", "fail", "inconclusive", "none")
-                       if any(p.verdict == v for p in points))  # fmt: skip
     gates = "gates updated" if done.gates_changed else "gates unchanged"
-    console().print(Text(f"{name}: {len(points)} point(s) judged ({counts or 'none finished'}); {gates}; "
-                       f"{done.rewritten} stored result(s) rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
-    if done.parity:  # a parity campaign: its pairs are judged again too, and count in the exit code
-        from orchestrator.judge.closing import parity_lines
-
-        for line in parity_lines(done.parity):
-            console().print(line, soft_wrap=True)
-    code = runner.verdicts_exit_code(points, inconclusive_ok)
-    raise typer.Exit(runner.parity_exit_code(done.parity, code, inconclusive_ok))
+    console().print(Text(f"{name}: {len(points)} point(s) judged; {gates}; {done.rewritten} stored result(s) "
+                         f"rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
+    judged = campaign_outcome([p.verdict for p in points], done.parity)
+    console().print(closing_text(judged), soft_wrap=True)
+    for line in parity_lines(done.parity)[1:]:  # a parity campaign: its pairs are judged again too
+        console().print(line, soft_wrap=True)
+    raise typer.Exit(judged.exit_code(inconclusive_ok))
 
 
 @app.command()
 def status(
     name: CampaignNameArg, workspace: WorkspaceOpt = DEFAULT_WORKSPACE, as_json: JsonOpt = False
 ) -> None:
-    """Show every cell's state, attempt, window figures and verdict.
+    """Show every cell's state, attempt, window figures and verdict, and the campaign's outcome: the closing line
+    run and regate end with (its gates and parity pairs, or a search's answer), in the same word.
+
+    Status only reads: every verdict is judged in memory with the campaign's current gates; only run, resume
+    and regate store verdicts. --json prints {campaign, verdict, closing, exit_code (what run and regate exit
+    with for these verdicts), parts, cells}.
 
     Example: mbx campaign status quickstart -w mbx-workspace --json
     """
@@ -281,12 +285,12 @@ def status(
 
     view = runner.view(workspace, name, with_rows=False)
     if as_json:
-        typer.echo(json.dumps(status_view.status_payload(view), indent=2))
+        emit_json(status_view.status_json(workspace, view))
         return
     console().print(status_view.status_table(view))
     for line in status_view.damaged_lines(view):
         console().print(line)
-    for line in status_view.verdict_lines(workspace, view):  # parity pairs, the best point (orchestrator/judge/best.py)
+    for line in status_view.verdict_lines(workspace, view):  # the outcome, parity pairs, the best point
         console().print(line, soft_wrap=True)
 
 

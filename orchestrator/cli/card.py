@@ -11,6 +11,7 @@ import typer
 from orchestrator.cli.options import (
     DEFAULT_WORKSPACE,
     CampaignNameArg,
+    InconclusiveOkOpt,
     JsonOpt,
     OutFileOpt,
     RequiredPointOpt,
@@ -137,12 +138,13 @@ def check(
         float, typer.Option(min=0.0, max=0.5, help="Margin for an item without structured thresholds.")
     ] = 0.05,
     as_json: JsonOpt = False,
+    inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
     """Gate every point of a campaign against a card item's thresholds.
 
     Each point is judged from all its repeats (mean and 95% CI: a point passes only when the whole interval is
     on the right side). Exit 0 every point passes, 1 a point fails, 3 inconclusive (an interval across a
-    threshold, or nothing finished). The campaign comes first, as everywhere (`CARD --campaign NAME`, the old
+    threshold, or nothing finished; `--inconclusive-ok` turns it into 0). The campaign comes first, as everywhere (`CARD --campaign NAME`, the old
     order, still works).
 
     Example: mbx card check quickstart quickstart.card.yaml -w mbx-workspace --json
@@ -163,10 +165,12 @@ def check(
     for note in checked.notes:
         _note(note)
     if as_json:
-        emit_json({"campaign": campaign, "card": str(card_file), "item": checked.item, "exit_code": checked.exit_code,
+        code = checked.exit_code(inconclusive_ok)
+        emit_json({"campaign": campaign, "card": str(card_file), "item": checked.item, "verdict": checked.verdict,
+                   "exit_code": code,
                    "points": [{"point_id": p.point_id, "label": p.label, "repeats": p.finished, "verdict": p.verdict,
                                "why": p.why() if p.verdict != "pass" else ""} for p in checked.points]})  # fmt: skip
-        raise typer.Exit(checked.exit_code)
+        raise typer.Exit(code)
     table = Table(title=f"{campaign} against {card_file.name}: {checked.item}", title_justify="left")
     for column in ("point", "label", "repeats", "verdict", "why"):
         table.add_column(column)
@@ -175,4 +179,6 @@ def check(
                       Text(point.verdict.upper(), style=VERDICT_STYLE.get(point.verdict, "")),
                       point.why() if point.verdict != "pass" else "")  # fmt: skip
     console(soft_wrap=True).print(table)
-    raise typer.Exit(checked.exit_code)
+    console(soft_wrap=True).print(Text.assemble((checked.verdict.upper(), VERDICT_STYLE[checked.verdict]),
+                                                f" {campaign} against {card_file.name}: {len(checked.points)} point(s)"))  # fmt: skip
+    raise typer.Exit(checked.exit_code(inconclusive_ok))

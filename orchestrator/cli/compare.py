@@ -12,6 +12,7 @@ import typer
 
 from orchestrator.cli.options import (
     DEFAULT_WORKSPACE,
+    InconclusiveOkOpt,
     JsonOpt,
     LauncherOpt,
     MarkdownOpt,
@@ -102,6 +103,7 @@ def compare(
     until_conclusive: UntilOpt = False,
     budget: BudgetOpt = None,
     html: HtmlOpt = None,
+    inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
     """Compare two campaigns point by point: relative change with a 95% CI and SAME / DIFFERENT / UNKNOWN per
     metric, decided on repeats (Welch t on log repeat values, p ≤ 0.01 and ≥ --min-effect for DIFFERENT; SAME
@@ -122,7 +124,7 @@ def compare(
 
     Exit codes: 0 every metric SAME (or below --min-effect, or better); 1 a metric DIFFERENT in the bad
     direction (slower, fewer TFLOP/s, more memory, higher loss), or with --run a cell that did not complete;
-    3 an UNKNOWN (more repeats needed) and nothing worse; 2 bad input.
+    3 an UNKNOWN (more repeats needed) and nothing worse (`--inconclusive-ok` turns it into 0); 2 bad input.
 
     --min-effect is a percent [default: 1], for every metric and per metric: `2,final_loss=0.5` (a `%` sign
     may follow each number). --launcher/-l applies with --run or --until-conclusive.
@@ -143,7 +145,9 @@ def compare(
         page = cmp.write_page(result, html)
         print(f"comparison page: {page}", file=sys.stderr if as_json or markdown else sys.stdout)
     _output(result, as_json, markdown)
-    raise typer.Exit(1 if failed else result.exit_code)
+    from orchestrator.judge.outcome import FAIL, PASS, combine, exit_code
+
+    raise typer.Exit(exit_code(combine([result.verdict, FAIL if failed else PASS]), inconclusive_ok))
 
 
 def _options(
@@ -228,7 +232,9 @@ def _print(result: object) -> None:
             out.print(Text.assemble((head, "bold"), text))
     for line in result.unmatched:
         out.print(Text.assemble(("unmatched: ", "yellow"), line))
-    word = {0: "SAME", 1: "WORSE", 3: "UNKNOWN"}[result.exit_code]
+    from orchestrator.judge.outcome import FAIL, PASS
+
+    word = {PASS: "SAME", FAIL: "WORSE"}.get(result.verdict, "UNKNOWN")
     out.print(Text(f"rule: {cmp.rule_text(result)}", style="dim"))
     out.print(Text(f"{word}: {result.a} → {result.b}, practical threshold {cmp.threshold_text(result)}",
                        style="bold"))  # fmt: skip

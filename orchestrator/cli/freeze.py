@@ -10,6 +10,7 @@ import typer
 from orchestrator.cli.options import (
     DEFAULT_WORKSPACE,
     CampaignNameArg,
+    InconclusiveOkOpt,
     JsonOpt,
     MinEffectOpt,
     OutDirOpt,
@@ -46,6 +47,7 @@ def freeze(
     out: OutDirOpt = None,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     as_json: JsonOpt = False,
+    inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
     """Freeze the winner of a campaign, with its evidence.
 
@@ -53,7 +55,7 @@ def freeze(
     point whose difference from it is not DIFFERENT (Welch t on the repeats, 1% minimum effect) is a tie,
     settled by the tie-break (less peak memory by default) only when every tied point has that figure and it
     separates them by more than the minimum effect; otherwise there is no winner ("tie — no figure separates
-    them", exit 3: pick one with --point). Points with a failed or unfinished repeat, NaN/skipped steps or a
+    them", exit 3: pick one with --point; `--inconclusive-ok` exits 0, nothing written). Points with a failed or unfinished repeat, NaN/skipped steps or a
     failed gate cannot win; in a search only its full-length trials can (the search, the report and status
     name the same point: orchestrator/judge/best.py). Writes recipe.yaml (the resolved recipe),
     campaign.yaml (the winner with --repeats repeats and portable gates), FROZEN.md (Frozen configuration,
@@ -66,16 +68,24 @@ def freeze(
     Example: mbx freeze quickstart --out frozen/
     """
     from orchestrator.errors import UsageError
+    from orchestrator.judge.freeze import Tied
     from orchestrator.judge.freeze import freeze as pick
     from orchestrator.judge.freeze_out import write_frozen
+    from orchestrator.judge.outcome import INCONCLUSIVE, exit_code
 
     if point is not None and best:
         raise UsageError("--point and --best: give one (without either, the best point is frozen)")
     if out is not None:
         check_out_dir(out)  # before the store is read: a bad --out costs nothing
     effect = None if min_effect is None else min_effect.single()  # a percent on the command line
-    frozen = pick(workspace, campaign, point=point, objective=by,
-                  tie_break=tie_break, min_effect=effect)  # fmt: skip
+    try:
+        frozen = pick(workspace, campaign, point=point, objective=by,
+                      tie_break=tie_break, min_effect=effect)  # fmt: skip
+    except Tied as tie:  # undecided: exit 3, or 0 with --inconclusive-ok (nothing is written either way)
+        if not inconclusive_ok:
+            raise
+        console(stderr=True, soft_wrap=True).print(f"inconclusive: {tie}; nothing frozen (--inconclusive-ok)")
+        raise typer.Exit(exit_code(INCONCLUSIVE, inconclusive_ok)) from None
     target = out or workspace / campaign / "frozen"
     check_out_dir(target)
     try:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from orchestrator.cli.options import DEFAULT_WORKSPACE, JsonOpt, WorkspaceOpt
+from orchestrator.cli.options import DEFAULT_WORKSPACE, InconclusiveOkOpt, JsonOpt, WorkspaceOpt
 from orchestrator.cli.terminal import console, emit_json, noun_app
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ def ingest(
         bool, typer.Option(help="Ingest logs already ingested again, as a new attempt of their cell.")
     ] = False,
     as_json: JsonOpt = False,
+    inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
     """Turn existing Megatron logs into a run directory and store rows (state, failure class, window summary,
     default gates), so `mbx campaign status`, `mbx report` and `baseline:` treat them like new runs.
@@ -93,9 +94,11 @@ def ingest(
     A log that stops before its planned iterations, or that holds impossible figures (a negative or non-finite step
     time, throughput, token rate or memory), is recorded failed with the reason, never passed.
 
-    Exits 2 without writing anything when a log is missing or holds no iteration lines. The campaign comes
-    first, as everywhere (`LOG... --campaign NAME`, the old order, still works). --json prints the cell, its
-    state, verdict and window summary as JSON.
+    Exit codes as for `mbx campaign run`, from the ingested cell's verdict: 0 it passed its gates, 1 it failed
+    (a failed or truncated run, impossible figures, a failed gate), 3 inconclusive (`--inconclusive-ok` turns
+    it into 0); 2 without writing anything when a log is missing or holds no iteration lines. The campaign
+    comes first, as everywhere (`LOG... --campaign NAME`, the old order, still works). --json prints the cell,
+    its state, verdict, window summary and exit code as JSON.
 
     Example: mbx ingest past-runs logs/run-0412/*.log --format megatron-lm -w mbx-workspace
     """
@@ -111,13 +114,18 @@ def ingest(
         workspace, logs, campaign, log_format, seq_length=seq_length, num_gpus=num_gpus, steps=steps,
         label=label, params=_params(param or []), exit_code=exit_code, replace=replace,
     )  # fmt: skip
+    from orchestrator.judge.outcome import FAIL, PASS, combine, exit_code
+
+    # as `campaign run` judges a cell: one that did not complete fails, else its gates' verdict
+    code = exit_code(combine([result.verdict, PASS if result.state == "completed" else FAIL]), inconclusive_ok)
     if as_json:
         emit_json({"campaign": result.campaign, "cell_id": result.cell_id, "attempt": result.attempt,
                    "already": result.already, "steps": result.steps, "state": result.state,
                    "failure_class": result.failure_class, "reason": result.reason, "verdict": result.verdict,
-                   "summary": result.summary, "run_dir": result.run_dir})  # fmt: skip
-        return
-    _print_result(result, workspace)
+                   "summary": result.summary, "run_dir": result.run_dir, "exit_code": code})  # fmt: skip
+    else:
+        _print_result(result, workspace)
+    raise typer.Exit(code)
 
 
 def _campaign_and_logs(first: str, rest: list[Path], old_campaign: str | None) -> tuple[str, list[Path]]:

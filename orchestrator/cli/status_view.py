@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.judge.outcome import view_outcome
 from orchestrator.run.progress import fmt
 from reports.views import CampaignView, CellView, PointView
 from reports.window import Summary
@@ -127,19 +128,35 @@ def _repeat_cells(cell: CellView) -> list[Any]:
     ]
 
 
-def verdict_lines(workspace: Path, view: CampaignView) -> list[Text]:
-    """Below the table: a parity campaign's pairs (orchestrator/judge/closing.py) and the best point as the search,
-    the report and `mbx freeze` name it (orchestrator/judge/best.py), or why there is none."""
-    from orchestrator.errors import MbxError
-    from orchestrator.judge.closing import parity_lines
-    from orchestrator.judge.freeze import freeze
+def status_json(workspace: Path, view: CampaignView) -> dict[str, Any]:
+    """`status --json` (and the `--json` closings of run, resume, regate): the campaign's outcome and every cell."""
+    return {"campaign": view.name, **view_outcome(view, _trials(workspace, view.name)).to_dict(),
+            "cells": status_payload(view)}  # fmt: skip
 
-    lines = parity_lines(view.parity) if view.parity else []
+
+def _trials(workspace: Path, name: str) -> list[dict[str, Any]]:
+    """The campaign's search trials, read-only (empty: not a search)."""
+    from orchestrator.run.store import Store
+
+    with Store(workspace, create=False, read_only=True) as store:
+        return store.trials(name)
+
+
+def verdict_lines(workspace: Path, view: CampaignView) -> list[Text]:
+    """Below the table: the campaign's outcome (orchestrator/judge/outcome.py, the closing line's word), the parity
+    pairs that did not pass, and the best point as the report names it (orchestrator/flow/runner.py's
+    pick_winner: the verdicts' pick, never a point that failed a parity check), or why there is none."""
+    from orchestrator.flow.runner import pick_winner
+    from orchestrator.judge.closing import closing_text, parity_lines
+    from reports.site_data import SiteExtras
+
+    lines = [closing_text(view_outcome(view, _trials(workspace, view.name))), *parity_lines(view.parity)[1:]]
     if not any(c.state == "completed" for c in view.cells):
         return lines
-    try:
-        frozen = freeze(workspace, view.name)
-    except (MbxError, KeyError, ValueError) as err:  # as the report: nothing eligible yet, a tie, ...
-        return [*lines, Text.assemble(("no best point: ", "bold yellow"), str(err))]
-    w = frozen.winner
-    return [*lines, Text.assemble(("best: ", "bold"), f"{w.point_id} [{w.label}]: {frozen.how}")]
+    picked = SiteExtras()
+    pick_winner(workspace, view, picked)
+    if picked.winner is None:
+        note = (picked.freeze_note or "").removeprefix("No winner picked by the verdicts: ")
+        return [*lines, Text.assemble(("no best point: ", "bold yellow"), note.removeprefix("No best point: "))]
+    label = next((p.label for p in view.points if p.point_id == picked.winner), "")
+    return [*lines, Text.assemble(("best: ", "bold"), f"{picked.winner} [{label}]: {picked.how}")]

@@ -24,13 +24,13 @@ from scipy import stats as sps
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.judge import compare
+from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, exit_code
 from orchestrator.spec import software
 from orchestrator.spec.campaign import Campaign, Sweep
 from orchestrator.spec.keys import key_problem, value_problem
 from orchestrator.spec.sweep import canonical_json
 from reports import compare as stats
 
-EXIT_FOUND, EXIT_ENDS_SAME, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 DEFAULT_REPEATS = 3
 TYPED_NAMESPACES = ("software", "container", "env")  # their values stay text (a pip version 1.10 is not 1.1)
 
@@ -76,7 +76,12 @@ class Result:
     last_good: Measurement | None = None
     diagnosis: list[str] = field(default_factory=list)
     message: str = ""
-    exit_code: int = EXIT_INCONCLUSIVE
+    # pass: the first bad version named; fail: refused, the ends do not differ (or did not run); else undecided
+    verdict: str = INCONCLUSIVE
+
+    def exit_code(self, inconclusive_ok: bool = False) -> int:
+        """orchestrator/judge/outcome.py's exit code of the verdict: 0 named, 1 refused, 3 undecided."""
+        return exit_code(self.verdict, inconclusive_ok)
 
 
 # ---- the list of versions ------------------------------------------------------------------------------
@@ -355,17 +360,17 @@ class Search(Bisector):
         by_index = {m.index: m for m in res.measurements}
         plan = self.plan
         if lo is None or hi is None:
-            res.exit_code, res.message = ends_message(stopped, plan)
+            res.verdict, res.message = ends_message(stopped, plan)
             return res
         if stopped is not None:
-            res.exit_code = EXIT_INCONCLUSIVE
+            res.verdict = INCONCLUSIVE
             res.message = (f"inconclusive: {stopped.label} is {stopped.verdict} after {stopped.repeats} repeat(s) "
                            f"(budget {plan.max_repeats}); the first bad version is one of "
                            f"{plan.labels[lo + 1]} … {plan.labels[hi]}")  # fmt: skip
             return res
         res.culprit, res.last_good = by_index[hi], by_index[lo]
         res.diagnosis = self.diagnose(lo, hi, points)
-        res.exit_code = EXIT_FOUND
+        res.verdict = PASS
         res.message = culprit_message(res, plan)
         return res
 
@@ -378,19 +383,20 @@ class Search(Bisector):
         return lines
 
 
-def ends_message(bad: Measurement | None, plan: Plan) -> tuple[int, str]:
-    """Why the bisect refuses to search: the ends do not differ (exit 1), or that is not known (exit 3)."""
+def ends_message(bad: Measurement | None, plan: Plan) -> tuple[str, str]:
+    """Why the bisect refuses to search: the ends do not differ (fail: exit 1), or that is not known
+    (inconclusive: exit 3)."""
     first, last = plan.labels[0], plan.labels[-1]
     if bad is None or bad.verdict == "no-result":
         return (
-            EXIT_ENDS_SAME,
+            FAIL,
             f"refused: no completed run of {first} or {last} to compare (see the runs above)",
         )
     change = f" ({bad.decision.change:+.2%})" if bad.decision and bad.decision.change is not None else ""
     if bad.verdict == "good":
-        return EXIT_ENDS_SAME, (f"refused: the ends do not differ in {plan.metric}{change}: {first} and {last} are "
+        return FAIL, (f"refused: the ends do not differ in {plan.metric}{change}: {first} and {last} are "
                                 "the SAME (or below the practical threshold); nothing to bisect")  # fmt: skip
-    return EXIT_INCONCLUSIVE, (f"refused: cannot tell whether {first} and {last} differ in {plan.metric}{change} "
+    return INCONCLUSIVE, (f"refused: cannot tell whether {first} and {last} differ in {plan.metric}{change} "
                                f"after {bad.repeats} repeat(s) (budget {plan.max_repeats}: --max-repeats)")  # fmt: skip
 
 
@@ -425,7 +431,9 @@ def fmt_verdict(m: Measurement) -> str:
     return f"{m.verdict}: {d.decision.upper()} {compare.fmt_change(d)} {compare.fmt_ci(d)}"
 
 
-def to_json(res: Result) -> dict[str, Any]:
+def to_json(res: Result, inconclusive_ok: bool = False) -> dict[str, Any]:
+    """The bisect as JSON: every measurement, the first bad version, the verdict and the exit code."""
+
     def one(m: Measurement | None) -> dict[str, Any] | None:
         if m is None:
             return None
@@ -438,7 +446,7 @@ def to_json(res: Result) -> dict[str, Any]:
             "versions": [{"value": v, "label": lab} for v, lab in zip(plan.values, plan.labels, strict=True)],
             "measurements": [one(m) for m in res.measurements], "first_bad": one(res.culprit),
             "last_good": one(res.last_good), "diagnosis": res.diagnosis, "message": res.message,
-            "exit_code": res.exit_code}  # fmt: skip
+            "verdict": res.verdict, "exit_code": res.exit_code(inconclusive_ok)}  # fmt: skip
 
 
 def to_markdown(res: Result) -> str:

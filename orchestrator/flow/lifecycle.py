@@ -30,7 +30,8 @@ from orchestrator.flow.runner import (
     stored_record,
     write_report,
 )
-from orchestrator.judge.closing import print_closing
+from orchestrator.judge.closing import print_closing, run_outcome
+from orchestrator.judge.outcome import Outcome as Judged
 from orchestrator.judge.views import campaign_view, cell_view
 from orchestrator.run.baseline import baseline_summaries
 from orchestrator.run.engine import Engine, Event, Outcome, adoptable
@@ -245,21 +246,36 @@ def _drive(store: Store, plan: Plan, cells: list[CellRow], closing: bool) -> Fin
 
 def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finished:
     """Every stored result judged again with the current gates (cells skipped as completed too); with
-    `closing`: the changes printed, the report written, the parity pairs judged and the closing lines."""
+    `closing`: the changes printed, the parity pairs judged and stored, the report written, the outcome logged
+    to W&B and the closing lines, all saying the one outcome (orchestrator/judge/outcome.py)."""
     campaign = plan.campaign
-    if not closing:
-        return Finished(outcome, regate(store, campaign.name).judged.points)
     regated = regate(store, campaign.name)
+    points = regated.judged.points
+    if not closing:
+        return Finished(outcome, points, judged=run_outcome(outcome, points, []))
     print_changes(regated.changes, "re-judged with the current gates")
+    regated.parity = record_parity(store, campaign)
+    judged = run_outcome(outcome, points, regated.parity)
     if plan.options.make_report:
         try:
-            page = write_report(store.workspace, campaign_view(store, campaign.name), None)
+            page = write_report(store.workspace, campaign_view(store, campaign.name), None, judged)
             console.print(Text(f"report: {page}"))
         except MbxError as err:  # every cell is stored: the verdicts below still stand
             err_console.print(Text(f"warning: {err}"), soft_wrap=True)
-    regated.parity = record_parity(store, campaign)
-    print_closing(outcome, regated.judged.points, regated.parity, plan.options.resume_hint)
-    return Finished(outcome, regated.judged.points, regated.parity)
+    if plan.options.log_wandb and campaign.wandb.mode != "disabled":
+        log_outcome(store.workspace, campaign, judged)
+    print_closing(outcome, points, regated.parity, plan.options.resume_hint)
+    return Finished(outcome, points, regated.parity, judged)
+
+
+def log_outcome(workspace: Path, campaign: Campaign, judged: Judged) -> None:
+    """The campaign's outcome as a W&B run of its group (reports/wandb_log.py); a failure is one warning."""
+    from reports.wandb_log import log_outcome as log
+
+    warnings: list[str] = []
+    log(campaign.wandb, campaign.name, judged.to_dict(), workspace, on_warning=warnings.append)
+    for warning in warnings:
+        err_console.print(Text(f"warning: {warning}"))
 
 
 def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Regated:

@@ -1,42 +1,51 @@
 """What the lifecycle (orchestrator/flow/lifecycle.py) and the commands share: the launcher, the baseline check,
-parity, the report, exit codes; and the commands over a stored campaign: view, cancel, list."""
+parity, the report, how a run finished; and the commands over a stored campaign: view, cancel, list."""
 
 from __future__ import annotations
 
 import errno
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
 
 from launchers.base import Launcher
-from orchestrator.errors import ConfigError, MbxError, RunError, UsageError
+from orchestrator.errors import EXIT_PASS, ConfigError, MbxError, RunError, UsageError
+from orchestrator.judge.outcome import Outcome as Judged
+from orchestrator.judge.outcome import parity_failures, view_outcome
 from orchestrator.judge.views import campaign_view, parity_verdicts
 from orchestrator.run.baseline import baseline_summaries
 from orchestrator.run.engine import Event, Outcome
 from orchestrator.run.progress import ProgressReporter
-from orchestrator.run.regate import PointVerdict, regate
+from orchestrator.run.regate import PointVerdict
 from orchestrator.run.store import ACTIVE_STATES, Store, check_workspace, manifest_path, read_only
 from orchestrator.spec.campaign import Campaign
 from reports.views import CampaignView
+
+if TYPE_CHECKING:
+    from reports.site_data import SiteExtras
 
 # markup and emoji off: campaign names, labels, paths and reasons are user text, printed as they are
 console = Console(highlight=False, markup=False, emoji=False)
 err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
-EXIT_PASS, EXIT_FAIL, EXIT_INCONCLUSIVE = 0, 1, 3
-
 
 @dataclass
 class Finished:
-    """How a run ended: the engine's outcome and every point's verdict from all its repeats (None: a dry run)."""
+    """How a run ended: the engine's outcome, every point's verdict from all its repeats and the campaign's
+    outcome (orchestrator/judge/outcome.py; None: a dry run, which judges nothing and exits 0)."""
 
     outcome: Outcome
     points: list[PointVerdict] | None = None
     # on/off pair verdicts (orchestrator/judge/parity_verdicts.py)
     parity: list[dict[str, Any]] = field(default_factory=list)
+    judged: Judged | None = None
+
+    def exit_code(self, inconclusive_ok: bool = False) -> int:
+        """The campaign outcome's exit code (0 pass, 1 fail, 3 inconclusive or 0 with `inconclusive_ok`)."""
+        return EXIT_PASS if self.judged is None else self.judged.exit_code(inconclusive_ok)
 
 
 def make_launcher(campaign: Campaign, name: str, workspace: Path, parallel: int | None = None) -> Launcher:
@@ -120,76 +129,54 @@ def show(progress: ProgressReporter, event: Event) -> None:
         err_console.print(Text(f"warning: could not show {event.kind} of {event.cell.cell_id}: {err!r}"))
 
 
-def exit_code(finished: Finished, inconclusive_ok: bool = False) -> int:
-    """0 pass, 1 fail (a cell that did not complete, or a point that failed a gate), 3 inconclusive (nothing
-    failed, some point undecided); `inconclusive_ok` makes 3 into 0. A dry run judges nothing: 0."""
-    if finished.points is None:
-        return EXIT_PASS
-    code = verdicts_exit_code(finished.points, inconclusive_ok, failed=bool(finished.outcome.failed))
-    return parity_exit_code(finished.parity, code, inconclusive_ok)
-
-
-def parity_exit_code(pairs: list[dict[str, Any]], code: int, inconclusive_ok: bool = False) -> int:
-    """`code` made worse by the parity pairs: a failed pair fails (1), an undecided one is inconclusive (3)."""
-    verdicts = {p["verdict"] for p in pairs}
-    if code == EXIT_FAIL or "fail" in verdicts:
-        return EXIT_FAIL
-    if verdicts - {"pass"} and not inconclusive_ok:
-        return EXIT_INCONCLUSIVE
-    return code
-
-
-def verdicts_exit_code(points: list[PointVerdict], inconclusive_ok: bool = False, failed: bool = False) -> int:
-    verdicts = {p.verdict for p in points}
-    if failed or "fail" in verdicts:
-        return EXIT_FAIL
-    if verdicts - {"pass"} and not inconclusive_ok:
-        return EXIT_INCONCLUSIVE
-    return EXIT_PASS
-
-
 def view(workspace: Path, name: str, with_rows: bool = True) -> CampaignView:
-    """The campaign as the report and status show it, its stored verdicts first re-derived with its gates."""
-    with Store(workspace, create=False) as store:
+    """The campaign as the report and status show it: every verdict (cells, points, parity pairs) judged in memory
+    with its current gates from the store opened read-only. Views only read: run, resume and regate store
+    verdicts, under the campaign lock."""
+    with Store(workspace, create=False, read_only=True) as store:
         stored_record(store, name)
-        regate(store, name)
-        campaign = campaign_view(store, name, with_rows=with_rows)
-        if campaign.parity:
-            store.record_parity(name, campaign.parity)  # `mbx report`: the parity verdicts stored again
-        return campaign
+        return campaign_view(store, name, with_rows=with_rows)
 
 
-def write_report(workspace: Path, campaign: CampaignView, out: Path | None) -> Path:
+def write_report(workspace: Path, campaign: CampaignView, out: Path | None, judged: Judged | None = None) -> Path:
     """Write the report site (index, a page per cell, the comparison with the baseline, summary.md) and return
-    the index's path. Beside the view it passes the site what the store knows: the winner and the rejected
-    points by the verdicts (orchestrator/judge/freeze.py), baseline summaries, estimates, search trials, GPU-hours.
+    the index's path; `judged` is the outcome the closing line said (default: the view's, as status says it).
 
     A directory that cannot hold it → UsageError (the path and what to do); a full disk or another write
     error → RunError saying what to free and how to write it again.
     """
     from orchestrator.judge.compare import write_baseline_page
-    from orchestrator.judge.freeze import freeze
-    from orchestrator.run.baseline import baseline_for
     from reports.markdown import markdown_summary
     from reports.site import write_site
-    from reports.site_data import SiteExtras, attempt_gpu_hours
 
     workspace = Path(workspace)
     out_dir = Path(out) if out else workspace / campaign.name / "report"
-    extras = SiteExtras()
+    extras = report_extras(workspace, campaign, judged)
     try:
-        frozen = freeze(workspace, campaign.name)
-        extras.winner, extras.how = frozen.winner.point_id, frozen.how
-        extras.rejected = [dict(vars(r)) for r in frozen.rejected]
-    except (MbxError, KeyError, ValueError) as err:  # e.g. nothing eligible yet: the report says why
-        extras.freeze_note = f"No winner picked by the verdicts: {err}"
-    with Store(workspace, create=False) as store:
+        if write_baseline_page(workspace, campaign.name, out_dir / "compare") is not None:
+            extras.compare_href = "compare/index.html"
+        return write_site(campaign, out_dir, extras, {"summary.md": markdown_summary(campaign, extras)})
+    except OSError as err:
+        raise report_error(err, out_dir, campaign.name, workspace) from None
+
+
+def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None) -> SiteExtras:
+    """What the site shows beside the view, from what the store knows (read-only): the campaign's outcome (the
+    closing line's word), the winner and the rejected points by the verdicts (orchestrator/judge/freeze.py;
+    never a point that failed a parity check), baseline summaries, estimates, search trials, GPU-hours."""
+    from orchestrator.run.baseline import baseline_for
+    from reports.site_data import SiteExtras, attempt_gpu_hours
+
+    extras = SiteExtras()
+    pick_winner(workspace, campaign, extras)
+    with Store(workspace, create=False, read_only=True) as store:
         cells = {c.cell_id: c for c in store.cells(campaign.name, active_only=False)}
         base = baseline_summaries(store, campaign.baseline)
         found = {cell_id: baseline_for(base, cell) for cell_id, cell in cells.items()} if base else {}
         extras.baselines = {k: v for k, v in found.items() if v is not None}
         extras.estimates, extras.trials = store.estimates(campaign.name), store.trials(campaign.name)
         attempts = store.attempts(campaign.name)
+    extras.outcome = (judged or view_outcome(campaign, extras.trials)).to_dict()
 
     def gpus(cell_id: str) -> int:
         res = cells[cell_id].resources if cell_id in cells else {}
@@ -199,12 +186,27 @@ def write_report(workspace: Path, campaign: CampaignView, out: Path | None) -> P
         extras.gpu_hours = sum(attempt_gpu_hours(a.run_dir, gpus(a.cell_id), a.submitted_at, a.ended_at)
                                for a in attempts)  # fmt: skip
         extras.gpu_hours_note = f"{len(attempts)} attempt(s), run time × ranks; CPU runs count process-hours"
+    return extras
+
+
+def pick_winner(workspace: Path, campaign: CampaignView, extras: SiteExtras) -> None:
+    """The winner and the rejected points by the verdicts (mbx freeze's pick), or why there is none; a point on
+    the changed side of a failed parity pair is never shown as the best to freeze."""
+    from orchestrator.judge.freeze import freeze
+
     try:
-        if write_baseline_page(workspace, campaign.name, out_dir / "compare") is not None:
-            extras.compare_href = "compare/index.html"
-        return write_site(campaign, out_dir, extras, {"summary.md": markdown_summary(campaign, extras)})
-    except OSError as err:
-        raise report_error(err, out_dir, campaign.name, workspace) from None
+        frozen = freeze(workspace, campaign.name)
+    except (MbxError, KeyError, ValueError) as err:  # e.g. nothing eligible yet: the report says why
+        extras.freeze_note = f"No winner picked by the verdicts: {err}"
+        return
+    failed = {c.point_id: why for c in campaign.cells for cell, why in parity_failures(campaign.parity).items()
+              if c.cell_id == cell}  # fmt: skip
+    if frozen.winner.point_id in failed:
+        extras.freeze_note = (f"No best point: {frozen.winner.point_id} [{frozen.winner.label}] is the fastest, but "
+                              f"it failed a parity check ({failed[frozen.winner.point_id]})")  # fmt: skip
+        return
+    extras.winner, extras.how = frozen.winner.point_id, frozen.how
+    extras.rejected = [dict(vars(r)) for r in frozen.rejected]
 
 
 _WRONG_PLACE = (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)

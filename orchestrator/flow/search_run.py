@@ -26,10 +26,12 @@ from typing import Any
 
 from rich.text import Text
 
-from orchestrator.errors import MbxError
+from orchestrator.errors import EXIT_PASS, MbxError
 from orchestrator.flow.runner import write_report
 from orchestrator.flow.search_evaluators import CampaignEvaluator, DryRunEvaluator, FirstBatchShown, console
 from orchestrator.flow.search_strategies import product_space, run_strategy
+from orchestrator.judge.closing import closing_text
+from orchestrator.judge.outcome import SEARCH_OUTCOME, Outcome, search_part
 from orchestrator.judge.search_ledger import Ledger
 from orchestrator.judge.search_rank import Best, Candidate, Evidence, mean_of, memory_of
 from orchestrator.judge.views import campaign_view
@@ -53,12 +55,23 @@ class SearchFinished:
     candidates: int
     dry_run: bool = False
 
-    @property
-    def exit_code(self) -> int:
-        """0 a best point, 3 a tie no figure separates (undecided), 1 none qualified; a dry run 0."""
-        if self.best.evidence is not None or self.dry_run:
-            return 0
-        return 3 if self.best.tie else 1
+    def outcome(self) -> Outcome:
+        """The search's outcome (orchestrator/judge/outcome.py): a best point passes; a tie, or a budget spent
+        before a best with no trial failed, is inconclusive; no best point otherwise fails."""
+        return search_outcome(self.ledger, self.best)
+
+    def exit_code(self, inconclusive_ok: bool = False) -> int:
+        """The outcome's exit code: 0 a best point, 1 none qualified, 3 undecided (0 with `inconclusive_ok`);
+        a dry run judges nothing: 0."""
+        return EXIT_PASS if self.dry_run else self.outcome().exit_code(inconclusive_ok)
+
+
+def search_outcome(ledger: Ledger, best: Best) -> Outcome:
+    """The outcome of a search from its ledger (budget, trial rows) and its answer."""
+    rows = list(ledger.rows.values())
+    failed = len({r["trial"] for r in rows if r["state"] == "failed" or r.get("verdict") == "fail"})
+    part = search_part(best.evidence is not None, best.tie, best.how, ledger.stop_reason, failed)
+    return Outcome(f"search {ledger.search.method}: {len(ledger.numbers)} trial(s)", (part,))
 
 
 def budget_text(search: Search) -> str:
@@ -149,8 +162,9 @@ def _search(workspace: Path, evaluator: CampaignEvaluator, points: list[SweepPoi
 
 def finish(workspace: Path, campaign: Campaign, evaluator: CampaignEvaluator, finished: SearchFinished,
            file: Path | None, make_report: bool) -> None:  # fmt: skip
-    """Every cell the search ran becomes the campaign's active cells (for status, report, freeze); print the
-    outcome and write the report."""
+    """Every cell the search ran becomes the campaign's active cells (for status, report, freeze); the outcome
+    goes on every trial row (what status and the report say afterwards); the report, then the lines that say
+    what the search found and its closing line."""
     ran = list(evaluator.ran.values())
     campaign = with_gpu_memory(campaign, evaluator.options.get("gpu"))  # as the lifecycle stored it for the rungs
     if ran:
@@ -158,19 +172,24 @@ def finish(workspace: Path, campaign: Campaign, evaluator: CampaignEvaluator, fi
             record = store.campaign(campaign.name) or {}
             store.register_campaign(campaign.name, str(file) if file else None, campaign.model_dump(mode="json"),
                                     record.get("launcher") or campaign.launcher, cell_rows(campaign, ran))  # fmt: skip
-    for line in outcome_lines(finished):
-        console.print(Text(line), soft_wrap=True)
+    judged = finished.outcome()
+    for row in finished.ledger.rows.values():
+        row[SEARCH_OUTCOME] = {"verdict": judged.verdict, "head": judged.head, "text": judged.parts[0].text}
+    finished.ledger.flush()
     if make_report and ran:
         try:
-            with Store(workspace, create=False) as store:
-                page = write_report(workspace, campaign_view(store, campaign.name), None)
-            console.print(Text(f"report: {page}"))
+            with Store(workspace, create=False, read_only=True) as store:
+                view = campaign_view(store, campaign.name)
+            console.print(Text(f"report: {write_report(workspace, view, None, judged)}"))
         except MbxError as err:
             console.print(Text(f"warning: {err}"), soft_wrap=True)
+    for line in outcome_lines(finished):
+        console.print(Text(line), soft_wrap=True)
+    console.print(closing_text(judged), soft_wrap=True)
 
 
 def outcome_lines(finished: SearchFinished) -> list[str]:
-    """What the search found, in lines that paste into a PR."""
+    """What the search found, in lines that paste into a PR (the closing line follows them)."""
     ledger, best = finished.ledger, finished.best
     share = ledger.steps / finished.grid_steps if finished.grid_steps else 0.0
     rows = list(ledger.rows.values())
@@ -180,9 +199,7 @@ def outcome_lines(finished: SearchFinished) -> list[str]:
     lines = [f"search {ledger.search.method}: {len(ledger.numbers)} trial(s) ({states}); {ledger.steps} steps spent "
              f"= {share:.1%} of the grid's {finished.grid_steps}, {ledger.gpu_hours:.3g} GPU-hours"
              + (f"; stopped: {ledger.stop_reason}" if ledger.stop_reason else "")]  # fmt: skip
-    if best.evidence is None:
-        lines.append(f"{'NO BEST POINT (tie)' if best.tie else 'NO BEST POINT'}: {best.how}")
-    else:
+    if best.evidence is not None:
         e = best.evidence
         value = mean_of(e.point, ledger.search.objective)
         lines.append(

@@ -12,6 +12,7 @@ from typing import Any
 from orchestrator import trainers
 from orchestrator.errors import RunError, UsageError
 from orchestrator.judge.freeze import refuse_ingested
+from orchestrator.judge.outcome import combine, exit_code
 from orchestrator.run.outfile import write_out
 from orchestrator.run.regate import PointVerdict, judge_campaign
 from orchestrator.run.store import CellRow, Store
@@ -218,9 +219,13 @@ class Checked:
     points: list[PointVerdict]
 
     @property
-    def exit_code(self) -> int:
-        verdicts = {p.verdict for p in self.points}
-        return 1 if "fail" in verdicts else 3 if verdicts - {"pass"} else 0
+    def verdict(self) -> str:
+        """The points' verdicts combined (orchestrator/judge/outcome.py): fail, pass, or inconclusive (an
+        interval across a threshold, nothing finished)."""
+        return combine(p.verdict for p in self.points)
+
+    def exit_code(self, inconclusive_ok: bool = False) -> int:
+        return exit_code(self.verdict, inconclusive_ok)
 
 
 def pick_item(document: dict[str, Any], wanted: str | None) -> tuple[str, dict[str, Any]]:

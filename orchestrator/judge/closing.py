@@ -1,69 +1,87 @@
-"""The closing line of a run, `regate` and `status`: the gates' verdict and, for a `parity:` campaign, its pairs'
-(PASS only when every gate and every pair passed; the exit code says the same, orchestrator/flow/runner.py)."""
+"""The closing lines of a run, `regate` and `status`: the campaign's outcome (orchestrator/judge/outcome.py: its
+gates and its parity pairs, in one word) and the lines that say what failed or is undecided, and why."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator.run.engine import Outcome
-from orchestrator.run.progress import print_outcome
+from orchestrator.judge.outcome import FAIL, PASS, Outcome, campaign_outcome, parity_part
+from orchestrator.run.engine import Outcome as RunOutcome
 from orchestrator.run.regate import PointVerdict
 
 console = Console(highlight=False, markup=False, emoji=False)
+WORD_STYLE = {PASS: "bold green", FAIL: "bold red"}  # anything else: bold yellow
 
 
-def parity_head(pairs: list[dict[str, Any]]) -> tuple[str, str]:
-    """(verdict, text) of a campaign's parity pairs: fail when one failed, pass when all passed, else
-    inconclusive; the text counts them ("parity FAIL: 1 of 2 pair(s) failed, 1 passed")."""
-    failed = sum(p["verdict"] == "fail" for p in pairs)
-    passed = sum(p["verdict"] == "pass" for p in pairs)
-    verdict = "fail" if failed else "pass" if passed == len(pairs) else "inconclusive"
-    parts = [f"{failed} of {len(pairs)} pair(s) failed" if failed else f"{passed} of {len(pairs)} pair(s) passed"]
-    if failed and passed:
-        parts.append(f"{passed} passed")
-    undecided = len(pairs) - failed - passed
-    if undecided:
-        parts.append(f"{undecided} inconclusive")
-    return verdict, f"parity {verdict.upper()}: " + ", ".join(parts)
+def closing_text(outcome: Outcome) -> Text:
+    """The closing line, its word styled."""
+    word, _, rest = outcome.line.partition(" ")
+    return Text.assemble((word + " ", WORD_STYLE.get(outcome.verdict, "bold yellow")), rest)
 
 
-def parity_lines(pairs: list[dict[str, Any]]) -> list[Text]:
-    """The parity head line and one line per pair that did not pass (regate, status)."""
-    verdict, text = parity_head(pairs)
-    style = {"pass": "bold green", "fail": "bold red"}.get(verdict, "bold yellow")
-    lines = [Text(text, style=style)]
+def parity_lines(pairs: list[Mapping[str, Any]]) -> list[Text]:
+    """The parity part's line and one line per pair that did not pass (regate, status)."""
+    part = parity_part(pairs)
+    if part is None:
+        return []
+    lines = [Text(part.text, style=WORD_STYLE.get(part.verdict, "bold yellow"))]
     for pair in pairs:
-        if pair["verdict"] != "pass":
+        if pair["verdict"] != PASS:
             lines.append(Text(f"  parity {pair['verdict']}: {pair['title']} [{pair['label']}, repeat "
                               f"{pair['repeat']}]: {pair['reason']}"))  # fmt: skip
     return lines
 
 
-def print_closing(outcome: Outcome, points: list[PointVerdict], pairs: list[dict[str, Any]],
-                  resume_hint: bool = True) -> None:  # fmt: skip
-    """The closing verdict: the gates' (orchestrator/run/progress.py's lines, unless all passed), then for a parity
-    campaign the last line joins both: PASS only when every gate and every pair passed. `resume_hint`: failed cells
-    of a retryable class are said to be run again by `mbx campaign resume`."""
-    gates_ok = not outcome.failed and all(p.verdict == "pass" for p in points)
-    if not pairs or not gates_ok:
-        print_outcome(outcome, points, resume_hint)
-    if not pairs:
-        return
-    for cell, note in outcome.warnings if gates_ok else []:
-        console.print(Text(f"  note: {cell.cell_id} [{cell.label}] {note}", style="yellow"))
-    gates_fail = bool(outcome.failed) or any(p.verdict == "fail" for p in points)
-    verdict, text = parity_head(pairs)
-    if verdict == "fail" or gates_fail:
-        head, style = "FAIL ", "bold red"
-    elif verdict == "pass" and gates_ok:
-        head, style = "PASS ", "bold green"
-    else:
-        head, style = "INCONCLUSIVE ", "bold yellow"
-    gates = "every gate passed" if gates_ok else "a gate failed" if gates_fail else "gates inconclusive"
-    done = f"{outcome.completed}/{outcome.total} completed, {len(points)} point(s), {gates}"
-    console.print(Text.assemble((head, style), f"{done}; {text}"), soft_wrap=True)
+def run_outcome(outcome: RunOutcome, points: list[PointVerdict], pairs: list[dict[str, Any]]) -> Outcome:
+    """The outcome of a run (run, resume): every point's verdict, the cells that did not complete, the pairs."""
+    return campaign_outcome([p.verdict for p in points], pairs, completed=outcome.completed, total=outcome.total,
+                            not_completed=len(outcome.failed), skipped=outcome.skipped)  # fmt: skip
+
+
+def print_closing(outcome: RunOutcome, points: list[PointVerdict], pairs: list[dict[str, Any]],
+                  resume_hint: bool = True) -> Outcome:  # fmt: skip
+    """Print the closing line and what stands behind it: cells that did not complete (with `resume_hint`, that
+    `mbx campaign resume` runs the retryable ones again), points that failed or are undecided and why, parity
+    pairs that did not pass. Returns the outcome the exit code comes from."""
+    judged = run_outcome(outcome, points, pairs)
+    for cell, note in outcome.warnings:
+        console.print(Text(f"  note: {cell.cell_id} [{cell.label}] {note}", style="yellow"), soft_wrap=True)
+    console.print(closing_text(judged), soft_wrap=True)
+    for cell, why in outcome.failed:
+        console.print(Text(f"  {cell.cell_id} [{cell.label}] did not complete: {why}"), soft_wrap=True)
+    if outcome.retryable and resume_hint:
+        classes = ", ".join(sorted(set(outcome.retryable)))
+        console.print(Text(f"  {len(outcome.retryable)} of them failed for a reason worth another attempt ({classes}): "
+                           f"once it is fixed, `mbx campaign resume {outcome.campaign}` runs them again"), soft_wrap=True)  # fmt: skip
+    for line in point_lines(points):
+        console.print(line, soft_wrap=True)
     for line in parity_lines(pairs)[1:]:
         console.print(line, soft_wrap=True)
+    return judged
+
+
+def point_lines(points: list[PointVerdict]) -> list[Text]:
+    """One line per point that failed (unless only for cells that did not complete, named above) or is
+    undecided, with why."""
+    lines = []
+    for point in points:
+        if point.verdict == PASS:
+            continue
+        if point.verdict == FAIL:
+            if point.gate is not None and all(c.gate == "completed" for c in point.gate.failed):
+                continue  # its cells that did not complete are named above
+            lines.append(Text(f"  {_point_name(point)} failed: {point.why()}"))
+        else:
+            lines.append(Text(f"  {_point_name(point)} {point.verdict}: {point.why()}"))
+    return lines
+
+
+def _point_name(point: PointVerdict) -> str:
+    """A one-repeat point by its cell id (as the lines above name it), else the point id and its repeats."""
+    if len(point.cells) == 1:
+        return f"{point.cells[0].cell_id} [{point.label}]"
+    return f"point {point.point_id} [{point.label}; {point.finished}/{len(point.cells)} repeats judged]"

@@ -31,6 +31,7 @@ from typing import Any
 from orchestrator.errors import RunError, UsageError
 from orchestrator.judge.compare_config import config_diff, diff_line, point_config
 from orchestrator.judge.golden import load_golden
+from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, exit_code
 from orchestrator.run.baseline import params_key, summary_from_dict
 from orchestrator.run.store import CellRow, Store
 from reports import compare as stats
@@ -59,7 +60,6 @@ METRICS = (
     Metric("final_loss", "final loss", "last_loss", None, True),
 )
 METRIC_NAMES = tuple(m.name for m in METRICS)
-EXIT_SAME, EXIT_WORSE, EXIT_UNKNOWN = 0, 1, 3
 SUSPECT_KEYS = (
     "gpu_name",
     "driver",
@@ -131,10 +131,16 @@ class Comparison:
         return stats.Levels.for_looks(self.looks)
 
     @property
-    def exit_code(self) -> int:
+    def verdict(self) -> str:
+        """fail: a metric DIFFERENT in the bad direction; inconclusive: an UNKNOWN and nothing worse; else pass."""
         if any(p.worse() for p in self.pairs):
-            return EXIT_WORSE
-        return EXIT_UNKNOWN if any(p.unknown() for p in self.pairs) else EXIT_SAME
+            return FAIL
+        return INCONCLUSIVE if any(p.unknown() for p in self.pairs) else PASS
+
+    @property
+    def exit_code(self) -> int:
+        """orchestrator/judge/outcome.py's exit code of the verdict: 0 same, 1 worse, 3 unknown."""
+        return exit_code(self.verdict)
 
 
 def _window_size(store: Store, name: str) -> int:

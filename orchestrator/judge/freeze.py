@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import RunError, UsageError
+from orchestrator.errors import EXIT_INCONCLUSIVE, RunError, UsageError
 from orchestrator.judge.best import (
     Choice,
     choose,
@@ -119,7 +119,7 @@ def infeasible_rejected(store: Store, name: str) -> list[Rejected]:
 class Tied(RunError):
     """The best is a tie that no figure separates: freeze one with --point (exit 3, as an undecided verdict)."""
 
-    exit_code = 3
+    exit_code = EXIT_INCONCLUSIVE
 
 
 def search_of(record: dict[str, Any]) -> Search | None:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.judge.outcome import FAIL, PASS, combine
 from orchestrator.judge.parity_noise import Noise, noise_floors, within_noise
 from orchestrator.run.store import CellRow
 from orchestrator.spec.parity import Pairing, Parity, ParityAxes, Tolerance, pairings, shown
@@ -100,14 +101,13 @@ def judge_pair(
                                max_rel=tol["max_rel"] or 0.0, trend=tol["trend"])  # fmt: skip
         verdict.metrics.append(within_noise(judged, noise.get(metric), sides[0], sides[1]))
     decided = [m for m in verdict.metrics if m.verdict != "n/a"]
-    failed = [m for m in decided if m.verdict == "fail"]
-    undecided = [m for m in decided if m.verdict == "inconclusive"]
-    if failed:
-        verdict.verdict, verdict.reason = "fail", "; ".join(f"{m.metric}: {m.reason}" for m in failed)
-    elif undecided or not decided:
-        verdict.reason = "; ".join(f"{m.metric}: {m.reason}" for m in undecided) or "no metric was recorded"
+    verdict.verdict = combine(m.verdict for m in decided)  # orchestrator/judge/outcome.py's one rule
+    if verdict.verdict == PASS:
+        verdict.reason = f"{len(decided)} metric(s) within tolerance"
     else:
-        verdict.verdict, verdict.reason = "pass", f"{len(decided)} metric(s) within tolerance"
+        wanted = {FAIL} if verdict.verdict == FAIL else {m.verdict for m in decided} - {PASS}
+        shown = [m for m in decided if m.verdict in wanted]
+        verdict.reason = "; ".join(f"{m.metric}: {m.reason}" for m in shown) or "no metric was recorded"
     return verdict
 
 

@@ -1,4 +1,5 @@
-"""What a campaign run shows while it runs: a live progress bar, a line per finished cell, the closing verdict."""
+"""What a campaign run shows while it runs: a live progress bar, a line per finished cell, verdicts that changed
+(the closing lines are orchestrator/judge/closing.py's)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from orchestrator.run.engine import Event, Outcome
-from orchestrator.run.regate import PointVerdict
+from orchestrator.run.engine import Event
 from orchestrator.run.store import CellRow
 
 console = Console(highlight=False, markup=False, emoji=False)
@@ -127,52 +127,9 @@ def _finished_line(cell: CellRow, event: Event) -> Text:
                          (f" — {failed}" if failed else "", "red"))  # fmt: skip
 
 
-
 def print_changes(changes: list[str], title: str) -> None:
     """One line per verdict that changed, under a title line (nothing when nothing changed)."""
     if changes:
         console.print(Text(f"{len(changes)} verdict(s) changed, {title}:", style="yellow"), soft_wrap=True)
     for line in changes:
         console.print(Text(f"  {line}"), soft_wrap=True)
-
-
-def print_outcome(outcome: Outcome, points: list[PointVerdict], resume_hint: bool = True) -> None:
-    """The closing verdict, from the points' verdicts (all repeats of each): PASS only when every point
-    passed; INCONCLUSIVE (never PASS) names the undecided points and why; FAIL names what failed (and, with
-    `resume_hint`, that `mbx campaign resume` runs the ones that failed for a retryable reason again)."""
-    done = f"{outcome.completed}/{outcome.total} completed"
-    if outcome.skipped:
-        done += f" ({outcome.skipped} skipped: already completed)"
-    for cell, note in outcome.warnings:
-        console.print(Text(f"  note: {cell.cell_id} [{cell.label}] {note}", style="yellow"))
-    failed = [p for p in points if p.verdict == "fail"]
-    undecided = [p for p in points if p.verdict not in ("pass", "fail")]
-    count = f"{len(points)} point(s)"
-    if not outcome.failed and not failed and not undecided:
-        console.print(Text.assemble(("PASS ", "bold green"), f"{done}, {count}, every gate passed"))
-        return
-    if outcome.failed or failed:
-        console.print(Text.assemble(("FAIL ", "bold red"), f"{done}, {count}: {len(failed)} failed"
-                                    + (f", {len(undecided)} inconclusive" if undecided else "")), soft_wrap=True)  # fmt: skip
-    else:
-        console.print(Text.assemble(("INCONCLUSIVE ", "bold yellow"), f"{done}, {count}: no gate failed, "
-                                    f"{len(undecided)} undecided (exit 3; --inconclusive-ok accepts it)"), soft_wrap=True)  # fmt: skip
-    for cell, why in outcome.failed:
-        console.print(Text(f"  {cell.cell_id} [{cell.label}] did not complete: {why}"), soft_wrap=True)
-    if outcome.retryable and resume_hint:
-        classes = ", ".join(sorted(set(outcome.retryable)))
-        console.print(Text(f"  {len(outcome.retryable)} of them failed for a reason worth another attempt ({classes}): "
-                           f"once it is fixed, `mbx campaign resume {outcome.campaign}` runs them again"), soft_wrap=True)  # fmt: skip
-    for point in failed:
-        if point.gate is not None and all(c.gate == "completed" for c in point.gate.failed):
-            continue  # its cells that did not complete are named above
-        console.print(Text(f"  {_point_name(point)} failed: {point.why()}"), soft_wrap=True)
-    for point in undecided:
-        console.print(Text(f"  {_point_name(point)} {point.verdict}: {point.why()}"), soft_wrap=True)
-
-
-def _point_name(point: PointVerdict) -> str:
-    """A one-repeat point by its cell id (as the lines above name it), else the point id and its repeats."""
-    if len(point.cells) == 1:
-        return f"{point.cells[0].cell_id} [{point.label}]"
-    return f"point {point.point_id} [{point.label}; {point.finished}/{len(point.cells)} repeats judged]"

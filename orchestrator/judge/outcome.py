@@ -1,0 +1,195 @@
+"""The one owner of an outcome: gates, parity pairs and a search's answer (and the verdicts of compare, bisect, a
+card check, freeze and ingest) → PASS / FAIL / INCONCLUSIVE, the closing line that says it and the exit code.
+
+Every command that judges goes through `combine` and `exit_code` (the exit codes are orchestrator/errors.py's
+one table, README's); a campaign's outcome (`campaign_outcome`) is what run, resume, regate, status, the report
+page, summary.md and the W&B summary all say, in the same word. Inconclusive is never a pass: it exits 3, or 0
+with `--inconclusive-ok`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE)
+ACCEPT_HINT = "exit 3; --inconclusive-ok accepts it"
+
+
+def combine(verdicts: Iterable[str]) -> str:
+    """FAIL when any verdict failed; PASS when there is at least one and every one passed; else INCONCLUSIVE
+    (an undecided verdict, one not judged yet, or nothing judged at all)."""
+    seen = list(verdicts)
+    if FAIL in seen:
+        return FAIL
+    return PASS if seen and all(v == PASS for v in seen) else INCONCLUSIVE
+
+
+def exit_code(verdict: str, inconclusive_ok: bool = False) -> int:
+    """0 pass, 1 fail, 3 anything else (inconclusive), or 0 for it with `inconclusive_ok`."""
+    if verdict == PASS:
+        return EXIT_PASS
+    if verdict == FAIL:
+        return EXIT_FAIL
+    return EXIT_PASS if inconclusive_ok else EXIT_INCONCLUSIVE
+
+
+@dataclass(frozen=True)
+class Part:
+    """One thing an outcome rests on (the gates, the parity pairs, a search's answer): its verdict, the text that
+    says it, and a shorter text for when the whole outcome passed ("every gate passed")."""
+
+    name: str
+    verdict: str
+    text: str
+    brief: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """An outcome: what ran (`head`) and the parts it rests on; its verdict is theirs combined."""
+
+    head: str
+    parts: tuple[Part, ...]
+
+    @property
+    def verdict(self) -> str:
+        return combine(p.verdict for p in self.parts)
+
+    @property
+    def word(self) -> str:
+        return self.verdict.upper()
+
+    def exit_code(self, inconclusive_ok: bool = False) -> int:
+        return exit_code(self.verdict, inconclusive_ok)
+
+    @property
+    def line(self) -> str:
+        """`WORD head, parts`: failed parts first, then undecided, then passed ones; an inconclusive outcome says
+        how it exits. A part that passed says so briefly only when everything passed (a failed parity check
+        is never beside "every gate passed")."""
+        rank = {FAIL: 0, INCONCLUSIVE: 1, PASS: 2}
+        parts = sorted(self.parts, key=lambda p: rank.get(p.verdict, 1))
+        passed = self.verdict == PASS
+        texts = [(p.brief or p.text) if passed else p.text for p in parts]
+        tail = f" ({ACCEPT_HINT})" if self.verdict == INCONCLUSIVE else ""
+        return f"{self.word} {', '.join(filter(None, [self.head, '; '.join(texts)]))}{tail}"
+
+    def to_dict(self, inconclusive_ok: bool = False) -> dict[str, Any]:
+        """What `--json` closings, status and the W&B summary carry."""
+        return {"verdict": self.verdict, "closing": self.line, "exit_code": self.exit_code(inconclusive_ok),
+                "parts": {p.name: {"verdict": p.verdict, "text": p.text} for p in self.parts}}  # fmt: skip
+
+
+# ---- the parts ---------------------------------------------------------------------------------------------
+def _counts(verdicts: list[str]) -> str:
+    """'1 failed, 2 passed, 1 inconclusive, 1 not judged yet'."""
+    words = {FAIL: "failed", PASS: "passed", INCONCLUSIVE: "inconclusive"}
+    counted = Counter(v if v in words else "none" for v in verdicts)
+    order = [(FAIL, "failed"), (PASS, "passed"), (INCONCLUSIVE, "inconclusive"), ("none", "not judged yet")]
+    return ", ".join(f"{counted[v]} {word}" for v, word in order if counted[v])
+
+
+def gates_part(point_verdicts: list[str], not_completed: int = 0) -> Part:
+    """The gates' part from every point's verdict (all its repeats); a cell that did not complete fails it."""
+    verdict = FAIL if not_completed else combine(point_verdicts)
+    n = len(point_verdicts)
+    if verdict == PASS:
+        return Part("gates", PASS, f"gates PASS: {n} of {n} point(s) passed", "every gate passed")
+    cells = f", {not_completed} cell(s) did not complete" if not_completed else ""
+    if verdict == FAIL:
+        return Part("gates", FAIL, f"gates FAIL: {_counts(point_verdicts) or 'no point judged'}{cells}")
+    if not point_verdicts:
+        return Part("gates", INCONCLUSIVE, "gates INCONCLUSIVE: no point was judged")
+    undecided = sum(v != PASS for v in point_verdicts)
+    return Part("gates", INCONCLUSIVE, f"gates INCONCLUSIVE: no gate failed, {undecided} point(s) undecided")
+
+
+def parity_part(pairs: list[Mapping[str, Any]]) -> Part | None:
+    """The parity pairs' part (None without pairs): fail when one failed, pass when all passed, else
+    inconclusive; the text counts them ("parity FAIL: 1 of 2 pair(s) failed, 1 passed")."""
+    if not pairs:
+        return None
+    verdicts = [str(p.get("verdict")) for p in pairs]
+    failed, passed = verdicts.count(FAIL), verdicts.count(PASS)
+    verdict = combine(verdicts)
+    parts = [f"{failed} of {len(pairs)} pair(s) failed" if failed else f"{passed} of {len(pairs)} pair(s) passed"]
+    if failed and passed:
+        parts.append(f"{passed} passed")
+    if len(pairs) - failed - passed:
+        parts.append(f"{len(pairs) - failed - passed} inconclusive")
+    return Part("parity", verdict, f"parity {verdict.upper()}: " + ", ".join(parts))
+
+
+def search_part(found: bool, tie: bool, how: str, stop_reason: str | None, failed: int) -> Part:
+    """A search's answer: a best point passes; a tie no figure separates is undecided, and so is a budget spent
+    before a best with nothing failed (more budget may find one); no best point otherwise fails."""
+    if found:
+        return Part("search", PASS, "search PASS: a best point was found")
+    if tie:
+        return Part("search", INCONCLUSIVE, f"search INCONCLUSIVE: a tie, {how}")
+    if stop_reason and not failed:
+        return Part("search", INCONCLUSIVE, f"search INCONCLUSIVE: {stop_reason} before a best point ({how}); "
+                                            "no trial failed")  # fmt: skip
+    why = f"; {failed} trial(s) failed" if failed else ""
+    return Part("search", FAIL, f"search FAIL: no best point: {how}{why}")
+
+
+# ---- a campaign --------------------------------------------------------------------------------------------
+def campaign_outcome(point_verdicts: list[str], pairs: list[Mapping[str, Any]], *, completed: int | None = None,
+                     total: int | None = None, not_completed: int = 0, skipped: int = 0) -> Outcome:  # fmt: skip
+    """A campaign's outcome: its gates (every point's verdict; `not_completed` cells fail them) and its parity
+    pairs, after `completed` of `total` cells completed (`skipped` of them already before this run; not said
+    when None: a re-judging, which runs nothing)."""
+    head = ""
+    if completed is not None and total is not None:
+        head = f"{completed}/{total} completed" + (f" ({skipped} skipped: already completed)" if skipped else "")
+        head += ", "
+    head += f"{len(point_verdicts)} point(s)"
+    parity = parity_part(pairs)
+    parts = (gates_part(point_verdicts, not_completed), *([parity] if parity else []))
+    return Outcome(head, parts)
+
+
+def view_outcome(view: Any, trials: list[Mapping[str, Any]] | None = None) -> Outcome:
+    """The outcome of a campaign as a report view holds it (reports.views.CampaignView: its points' verdicts
+    and its parity pairs, judged in memory), or of a search as its trial rows store it: what status, the report
+    page and summary.md say."""
+    searched = stored_search_outcome(trials or [])
+    if searched is not None:
+        return searched
+    completed = sum(c.state == "completed" for c in view.cells)
+    return campaign_outcome([p.verdict for p in view.points], view.parity, completed=completed, total=len(view.cells))
+
+
+SEARCH_OUTCOME = "search_outcome"  # the key under which each stored trial row keeps its search's outcome
+
+
+def stored_search_outcome(trials: list[Mapping[str, Any]]) -> Outcome | None:
+    """A search's outcome as its trial rows keep it (orchestrator/flow/search_run.py writes it when the search
+    ends); a search that has not ended is inconclusive; None for a campaign that is not a search."""
+    if not trials:
+        return None
+    kept = next((r[SEARCH_OUTCOME] for r in trials if isinstance(r.get(SEARCH_OUTCOME), Mapping)), None)
+    if kept is not None:
+        return Outcome(str(kept.get("head", "")), (Part("search", str(kept.get("verdict")), str(kept.get("text"))),))
+    count = len({r.get("trial") for r in trials})
+    part = Part("search", INCONCLUSIVE, "search INCONCLUSIVE: the search has not ended (`mbx campaign resume` "
+                                        "goes on with it)")  # fmt: skip
+    return Outcome(f"search: {count} trial(s)", (part,))
+
+
+def parity_failures(pairs: list[Mapping[str, Any]]) -> dict[str, str]:
+    """Cell id → why, for the cells on the changed ("on") side of a failed parity pair: the side that did not
+    train the same as its reference. Such a point is never the best (the report, freeze)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if pair.get("verdict") == FAIL and pair.get("on_cell"):
+            out.setdefault(str(pair["on_cell"]), f"parity FAIL {pair.get('title')} [{pair.get('label')}]: "
+                                                 f"{pair.get('reason')}")  # fmt: skip
+    return out
