@@ -105,6 +105,12 @@ SIGNATURES: tuple[Signature, ...] = (
         if_incomplete=True,
     ),
     _sig(
+        "bad command: its program or script was not found",
+        "config",
+        (b"can't open file", b"cannot start '", b"command not found"),
+        rb"can't open file|cannot start '[^'\n]*': No such file|: command not found",
+    ),
+    _sig(
         "command-line error",
         "config",
         b": error: ",

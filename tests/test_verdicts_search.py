@@ -91,7 +91,7 @@ def test_the_h200_search_its_report_status_and_freeze_name_one_full_length_best(
     points = expand(campaign, H200_TEMPLATE, None)
     found = run_search(workspace, campaign, points, H200_TEMPLATE, make_report=True, runner=replay(figures))
     best = found.best.evidence
-    assert best is not None and found.exit_code == 0
+    assert best is not None and found.exit_code() == 0 and found.outcome().verdict == "pass"
     assert best.steps == 40  # a full-length trial, not a 5-step first-rung run that looked faster
     label = best.candidate.label
     assert label == "micro_batch_size=16, cross_entropy=fused, recompute=none"  # ahead by its whole interval

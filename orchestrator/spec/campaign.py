@@ -58,7 +58,9 @@ class CommandTrainer(_Strict):
         ...,
         min_length=1,
         description=(
-            "argv template, never run by a shell, e.g. [python, pretrain_gpt.py]. `{name}` placeholders take "
+            "argv template, never run by a shell, e.g. [python, ./pretrain_gpt.py]: an element that starts with "
+            "./ or ../ is a path relative to the campaign file's folder (the trainer runs in its run directory). "
+            "`{name}` placeholders take "
             "params (`{params.name}`), resources ({nodes}, {gpus_per_node}, {world_size}), `{env.NAME}`, "
             "{campaign}, {campaign_dir}, and per attempt {run_dir}, {log_dir}, {cell_id}, {attempt}; a whole "
             "element `{params}` marks where the rendered params go (default: the end); `{{`/`}}` are literal braces."

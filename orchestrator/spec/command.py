@@ -356,6 +356,17 @@ def command_argv(
     return [*head_argv, *map(_brace_escape, rendered), *tail_argv]
 
 
+RELATIVE_PREFIXES = ("./", "../")  # an argv element that starts so is a path relative to the campaign file
+
+
+def resolve_relative(argv: list[str], campaign_file: Path | None) -> list[str]:
+    """`argv` with every element that starts with ./ or ../ (`[python, ./train.py]`) made absolute against the
+    campaign file's folder (else the current directory): a trainer runs in its run directory, where the path
+    as written would name nothing. The campaign (and a card's copy of it) keeps the path as written."""
+    root = campaign_file.parent.resolve() if campaign_file else Path.cwd()
+    return [str(root / item) if item.startswith(RELATIVE_PREFIXES) else item for item in argv]
+
+
 def resolve_point(
     campaign: Campaign,
     assignment: dict[str, Any],
@@ -372,7 +383,8 @@ def resolve_point(
         resources = Resources.model_validate(resources_doc)
         res = resources.model_dump(mode="json")
         res["world_size"] = resources.nodes * resources.gpus_per_node
-        argv = command_argv(campaign, params, res, env, campaign_file)
+        written = command_argv(campaign, params, res, env, campaign_file)
+        argv = resolve_relative(written, campaign_file)
     except TemplateError as err:
         raise PointProblems([f"{where}{err}"]) from None
     except ValidationError as err:
@@ -388,7 +400,7 @@ def resolve_point(
     }
     identity = {
         "trainer": "command",
-        "argv": argv,
+        "argv": written,  # as written (relative paths kept): the point's id does not depend on where the file is
         "env": software.identity_env(env),
         "resources": resources.model_dump(mode="json", exclude_defaults=True),
     }
