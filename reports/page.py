@@ -81,10 +81,21 @@ EAGER_ROWS = 100  # table rows laid out with the page; the rest join it from a <
 CURVE_CELLS_MAX = 20  # cells drawn in the index's per-step figures (every cell's curves are on its own page)
 
 
-def _axis_figures(view: CampaignView, best: PointView | None, text: Any = None) -> list[dict[str, Any]]:
+def _axis_figures(view: CampaignView, best: PointView | None, lengths: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """TFLOP/s/GPU against each swept axis (discrete knobs as categories); one marker per cell (repeats
-    separate), grouped by their point's verdict."""
+    separate), grouped by their point's verdict; a search's trials (`lengths`: point id → run length) each say
+    their run length, shorter runs as open markers."""
     verdicts = {c.cell_id: p.verdict for p in view.points for c in p.repeats}
+    full = max(lengths.values(), default=0) if lengths else 0
+
+    def steps(cell: CellView) -> str:
+        n = (lengths or {}).get(cell.point_id)
+        return "" if n is None else f" · {n} steps" + (" (full length)" if n == full else "")
+
+    def symbol(cell: CellView) -> str:
+        n = (lengths or {}).get(cell.point_id)
+        return "circle" if n is None or n == full else "circle-open"
+
     measured = [c for c in view.cells if c.summary is not None and finite(c.summary.tflops_per_gpu)]
     if not measured:
         return []
@@ -104,9 +115,10 @@ def _axis_figures(view: CampaignView, best: PointView | None, text: Any = None) 
             elif members:
                 data.append({"type": "scatter", "mode": "markers", "name": verdict, "x": [xs[i] for i in members],
                              "y": [measured[i].summary.tflops_per_gpu for i in members],  # type: ignore[union-attr]
-                             "marker": {"size": 11, "color": _VERDICT_COLOURS[verdict], "opacity": 0.85},
-                             "text": [f"{t(measured[i].cell_id)} (repeat {measured[i].repeat})<br>{t(measured[i].label)}"
-                                      for i in members],
+                             "marker": {"size": 11, "color": _VERDICT_COLOURS[verdict], "opacity": 0.85,
+                                        "symbol": [symbol(measured[i]) for i in members]},
+                             "text": [f"{t(measured[i].cell_id)} (repeat {measured[i].repeat}{steps(measured[i])})<br>"
+                                      f"{t(measured[i].label)}" for i in members],
                              "hovertemplate": "%{text}<br>%{y:.1f} TFLOP/s/GPU<extra>%{fullData.name}</extra>"})  # fmt: skip
         stars = [i for i, c in enumerate(measured) if best is not None and c in best.repeats]
         if stars:
@@ -280,12 +292,15 @@ def index_context(view: CampaignView, extras: SiteExtras, hrefs: dict[str, str])
         p.point_id: knob_label(p.repeats[0], view.axes, fmt_param).split(" (repeat")[0] for p in view.points
     }
     scope = search_scope(extras)
-    figured = view if scope is None else searched(view, scope.shown)
+    figured = view if scope is None else searched(view, scope.shown)  # judged on one figure: full length only
+    every = view if scope is None else searched(view, frozenset(scope.lengths))  # the search's plots: every trial
     shown = index_cells(figured, best)
     grad = grad_norm_figure(shown, names, spike_marks(view))
     curves = site_figures.curves(shown, names)
     curves[2:2] = [grad] if grad is not None else []
-    pareto = site_figures.pareto(figured.points, point_names, best, None if scope is None else scope.front)
+    pareto = site_figures.pareto(every.points, point_names, best, None if scope is None else scope.front,
+                                 None if scope is None else scope.lengths,
+                                 frozenset() if scope is None else scope.memory_front)  # fmt: skip
     heat = site_figures.heatmap_data(figured.points, view.axes, fmt_param)
     point_hrefs = {p.point_id: hrefs[p.repeats[0].cell_id] for p in view.points if p.repeats[0].cell_id in hrefs}
     known = {p.point_id for p in view.points}
@@ -298,7 +313,8 @@ def index_context(view: CampaignView, extras: SiteExtras, hrefs: dict[str, str])
         "rows": list(row_of.values()), "best": row_of.get(best.point_id) if best is not None else None,
         "completed": sum(1 for c in view.cells if c.state == "completed"),
         "states": _counts([c.state for c in view.cells]), "verdicts": _counts([p.verdict for p in view.points]),
-        "axis_figures": _axis_figures(figured, best), "curve_figures": curves, "scope": scope,
+        "axis_figures": _axis_figures(every, best, None if scope is None else scope.lengths),
+        "curve_figures": curves, "scope": scope,
         "curve_note": curve_note(view, figured, shown),
         "heatmap": heat,
         "heatmap_json": site_figures.safe_json(heat) if heat else "",

@@ -74,25 +74,34 @@ LEFT_OUT = ("excluded", "failed", "infeasible")  # trial states that never enter
 
 @dataclass(frozen=True)
 class SearchScope:
-    """The points a search's figures show: its completed full-length trials that could win (as its best and its
-    Pareto front are picked, orchestrator/judge/best.py), and those on its front (None: not recorded)."""
+    """What a search's figures show. Its plots draw every trial with its run length (`lengths`); what is judged
+    on one figure (the heatmap, the per-step curves) draws the completed full-length trials that could win
+    (`shown`, as its best and its Pareto front are picked, orchestrator/judge/best.py); `front` is its recorded
+    Pareto front (None: not recorded) and `memory_front` the points that stopped at a shorter run but are on it
+    for memory (their objective is a shorter run's)."""
 
     shown: frozenset[str]
     front: frozenset[str] | None
+    lengths: dict[str, int] = field(default_factory=dict)  # point id → run length, every trial that ran
+    full: int = 0
+    memory_front: frozenset[str] = frozenset()
 
 
 def search_scope(extras: SiteExtras) -> SearchScope | None:
     """None when the campaign is not a search. Full length is the longest run of its trials (a halving's last
     rung); shorter rungs' runs, the base recipe run as the loss reference and trials a constraint excluded are
-    left out, as are the points the verdicts rejected as no trial result."""
+    left out of `shown`, as are the points the verdicts rejected as no trial result."""
     rows = [r for r in extras.trials if r.get("point_id")]
     full = max((r["steps"] for r in extras.trials if isinstance(r.get("steps"), int)), default=None)
     if full is None:
         return None
     off = {r["point_id"] for r in extras.rejected if r.get("kind") in NOT_CANDIDATES}
     shown = {r["point_id"] for r in rows if r.get("steps") == full and r.get("state") not in LEFT_OUT} - off
-    front = {r["point_id"] for r in rows if r.get("pareto")} & shown
-    return SearchScope(frozenset(shown), frozenset(front) if front else None)
+    front = {r["point_id"] for r in rows if r.get("pareto") and r.get("pareto_by") != "memory"} & shown
+    reference = {r["point_id"] for r in extras.rejected if r.get("kind") == "reference"}
+    lengths = {r["point_id"]: int(r["steps"]) for r in rows if r["point_id"] not in reference}
+    low = frozenset(r["point_id"] for r in rows if r.get("pareto_by") == "memory")
+    return SearchScope(frozenset(shown), frozenset(front) if front else None, lengths, full, low)
 
 
 # ---------------------------------------------------------------- baseline deltas

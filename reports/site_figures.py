@@ -265,30 +265,37 @@ def frontier(pairs: list[tuple[float, float]]) -> list[int]:
     return kept
 
 
-def pareto(points: list[PointView], names: dict[str, str], best: PointView | None,
-           front: set[str] | None = None) -> dict[str, Any] | None:  # fmt: skip
+def pareto(points: list[PointView], names: dict[str, str], best: PointView | None, front: set[str] | None = None,
+           lengths: dict[str, int] | None = None, memory_front: frozenset[str] = frozenset()) -> dict[str, Any] | None:  # fmt: skip
     """TFLOP/s/GPU against peak memory per point, the frontier drawn through the non-dominated points (`front`:
-    the point ids a search put on its Pareto front, used as they are: one notion, orchestrator/judge/best.py's)."""
+    the point ids a search put on its Pareto front, used as they are: one notion, orchestrator/judge/best.py's).
+    A search (`lengths`: point id → run length) draws every trial, one trace per run length, and marks the points
+    on its front for memory from a shorter run (`memory_front`) apart from the frontier of full-length ones."""
     rows = [(p, point_memory(p), p.mean("tflops_per_gpu")) for p in points if p.completed]
     rows = [(p, m, v) for p, m, v in rows if m[0] is not None and finite(v)]
     if not rows:
         return None
     pairs = [(m[0], float(v)) for _, m, v in rows]  # type: ignore[misc]
-    if front is None:
+    if front is None and lengths is None:
         kept = frontier(pairs)  # type: ignore[arg-type]
     else:
-        kept = sorted((i for i, (p, _, _) in enumerate(rows) if p.point_id in front), key=lambda i: pairs[i][0])
+        kept = sorted((i for i, (p, _, _) in enumerate(rows) if p.point_id in (front or set())),
+                      key=lambda i: pairs[i][0])  # fmt: skip
     rss = any(m[1] == "rss" for _, m, _ in rows)
     label = [t(names.get(p.point_id, p.label)) for p, _, _ in rows]
-    data = [
-        {"type": "scatter", "mode": "markers", "name": "points", "x": [x for x, _ in pairs], "y": [y for _, y in pairs],
-         "text": label, "marker": {"size": 10, "color": "#1f77b4", "opacity": 0.8},
-         "hovertemplate": "%{text}<br>%{x:.3g} GiB, %{y:.4g} TFLOP/s/GPU<extra></extra>"},
+    data = _length_traces(rows, pairs, label, lengths) + [
         {"type": "scatter", "mode": "lines+markers", "name": f"frontier ({len(kept)})", "line": {"shape": "hv", "color": "#d62728"},
          "x": [pairs[i][0] for i in kept], "y": [pairs[i][1] for i in kept], "text": [label[i] for i in kept],
          "marker": {"size": 12, "symbol": "diamond-open", "color": "#d62728"},
          "hovertemplate": "%{text}<extra>frontier</extra>"},
     ]  # fmt: skip
+    low = [i for i, (p, _, _) in enumerate(rows) if p.point_id in memory_front]
+    if low:
+        data.append({"type": "scatter", "mode": "markers", "name": "front for memory (shorter run)",
+                     "x": [pairs[i][0] for i in low], "y": [pairs[i][1] for i in low], "text": [label[i] for i in low],
+                     "marker": {"size": 13, "symbol": "triangle-left-open", "color": "#d62728"},
+                     "hovertemplate": "%{text}<br>on the front for memory; its TFLOP/s is from a shorter run"
+                                      "<extra></extra>"})  # fmt: skip
     if best is not None and any(p is best for p, _, _ in rows):
         i = next(i for i, (p, _, _) in enumerate(rows) if p is best)
         data.append({"type": "scatter", "mode": "markers", "name": "best", "x": [pairs[i][0]], "y": [pairs[i][1]],
@@ -297,3 +304,25 @@ def pareto(points: list[PointView], names: dict[str, str], best: PointView | Non
     title = "TFLOP/s/GPU vs peak memory (Pareto frontier)"
     fig = figure("fig-pareto", title, data, layout(title, xtitle, "TFLOP/s/GPU"), frontier=len(kept))
     return {**fig, "points": [p.point_id for p, _, _ in rows], "front": [rows[i][0].point_id for i in kept]}
+
+
+def length_name(steps: int, full: int) -> str:
+    """A search trace's name: its run length ('40 steps (full length)', '5 steps')."""
+    return f"{steps} steps" + (" (full length)" if steps == full else "")
+
+
+def _length_traces(rows: list[Any], pairs: list[tuple[float, float]], label: list[str],
+                   lengths: dict[str, int] | None) -> list[dict[str, Any]]:  # fmt: skip
+    """The points as one trace ('points'), or a search's as one trace per run length, longest first."""
+    groups: dict[str, list[int]] = {}
+    full = max(lengths.values(), default=0) if lengths else 0
+    for i, (p, _, _) in enumerate(rows):
+        name = length_name(lengths[p.point_id], full) if lengths and p.point_id in lengths else "points"
+        groups.setdefault(name, []).append(i)
+    order = sorted(groups, key=lambda n: -int(n.split()[0]) if n[0].isdigit() else 0)
+    return [{"type": "scatter", "mode": "markers", "name": name, "x": [pairs[i][0] for i in groups[name]],
+             "y": [pairs[i][1] for i in groups[name]], "text": [label[i] for i in groups[name]],
+             "marker": {"size": 10, "color": "#1f77b4" if k == 0 else PALETTE[(k + 1) % len(PALETTE)],
+                        "opacity": 0.8, "symbol": "circle" if k == 0 else "circle-open"},
+             "hovertemplate": "%{text}<br>%{x:.3g} GiB, %{y:.4g} TFLOP/s/GPU<extra>%{fullData.name}</extra>"}
+            for k, name in enumerate(order)]  # fmt: skip

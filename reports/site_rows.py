@@ -122,7 +122,7 @@ OBJECTIVES = {"tflops_per_gpu": ("TFLOP/s/GPU", 1), "step_time_ms": ("step ms", 
               "tokens_per_s_per_gpu": ("tokens/s/GPU", 0)}  # fmt: skip
 SHOWN_ELSEWHERE = {"key", "label", "params", "method", "objective_metric", "cell_ids", "best", "pareto", "decision",
                    "point_id", "objective", "peak_gib", "loss", "cost_steps", "gpu_hours", "verdict", "reason",
-                   "trial", "rung", "steps", "state"}  # fmt: skip
+                   "trial", "rung", "steps", "state", "pareto_by", "search_outcome"}  # fmt: skip
 
 
 def _cell(col: str, text: str, raw: Any = None, num: bool = False, **more: Any) -> dict[str, Any]:
@@ -153,7 +153,8 @@ def trial_table(rows: list[dict[str, Any]], hrefs: dict[str, str]) -> dict[str, 
     out = []
     for r in rows:
         params, point = r.get("params") or {}, r.get("point_id")
-        marks = (["★ best"] if r.get("best") else []) + (["Pareto"] if r.get("pareto") else [])
+        front = ("Pareto (memory, shorter run)" if r.get("pareto_by") == "memory" else "Pareto") if r.get("pareto") else ""
+        marks = (["★ best"] if r.get("best") else []) + ([front] if front else [])
         cells = [_cell("trial", str(r.get("trial", DASH)), r.get("trial"), num=True),
                  _cell("rung", str(r.get("rung", DASH)), r.get("rung"), num=True),
                  _cell("steps", str(r.get("steps", DASH)), r.get("steps"), num=True),

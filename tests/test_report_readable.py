@@ -1,7 +1,7 @@
 """Issue 23: report pages readable at a glance, measured in real headless Chromium (tests/chromium_cdp.py, no
 virtual-time budget: each page is read once it says it has drawn every figure). Titles fit their figure, legends
 lie off the plot areas, one y quantity per axis, a parity pair's tolerance band drawn and its eval steps marked,
-the search's trials a formatted table and its Pareto figure only its full-length trials; screenshots non-blank.
+the search's trials a formatted table and its plots every trial with its run length; screenshots non-blank.
 
 Built once per module: the seed-003 H200 search replayed from its recorded figures through the real search, store,
 freeze and report (tests/test_verdicts_search.py's `replay`), and a parity site from pairs the real judge compared
@@ -190,20 +190,28 @@ def test_search_trials_are_a_formatted_table(pages: dict[str, Any]) -> None:
     assert point.startswith(pages["best"].point.point_id) and "★ best" in point
 
 
-def test_pareto_shows_only_the_searchs_full_length_trials(pages: dict[str, Any]) -> None:
-    """The first rungs' 5- and 15-step runs read ~4% faster; the figure draws the 40-step trials that could win,
-    its frontier the front the search recorded."""
+def test_the_search_plots_draw_every_trial_with_its_length(pages: dict[str, Any]) -> None:
+    """The first rungs' 5- and 15-step runs read ~4% faster: each run length is its own trace, named by its length,
+    so a short run is never read as a full-length one; the frontier is the front the search recorded from its
+    40-step trials, and the points that stopped early but are on the front for memory are marked apart (issue 31)."""
     finals = [r for r in pages["trials"] if r["steps"] == 40 and r["state"] == "completed"]
     shorter = [r for r in pages["trials"] if r["steps"] < 40 and r["objective"] is not None]
     assert finals and shorter
     (fig,) = [f for f in pages["search"]["figures"] if f["id"] == "fig-pareto"]
-    points = next(t for t in fig["traces"] if t["name"] == "points")
-    assert sorted(points["y"]) == pytest.approx(sorted(r["objective"] for r in finals))
+    traces = {t["name"]: t for t in fig["traces"]}
+    assert sorted(traces["40 steps (full length)"]["y"]) == pytest.approx(sorted(r["objective"] for r in finals))
+    for steps in (5, 15):
+        drawn = sorted(traces[f"{steps} steps"]["y"])
+        assert drawn == pytest.approx(sorted(r["objective"] for r in shorter if r["steps"] == steps)), steps
     front = next(t for t in fig["traces"] if t["name"].startswith("frontier"))
     assert sorted(front["y"]) == pytest.approx(sorted(r["objective"] for r in finals if r["pareto"]))
+    low = [r for r in pages["trials"] if r.get("pareto_by") == "memory"]
+    assert low and all(r["steps"] < 40 and r["pareto"] for r in low)
+    assert sorted(traces["front for memory (shorter run)"]["y"]) == pytest.approx(sorted(r["objective"] for r in low))
+    everything = sorted(r["objective"] for r in pages["trials"] if r["objective"] is not None)
     for axis_fig in (f for f in pages["search"]["figures"] if f["id"].startswith("fig-axis-")):
         drawn = sorted(y for t in axis_fig["traces"] if t["name"] != "best" for y in t["y"])
-        assert drawn == pytest.approx(sorted(r["objective"] for r in finals)), axis_fig["id"]
+        assert drawn == pytest.approx(everything), axis_fig["id"]
 
 
 def test_per_step_loss_marks_the_eval_steps(pages: dict[str, Any]) -> None:

@@ -304,10 +304,11 @@ def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Reg
 def run_points(workspace: Path, campaign: Campaign, points: list[Point], file: Path | None, *,
                make_report: bool = True, dry_run: bool = False, **options: Any) -> Finished:  # fmt: skip
     """`prepare_points` then `execute` (or `render` for a dry run): a search's rung, a bisect's batch of
-    versions. `options`: Options' launcher, parallel, gpu, strict, log_wandb."""
+    versions, judged without a closing line of its own (the search or the bisect says the outcome once, at its
+    end). `options`: Options' launcher, parallel, gpu, strict, log_wandb."""
     opts = Options(workspace, make_report=make_report, resume_hint=False, **options)
     plan = prepare_points(campaign, points, file, opts)
-    return render(plan) if dry_run else execute(plan)
+    return render(plan) if dry_run else execute(plan, closing=False)
 
 
 class WandbLogger:

@@ -27,6 +27,7 @@ from typing import Any
 from rich.text import Text
 
 from orchestrator.errors import EXIT_PASS, MbxError
+from orchestrator.flow.lifecycle import log_outcome
 from orchestrator.flow.runner import write_report
 from orchestrator.flow.search_evaluators import CampaignEvaluator, DryRunEvaluator, FirstBatchShown, console
 from orchestrator.flow.search_strategies import product_space, run_strategy
@@ -183,6 +184,8 @@ def finish(workspace: Path, campaign: Campaign, evaluator: CampaignEvaluator, fi
             console.print(Text(f"report: {write_report(workspace, view, None, judged)}"))
         except MbxError as err:
             console.print(Text(f"warning: {err}"), soft_wrap=True)
+    if evaluator.options.get("log_wandb", True) and campaign.wandb.mode != "disabled":
+        log_outcome(workspace, campaign, judged)
     for line in outcome_lines(finished):
         console.print(Text(line), soft_wrap=True)
     console.print(closing_text(judged), soft_wrap=True)
@@ -205,11 +208,14 @@ def outcome_lines(finished: SearchFinished) -> list[str]:
         lines.append(
             f"BEST [{e.candidate.label}] {ledger.search.objective} {value:.4g} at {e.steps} steps: {best.how}"
         )
-    if not best.pareto:
+    if not best.pareto and not best.memory_front:
         return lines
     front = "; ".join(f"[{p.candidate.label}] {mean_of(p.point, ledger.search.objective) or 0:.4g} / "
                       f"{memory_of(p.point) or 0:.3g} GiB" for p in best.pareto)  # fmt: skip
-    lines.append(f"Pareto front ({ledger.search.objective} vs peak memory): {front}")
+    low = "; ".join(f"[{p.candidate.label}] {memory_of(p.point) or 0:.3g} GiB (stopped at {p.steps} steps)"
+                    for p in best.memory_front)  # fmt: skip
+    lines.append(f"Pareto front ({ledger.search.objective} vs peak memory): {front or 'no full-length point'}"
+                 + (f"; for memory, from shorter runs: {low}" if low else ""))  # fmt: skip
     return lines
 
 

@@ -14,6 +14,7 @@ from orchestrator.judge.search_rank import (
     candidate_key,
     exclusion,
     mean_of,
+    memory_front,
     metric_of,
     pick,
     rank,
@@ -44,6 +45,7 @@ class Found:
 
     final: list[Evidence] = field(default_factory=list)
     bases: dict[int, Evidence | None] = field(default_factory=dict)
+    runs: list[Evidence] = field(default_factory=list)  # every candidate run, at every run length
 
 
 def wants_base(search: Search) -> bool:
@@ -59,6 +61,7 @@ def run_batch(evaluator: Evaluator, batch: list[Candidate], steps: int, rung: in
         found.bases[steps] = base_evidence
     ran = [evidences[c.key] for c in batch]
     ledger.spend([*ran, *([base_evidence] if base_evidence else [])], rung)
+    found.runs += ran
     return ran
 
 
@@ -120,9 +123,11 @@ def run_halving(evaluator: Evaluator, candidates: list[Candidate], search: Searc
         budget >= rungs[0] * reps else 0  # fmt: skip
     picked = sorted(random.Random(search.seed).sample(range(len(candidates)), first))
     pool, found = [candidates[i] for i in picked], Found()
+    if not pool and candidates and budget is not None:  # the steps budget cannot pay for one first-rung run
+        ledger.affordable([candidates[0].key], rungs[0] * reps)
     for rung, steps in enumerate(rungs):
         cost = (len(pool) + (1 if wants_base(search) else 0)) * steps * reps
-        if not pool or not ledger.affordable([c.key for c in pool], cost):
+        if not pool or not ledger.affordable([c.key for c in pool], cost, one_trial=steps * reps):
             break
         ran = run_rung(evaluator, pool, steps, rung, search, ledger, found)
         found.final = ran
@@ -139,8 +144,9 @@ def run_rung(evaluator: Evaluator, pool: list[Candidate], steps: int, rung: int,
     if search.budget.gpu_hours is None:
         return run_batch(evaluator, pool, steps, rung, search, ledger, found)
     ran: list[Evidence] = []
-    for cand in pool:
-        if not ledger.affordable([cand.key], 0):
+    for cand in pool:  # each trial's predicted GPU-hours checked before it starts (the base recipe's run too)
+        if not ledger.affordable([cand.key], 0, one_trial=steps * evaluator.repeats + base_cost(search, found, steps,
+                                                                                              evaluator.repeats)):
             break
         ran += run_batch(evaluator, [cand], steps, rung, search, ledger, found)
     return ran
@@ -155,7 +161,16 @@ def run_strategy(evaluator: Evaluator, candidates: list[Candidate], search: Sear
         found = run_optuna(evaluator, candidates, search, ledger, space or point_space(candidates), steps_key)
     else:
         found = run_sequence(evaluator, candidates, search, ledger)
-    best = pick(found.final, search, found.bases, target_steps(search, evaluator.full_steps))
+    target = target_steps(search, evaluator.full_steps)
+    best = pick(found.final, search, found.bases, target)
+    best.memory_front = memory_front(found.runs, search, found.bases, target)
+    for e in best.memory_front:
+        row = ledger.rows.get((ledger.number(e.candidate.key), rung_of(ledger, e)))
+        if row is not None:
+            row["pareto"] = True
+            row["pareto_by"] = "memory"
+            row["reason"] = (f"{row['reason']}; on the Pareto front for memory (measured at {e.steps} steps; its "
+                             f"{search.objective} is that shorter run's, not compared with full-length ones)")  # fmt: skip
     for e in found.final:
         row = ledger.rows.get((ledger.number(e.candidate.key), rung_of(ledger, e)))
         if row is None:

@@ -20,25 +20,37 @@ class Ledger:
     steps: int = 0
     gpu_hours: float = 0.0
     numbers: dict[str, int] = field(default_factory=dict)  # candidate key → trial number
+    ran: set[str] = field(default_factory=set)  # candidate keys that ran (what a `points` budget counts)
+    rates: dict[str, float] = field(default_factory=dict)  # candidate key → GPU-hours per step of its last run
     rows: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     stop_reason: str | None = None
 
-    def affordable(self, keys: list[str], steps: int) -> bool:
-        """Whether running `keys` (new points count once) for `steps` more training steps stays in budget;
-        otherwise the reason is kept in `stop_reason`."""
+    def affordable(self, keys: list[str], steps: int, one_trial: int | None = None) -> bool:
+        """Whether running `keys` for `steps` more training steps stays in budget; otherwise the reason is kept
+        in `stop_reason`. Points count the points that ran (an infeasible point never runs and never counts).
+        GPU-hours are checked before a trial starts with its predicted cost (`one_trial` steps, default
+        `steps`, at the GPU-hours per step paid so far: `predict`), so the search ends at most one trial over."""
         budget = self.search.budget
-        points = len(set(self.numbers) | set(keys))
+        points = len(self.ran | set(keys))
+        predicted = self.predict(keys, one_trial if one_trial is not None else steps)
         if budget.points is not None and points > budget.points:
-            self.stop_reason = f"budget of {budget.points} point(s) reached"
+            self.stop_reason = f"budget of {budget.points} point(s) reached ({len(self.ran)} ran)"
         elif budget.steps is not None and self.steps + steps > budget.steps:
             self.stop_reason = f"budget of {budget.steps} steps reached ({self.steps} spent)"
-        elif budget.gpu_hours is not None and self.gpu_hours >= budget.gpu_hours:
-            self.stop_reason = (
-                f"budget of {budget.gpu_hours:g} GPU-hours reached ({self.gpu_hours:.3g} spent)"
-            )
+        elif budget.gpu_hours is not None and (self.gpu_hours >= budget.gpu_hours
+                                               or self.gpu_hours + predicted > budget.gpu_hours):  # fmt: skip
+            self.stop_reason = (f"budget of {budget.gpu_hours:g} GPU-hours reached ({self.gpu_hours:.3g} spent, "
+                                f"the next trial would take {predicted:.3g})")  # fmt: skip
         else:
             return True
         return False
+
+    def predict(self, keys: list[str], steps: int) -> float:
+        """The GPU-hours of `steps` training steps of `keys`: at their own rate where they ran before (an earlier
+        rung), else at the rate of every run so far (0 before the first run: it cannot be predicted)."""
+        rates = [self.rates[k] for k in keys if k in self.rates]
+        rate = sum(rates) / len(rates) if rates else (self.gpu_hours / self.steps if self.steps else 0.0)
+        return rate * steps
 
     def number(self, key: str) -> int:
         return self.numbers.setdefault(key, len(self.numbers) + 1)
@@ -61,11 +73,17 @@ class Ledger:
         return row
 
     def spend(self, evidences: list[Evidence], rung: int) -> None:
-        """Count the runs' cost and record each as a trial row at `rung`."""
+        """Count the runs' cost (and which points ran: not an infeasible one that never started) and record each
+        as a trial row at `rung`."""
         for evidence in evidences:
             self.steps += evidence.cost_steps
             self.gpu_hours += evidence.gpu_hours
-            if evidence.candidate.key != BASE_KEY:
+            key = evidence.candidate.key
+            if evidence.cost_steps > 0:
+                self.rates[key] = evidence.gpu_hours / evidence.cost_steps
+            if key != BASE_KEY:
+                if evidence.state != "infeasible" or evidence.cost_steps > 0:
+                    self.ran.add(key)
                 self.record(evidence, rung)
         self.flush()
 

@@ -119,6 +119,8 @@ class Best:
     how: str
     pareto: list[Evidence] = field(default_factory=list)
     tie: bool = False  # a tie no figure separates: no best point
+    # points that stopped at a shorter run length but are on the front for memory (`memory_front`)
+    memory_front: list[Evidence] = field(default_factory=list)
 
 
 def target_steps(search: Search, full_steps: int) -> int:
@@ -139,3 +141,19 @@ def pick(evidences: list[Evidence], search: Search, base: dict[int, Evidence | N
     front = [by_id[id(p)] for p in best_rule.pareto(points, metric_of(search.metric))]
     winner = by_id[id(choice.winner)] if choice.winner is not None else None
     return Best(winner, choice.how, front, tie=choice.undecided)
+
+
+def memory_front(runs: list[Evidence], search: Search, base: dict[int, Evidence | None], steps: int) -> list[Evidence]:
+    """Points that stopped before the full length (`steps`) yet are on the Pareto front for memory, which does
+    not depend on run length: non-dominated among every eligible run of their own length (objective and peak
+    memory compared like with like, at the same run length). Their objective is a shorter run's and is never
+    compared with a full-length one: the front's objective values come from full-length trials only."""
+    full = {e.candidate.key for e in runs if e.steps == steps}
+    front: list[Evidence] = []
+    for length in sorted({e.steps for e in runs if e.steps < steps}):
+        eligible = [e for e in runs if e.steps == length and exclusion(e, search, base.get(length)) is None]
+        by_id = {id(e.point): e for e in eligible}
+        kept = best_rule.pareto([e.point for e in eligible if e.point], metric_of(search.metric))
+        front += [by_id[id(p)] for p in kept if by_id[id(p)].candidate.key not in full]
+    last = {e.candidate.key: e for e in front}  # a point's longest run on the front
+    return list(last.values())
