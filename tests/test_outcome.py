@@ -16,21 +16,12 @@ from typing import Any
 import pytest
 from conftest import ROOT, TINY_MOE_RECIPE
 
-from orchestrator.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS
-from orchestrator.judge.outcome import (
-    FAIL,
-    INCONCLUSIVE,
-    PASS,
-    campaign_outcome,
-    combine,
-    exit_code,
-    parity_failures,
-    search_part,
-)
-
 
 # ---- the one rule -------------------------------------------------------------------------------------------
 def test_combine_and_exit_codes_are_one_table() -> None:
+    from orchestrator.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS
+    from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, combine, exit_code
+
     assert (EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE) == (0, 1, 2, 3)
     assert combine([PASS, PASS]) == PASS and combine([PASS, FAIL, INCONCLUSIVE]) == FAIL
     assert combine([PASS, "none"]) == INCONCLUSIVE and combine([]) == INCONCLUSIVE  # nothing judged is no pass
@@ -39,6 +30,8 @@ def test_combine_and_exit_codes_are_one_table() -> None:
 
 
 def test_a_parity_fail_is_never_beside_every_gate_passed() -> None:
+    from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, campaign_outcome
+
     pairs = [{"verdict": "fail"}, {"verdict": "fail"}]
     failed = campaign_outcome([PASS] * 4, pairs, completed=4, total=4)
     assert failed.verdict == FAIL and failed.exit_code() == 1
@@ -52,6 +45,8 @@ def test_a_parity_fail_is_never_beside_every_gate_passed() -> None:
 
 
 def test_a_search_that_spent_its_budget_with_nothing_failed_is_inconclusive() -> None:
+    from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, search_part
+
     spent = search_part(False, False, "no trial ran to the full length (8 steps)", "budget of 40 steps reached", 0)
     assert spent.verdict == INCONCLUSIVE and "budget of 40 steps reached" in spent.text
     assert search_part(False, False, "none qualified", "budget of 40 steps reached", 2).verdict == FAIL
@@ -61,6 +56,8 @@ def test_a_search_that_spent_its_budget_with_nothing_failed_is_inconclusive() ->
 
 
 def test_parity_failures_name_the_changed_side_only() -> None:
+    from orchestrator.judge.outcome import parity_failures
+
     pairs = [{"verdict": "fail", "on_cell": "wide-r0", "off_cell": "narrow-r0", "title": "t", "label": "base",
               "reason": "loss: |Δ| 0.2"}, {"verdict": "pass", "on_cell": "other-r0", "off_cell": "narrow-r0"}]  # fmt: skip
     assert list(parity_failures(pairs)) == ["wide-r0"]
@@ -219,3 +216,20 @@ def test_ingest_of_impossible_figures_exits_1(mbx, tmp_path: Path) -> None:
                                      "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"),
                "-w", str(tmp_path / "ws"))  # fmt: skip
     assert good.returncode == 0, good.stdout + good.stderr
+
+
+# ---- every command that can exit 3 takes --inconclusive-ok ----------------------------------------------------
+def test_every_command_that_can_exit_3_takes_inconclusive_ok() -> None:
+    """A command whose help names exit 3 (inconclusive) has --inconclusive-ok, and says what it does."""
+    import re
+
+    from test_cli_grammar import ALL, options
+
+    exit_3 = re.compile(r"\b3 inconclusive\b|\bexit 3\b|\b3 an UNKNOWN\b|\b3 when\b|\b3 undecided\b")
+    can_exit_3 = {words for words, command in ALL.items() if exit_3.search(" ".join((command.help or "").split()))}
+    assert {"campaign run", "campaign resume", "campaign regate", "compare", "bisect", "freeze", "card check",
+            "ingest"} <= can_exit_3  # fmt: skip
+    for words in sorted(can_exit_3):
+        flags = {name for option in options(ALL[words]) for name in option.opts}
+        assert "--inconclusive-ok" in flags, words
+        assert "--inconclusive-ok" in " ".join((ALL[words].help or "").split()), words

@@ -159,7 +159,9 @@ def run(
     search picks run, rung by rung; every trial, the best point with its evidence and the Pareto front go to
     the store and the report. Running the same file again (or `mbx campaign resume NAME`) resumes a killed
     search without repeating finished trials. Exit 0 when a best point was found, 1 when none qualified, 3 when
-    the best is a tie no figure separates (orchestrator/judge/best.py).
+    it is undecided: a tie no figure separates (orchestrator/judge/best.py), or the budget ran out before a best
+    point with no trial failed (one INCONCLUSIVE closing line). A `points` budget counts points that ran (never
+    an infeasible one); a `gpu_hours` budget checks each trial's predicted cost before it starts.
 
     Before anything is submitted, every point's peak memory per GPU is estimated; a point that breaks a
     parallel-layout rule, or whose estimate does not fit the GPU (--gpu, else resources.gpu), is infeasible:
@@ -170,9 +172,10 @@ def run(
     verdict comes from all its repeats (mean and confidence interval). A second run of a campaign that is
     still running is refused before it writes anything.
 
-    Exit codes: 0 every point passed; 1 a cell did not complete or a point failed a gate (each is named);
-    2 bad input (an invalid file, a baseline campaign not in the workspace); 3 inconclusive: nothing failed
-    but a point could not be decided (named, with why, on the closing INCONCLUSIVE line).
+    Exit codes (README's table; the closing line says the same word): 0 every point passed its gates and every
+    parity pair passed; 1 a cell did not complete, a point failed a gate or a parity pair failed (each is
+    named); 2 bad input (an invalid file, a baseline campaign not in the workspace); 3 inconclusive: nothing
+    failed but something could not be decided (named, with why, under the INCONCLUSIVE line).
     `--inconclusive-ok` turns 3 into 0.
 
     `--dry-run` renders exactly what the campaign's launcher (or `--launcher`) would submit for the
@@ -242,8 +245,9 @@ def regate(
     """Judge every stored result of a campaign again with its gates, and print the verdicts that changed.
 
     With --file, the gates come from that (changed) campaign file and become the campaign's gates. Exit
-    codes as for `run`, from the points' verdicts: 0 pass, 1 fail, 2 bad input, 3 inconclusive. `--json`: as
-    for `run`. --file/-f: take the gates from this campaign file (the same name) and store them.
+    codes as for `run`, from the points' verdicts and the parity pairs (the closing line says the same word):
+    0 pass, 1 fail, 2 bad input, 3 inconclusive (`--inconclusive-ok` turns it into 0). `--json`: as for `run`.
+    --file/-f: take the gates from this campaign file (the same name) and store them.
 
     Example: mbx campaign regate quickstart --file campaigns/quickstart.yaml
     """
