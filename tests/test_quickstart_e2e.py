@@ -38,9 +38,9 @@ def test_quickstart_end_to_end(mbx, tmp_path, cache_env):
         assert json.loads((run / "status.json").read_text())["state"] == "completed"
         assert any((run / "logs").iterdir())
 
-    # W&B: one offline run per attempt, grouped by campaign
+    # W&B: one offline run per attempt, grouped by campaign, and one of the campaign's outcome (issue 31)
     offline_runs = sorted((workspace / "wandb").glob("**/offline-run-*"))
-    assert len(offline_runs) == 4, offline_runs
+    assert len(offline_runs) == 5, offline_runs
 
     # report page and Markdown summary
     page = workspace / "quickstart" / "report" / "index.html"

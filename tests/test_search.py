@@ -90,7 +90,7 @@ def test_grid_and_random_stop_at_their_budget(method: str) -> None:
     ledger = Ledger(search)
     best = run_strategy(evaluator, cands, search, ledger)
     rows = list(ledger.rows.values())
-    assert len(rows) == 5 and ledger.steps == 500 and ledger.stop_reason == "budget of 5 point(s) reached"
+    assert len(rows) == 5 and ledger.steps == 500 and ledger.stop_reason == "budget of 5 point(s) reached (5 ran)"
     in_order = [r["label"] for r in rows] == [c.label for c in cands[:5]]
     assert in_order if method == "grid" else not in_order  # random: the seeded order
     assert best.evidence is not None and sum(r["best"] for r in rows) == 1
