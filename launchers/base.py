@@ -51,7 +51,7 @@ class GpuNeed:
     """What one GPU must hold for a point, by its memory estimate (orchestrator/run/feasibility.py): the attempt
     wrapper refuses to start the point's command on a GPU with less memory (launchers/node/attempt.py)."""
 
-    min_gib: float  # the smallest GPU memory the point fits on (peak + allocator slack, and the headroom gate)
+    min_gib: float  # the smallest GPU memory it fits on (peak + allocator slack; the headroom gate)
     planned: str  # the GPU it was planned on, e.g. "H200, 139.8 GiB" (for the reason)
 
     def entry(self) -> dict[str, Any]:

@@ -71,7 +71,11 @@ def node_entry_argv(python: str, table: Path, port_base: int, index: int | None 
 
 
 def attempt_argv(
-    python: str, run_dir: Path, log: Path, time_limit_s: float | None, command: list[str],
+    python: str,
+    run_dir: Path,
+    log: Path,
+    time_limit_s: float | None,
+    command: list[str],
     gpu_need: GpuNeed | None = None,
 ) -> list[str]:
     """`command` under the attempt wrapper (GPU check, time limit, exit.json, fallback status.json)."""

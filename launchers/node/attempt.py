@@ -128,6 +128,8 @@ def run(run_dir: Path, command: list[str], log: Path | None = None, time_limit_s
     """Run `command` as one attempt in `run_dir` unless `gpu` is smaller than `gpu_need` (`gpu_refusal`);
     returns this wrapper's exit status."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
     refusal = gpu_refusal(gpu, gpu_need)
     if refusal is not None:
         return refuse(run_dir, log, refusal, time.time())

@@ -42,9 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == ROOT / "launchers" / "node":
     sys.path[0] = str(ROOT)  # run by path: the checkout root, not this folder, is where imports start
 
-from launchers.node import attempt  # noqa: E402
+from launchers.node import attempt, fingerprint  # noqa: E402
 from launchers.node.environ import prepare_env  # noqa: E402
-from launchers.node import fingerprint  # noqa: E402
 from trainer import rundir  # noqa: E402
 
 

@@ -260,7 +260,8 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
     """Every stored result judged again with the current gates (cells skipped as completed too); with
     `closing`: the changes printed, the report written, the parity pairs judged and the closing lines."""
     campaign = plan.campaign
-    if outcome.infeasible and outcome.total <= 0:  # every cell refused on its GPU: nothing ran, nothing passed
+    if outcome.infeasible and outcome.total <= 0 and campaign.sweep.search is None:
+        # every cell refused on its GPU: nothing ran, nothing passed (a search's rung: its trials say it)
         outcome.failed += [(cell, f"infeasible, not run: {why}") for cell, why in outcome.infeasible]
     if not closing:
         return Finished(outcome, regate(store, campaign.name).judged.points)

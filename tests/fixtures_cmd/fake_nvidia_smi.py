@@ -1,6 +1,6 @@
 """A stand-in for nvidia-smi on a machine without a GPU: answers `--query-gpu=FIELDS --format=csv,...` as the
 real one does, for the GPUs in FAKE_NVIDIA_SMI_GPUS (`name|memory MiB` per GPU, `;` between them; default one
-NVIDIA H100 80GB HBM3 with 81559 MiB, as an H100 SXM reports itself).
+NVIDIA H100 80GB HBM3 with 81559 MiB, as an H100 SXM reports itself; empty: no GPU, exit 6 as the real one).
 
     python fake_nvidia_smi.py --query-gpu=name,memory.total,driver_version --format=csv,noheader,nounits
     NVIDIA H100 80GB HBM3, 81559, 550.54.15
@@ -20,9 +20,16 @@ def main(argv: list[str]) -> int:
     query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
     form = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "")
     if query is None or "csv" not in form:
-        print("fake nvidia-smi: only --query-gpu=... --format=csv[,noheader][,nounits] is answered", file=sys.stderr)
+        print(
+            "fake nvidia-smi: only --query-gpu=... --format=csv[,noheader][,nounits] is answered",
+            file=sys.stderr,
+        )
         return 2
-    gpus = [g.split("|") for g in os.environ.get("FAKE_NVIDIA_SMI_GPUS", "NVIDIA H100 80GB HBM3|81559").split(";")]
+    listed = os.environ.get("FAKE_NVIDIA_SMI_GPUS", "NVIDIA H100 80GB HBM3|81559")
+    if not listed:  # a node whose driver sees no GPU: what the real one says then
+        print("No devices were found")
+        return 6
+    gpus = [g.split("|") for g in listed.split(";")]
     fields = query.split(",")
     units = "nounits" not in form
     if "noheader" not in form:
