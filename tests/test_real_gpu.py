@@ -265,3 +265,44 @@ def test_on_slurm_the_job_checks_its_gpu_before_the_trainer(slurm, mbx, write_ca
     assert all("iteration" not in p.read_text() for p in logs.glob("rank-*.log"))  # no trainer started
     (check,) = [c for c in gate["checks"] if c["gate"] == "headroom_gib_min"]
     assert check["message"].endswith(f"(GPU as its node recorded it: {H100}, 79.6 GiB)")
+
+
+def test_a_points_need_is_exactly_where_feasibility_turns(tmp_path):
+    """The number the node checks (`need_gib`) is the plan's own rule: on a GPU of that size each point of the
+    shipped H200 search is feasible (headroom gate included), 0.01 GiB less and it is not."""
+    from orchestrator.run.feasibility import Card, Limits, assess
+    from orchestrator.spec.loader import load_campaign
+    from orchestrator.trainers import expand, memory_estimate
+
+    campaign = load_campaign(H200_FILE)
+    points = expand(campaign, H200_FILE, strict=False)
+    limits = Limits(
+        campaign.gates.headroom_gib_min
+    )  # the gate's 10 GiB (the search's peak limit is no GPU's)
+    for row in assess(points, memory_estimate, "H200", limits).rows:
+        cells = [p for p in points if p.point_id == row.point_id]
+        fits = assess(cells, memory_estimate, Card("GPU", row.need_gib), limits).rows[0]
+        short = assess(cells, memory_estimate, Card("GPU", row.need_gib - 0.01), limits).rows[0]
+        assert fits.feasible and not short.feasible, (row.label, row.need_gib)
+
+
+def test_the_headroom_gate_names_the_gpu_each_run_had():
+    from reports.gates import headroom_check
+    from reports.window import Summary
+
+    def run(peak: float, gpu: str | None = None, memory: float | None = None) -> Summary:
+        return Summary(steps=10, window_first_step=2, window_last_step=10, window_steps=9, step_time_ms=1.0,
+                       step_time_ms_std=0.0, tflops_per_gpu=1.0, tokens_per_s_per_gpu=1.0, peak_alloc_gib=peak,
+                       peak_reserved_gib=peak, first_loss=1.0, last_loss=1.0, loss_finite=True, nan_iterations=0,
+                       skipped_iterations=0, gpu_name=gpu, gpu_memory_gib=memory)  # fmt: skip
+
+    on_h100 = headroom_check(10, 139.8, [run(75.0, H100, 79.6)])
+    assert on_h100.ok is False and on_h100.value == pytest.approx(4.6)
+    assert on_h100.message.endswith(f"(GPU as its node recorded it: {H100}, 79.6 GiB)")
+    planned = headroom_check(10, 139.8, [run(75.0)])
+    assert planned.ok and planned.message.endswith("(the campaign's GPU, 139.8 GiB)")
+    mixed = headroom_check(10, 139.8, [run(60.0, H100, 79.6), run(60.0), run(60.0, "NVIDIA H200", 139.8)])
+    assert mixed.value == pytest.approx((19.6 + 79.8 + 79.8) / 3)
+    assert mixed.message.endswith(f"(GPU as recorded: {H100}, 79.6 GiB; NVIDIA H200, 139.8 GiB; else the "
+                                  "campaign's, 139.8 GiB)")  # fmt: skip
+    assert headroom_check(10, None, [run(60.0)]).ok is None  # no GPU memory known: undecided

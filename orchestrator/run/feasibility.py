@@ -1,5 +1,7 @@
 """Feasibility before submission: each point's memory estimate against its GPU, and its layout problems; an
-infeasible point is recorded with its reason (the store's `estimates` table) and skipped, the rest run."""
+infeasible point is recorded with its reason (the store's `estimates` table) and skipped, the rest run. Each
+feasible point's need (`need_gib`) is checked again on its node's real GPU before the trainer starts
+(launchers/node/attempt.py); a point refused there is judged again on that GPU here (`on_card`)."""
 
 from __future__ import annotations
 
