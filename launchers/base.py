@@ -46,6 +46,19 @@ class Resources:
         return self.nodes * self.gpus_per_node
 
 
+@dataclass(frozen=True)
+class GpuNeed:
+    """What one GPU must hold for a point, by its memory estimate (orchestrator/run/feasibility.py): the attempt
+    wrapper refuses to start the point's command on a GPU with less memory (launchers/node/attempt.py)."""
+
+    min_gib: float  # the smallest GPU memory it fits on (peak + allocator slack; the headroom gate)
+    planned: str  # the GPU it was planned on, e.g. "H200, 139.8 GiB" (for the reason)
+
+    def entry(self) -> dict[str, Any]:
+        """As the task table and the attempt wrapper read it."""
+        return {"min_gib": self.min_gib, "planned": self.planned}
+
+
 @dataclass(kw_only=True)
 class LaunchSpec:
     """One attempt of one cell: what runs, where its files go. Built by the orchestrator, never by backends."""
@@ -60,6 +73,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)  # non-secret values set for the trainer
     env_pass: list[str] = field(default_factory=list)  # names passed through from the submitting environment
     distributed: bool = True  # launcher provides torch.distributed rendezvous for module entries
+    gpu_need: GpuNeed | None = None  # checked on the node before the command starts (None: nothing to check)
 
     @property
     def job_name(self) -> str:
@@ -200,3 +214,5 @@ def check_spec(spec: LaunchSpec) -> None:
         check_value(f"{where}: module", spec.module)
     for arg in spec.args:
         check_no_nul(f"{where}: argument", arg)
+    if spec.gpu_need is not None:
+        check_value(f"{where}: planned GPU", spec.gpu_need.planned)

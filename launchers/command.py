@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from launchers.base import LaunchSpec
+from launchers.base import GpuNeed, LaunchSpec
 from launchers.profile import SlurmProfile
 
 ROOT = Path(__file__).resolve().parent.parent  # the mbx checkout: launchers/ and trainer/ live here
@@ -71,10 +71,17 @@ def node_entry_argv(python: str, table: Path, port_base: int, index: int | None 
 
 
 def attempt_argv(
-    python: str, run_dir: Path, log: Path, time_limit_s: float | None, command: list[str]
+    python: str,
+    run_dir: Path,
+    log: Path,
+    time_limit_s: float | None,
+    command: list[str],
+    gpu_need: GpuNeed | None = None,
 ) -> list[str]:
-    """`command` under the attempt wrapper (time limit, exit.json, fallback status.json)."""
+    """`command` under the attempt wrapper (GPU check, time limit, exit.json, fallback status.json)."""
     limit = ["--time-limit-s", str(time_limit_s)] if time_limit_s else []
+    if gpu_need is not None:
+        limit += ["--gpu-min-gib", f"{gpu_need.min_gib:g}", "--gpu-planned", gpu_need.planned]
     return [
         python,
         "-m",

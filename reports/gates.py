@@ -266,16 +266,33 @@ def _figure_checks(spec: GateSpec, summaries: list[Summary]) -> list[Check]:
 
 def headroom_check(limit: float, gpu_gib: float | None, summaries: list[Summary]) -> Check:
     """headroom_gib_min: GPU memory − peak allocated memory ≥ limit, per repeat (over repeats on the interval
-    of the mean); without the GPU's memory it cannot be decided."""
+    of the mean), on each repeat's own GPU as its node recorded it (Summary.gpu_memory_gib), else on `gpu_gib`
+    (gates.gpu_memory_gib, or the campaign's GPU); without either it cannot be decided."""
     gate = "headroom_gib_min"
-    if gpu_gib is None:
+    memories = [s.gpu_memory_gib if s.gpu_memory_gib is not None else gpu_gib for s in summaries]
+    if any(m is None for m in memories):
         return Check(gate, None, limit, None, f"{gate}: the GPU's memory is not known (set resources.gpu, "
                      "`mbx campaign run --gpu`, or gates.gpu_memory_gib)")  # fmt: skip
-    peaks = [v for v in _values(summaries, "peak_alloc_gib") if v > 0]  # 0: nothing measured (a CPU run)
-    if len(peaks) < len(summaries):
+    pairs = [(float(m), float(s.peak_alloc_gib)) for s, m in zip(summaries, memories, strict=True)
+             if s.peak_alloc_gib is not None and math.isfinite(s.peak_alloc_gib) and s.peak_alloc_gib > 0]  # fmt: skip
+    if len(pairs) < len(summaries):  # 0: nothing measured (a CPU run)
         return Check(gate, None, limit, None, f"{gate}: no GPU peak allocated memory was measured "
-                     f"({len(summaries) - len(peaks)} of {len(summaries)} run(s); CPU runs have none)")  # fmt: skip
-    return _bound(gate, [gpu_gib - v for v in peaks], limit, False, " GiB")
+                     f"({len(summaries) - len(pairs)} of {len(summaries)} run(s); CPU runs have none)")  # fmt: skip
+    check = _bound(gate, [memory - peak for memory, peak in pairs], limit, False, " GiB")
+    check.message += f" ({_gpu_of(summaries, gpu_gib)})"
+    return check
+
+
+def _gpu_of(summaries: list[Summary], gpu_gib: float | None) -> str:
+    """Which GPU memory the headroom was measured against: the GPU each node recorded, else the campaign's."""
+    recorded = [s for s in summaries if s.gpu_memory_gib is not None]
+    shown = "; ".join(f"{name}, {memory:.1f} GiB" for name, memory in
+                      sorted({(s.gpu_name or "GPU", float(s.gpu_memory_gib or 0)) for s in recorded}))  # fmt: skip
+    if recorded and len(recorded) == len(summaries):
+        return f"GPU as its node recorded it: {shown}"
+    if recorded:
+        return f"GPU as recorded: {shown}; else the campaign's, {gpu_gib:.1f} GiB"
+    return f"the campaign's GPU, {gpu_gib:.1f} GiB"
 
 
 def _baseline_checks(spec: GateSpec, summaries: list[Summary], baseline: Summary | None) -> list[Check]:

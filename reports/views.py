@@ -119,6 +119,7 @@ class CampaignView:
     parity: list[dict[str, Any]] = field(
         default_factory=list
     )  # on/off pair verdicts (orchestrator/judge/parity_verdicts.py)
+    infeasible: int = 0  # points recorded infeasible, never run (at plan time or on their node's GPU)
 
     def __post_init__(self) -> None:
         if self.cells and not self.points:  # a view built by hand: judge its points from the cells

@@ -30,6 +30,10 @@ class Summary:
     loss_finite: bool
     nan_iterations: int
     skipped_iterations: int
+    # the attempt's GPU as its node recorded it before the trainer started (node.json, read by
+    # orchestrator/run/collect.py): the headroom gate judges on its memory; None where none was recorded
+    gpu_name: str | None = None
+    gpu_memory_gib: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -44,6 +44,16 @@ def test_a_parity_fail_is_never_beside_every_gate_passed() -> None:
     assert undecided.line.startswith("INCONCLUSIVE ") and undecided.line.endswith("(exit 3; --inconclusive-ok accepts it)")
 
 
+def test_every_point_infeasible_fails_and_some_infeasible_change_nothing() -> None:
+    from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, campaign_outcome
+
+    none_ran = campaign_outcome([], [], completed=0, total=0, infeasible=2)
+    assert none_ran.verdict == FAIL and none_ran.exit_code() == 1
+    assert none_ran.line == "FAIL 0/0 completed, 0 point(s), gates FAIL: every point (2) is infeasible, none ran"
+    assert campaign_outcome([PASS, PASS], [], completed=2, total=2, infeasible=1).verdict == PASS
+    assert campaign_outcome([], []).verdict == INCONCLUSIVE  # nothing judged yet, nothing infeasible
+
+
 def test_a_search_that_spent_its_budget_with_nothing_failed_is_inconclusive() -> None:
     from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, search_part
 

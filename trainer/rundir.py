@@ -82,10 +82,14 @@ STATUS_KEYS = frozenset({
     "log_tail", "log_files", "launcher_status", "slurm_state", "job_id", "attempt_wrapper", "signal",
 })  # fmt: skip
 
+# status.json `failure_class` of an attempt the attempt wrapper refused before starting its command: the
+# allocation's GPU has less memory than the point needs by its memory estimate (launchers/node/attempt.py).
+INFEASIBLE = "infeasible"
+
 # The environment fingerprint: the keys a report compares across cells, merged from launch.json (login side),
 # node.json (node) and env.json (trainer), later files winning.
 FINGERPRINT_KEYS = (
-    "gpu_name", "gpu_count", "driver", "cuda", "torch", "transformer_engine", "nccl", "python",
+    "gpu_name", "gpu_memory_gib", "gpu_count", "driver", "cuda", "torch", "transformer_engine", "nccl", "python",
     "container_image", "git_sha", "hostname",
 )  # fmt: skip
 _LEGACY_FINGERPRINT = {"te": "transformer_engine"}  # node.json written before the key list was one
@@ -274,6 +278,10 @@ def read_launch(run_dir: Path) -> dict[str, Any] | None:
 def write_node(run_dir: Path, record: dict[str, Any]) -> None:
     """node.json: written by rank 0 on the node only (the login side writes launch.json)."""
     write_json(Path(run_dir) / NODE, record)
+
+
+def read_node(run_dir: Path) -> dict[str, Any] | None:
+    return read_json(Path(run_dir) / NODE)
 
 
 def write_env(run_dir: Path, record: dict[str, Any]) -> None:

@@ -82,7 +82,12 @@ class LocalLauncher(Launcher):
         python = here_python(self.settings.python)
         limit = spec.resources.time_limit_min * 60 if spec.resources.time_limit_min else None
         return attempt_argv(
-            python, spec.run_dir, spec.log_dir / "launcher.log", limit, local_argv(spec, python)
+            python,
+            spec.run_dir,
+            spec.log_dir / "launcher.log",
+            limit,
+            local_argv(spec, python),
+            spec.gpu_need,
         )
 
     def render(self, specs: list[LaunchSpec]) -> list[Rendered]:

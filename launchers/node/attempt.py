@@ -3,8 +3,15 @@
 Command line (the contract; the local backend builds it with `launchers.command.attempt_argv`, and
 launchers/node/rank.py calls `run()` in-process on rank 0)::
 
-    PYTHON -m launchers.node.attempt --run-dir DIR --log FILE [--time-limit-s S] -- ARGV...
+    PYTHON -m launchers.node.attempt --run-dir DIR --log FILE [--time-limit-s S]
+                                     [--gpu-min-gib G --gpu-planned TEXT] -- ARGV...
 
+- run as a command (the local backend), it first writes node.json (`launchers.node.fingerprint`: the machine's
+  GPU and its memory, read with nvidia-smi); rank.py writes it itself and passes the GPU to `run()`;
+- before the child starts, the GPU check: with --gpu-min-gib G (the memory the point needs per GPU by its
+  estimate, orchestrator/run/feasibility.py) and a GPU with less memory than G, the child is never started:
+  exit.json records exit code 78 and status.json says failed, failure class `rundir.INFEASIBLE`, with the GPU,
+  its memory, the need and the GPU it was planned on (TEXT); without a GPU (none found) nothing is checked;
 - the child runs with this process's environment and cwd, its stdout and stderr appended to FILE;
 - SIGTERM/SIGINT are forwarded to it; after S seconds it is terminated (SIGKILL 30 s later);
 - when it ends, exit.json records its exit code (or signal), the time limit that stopped it
@@ -17,7 +24,8 @@ launchers/node/rank.py calls `run()` in-process on rank 0)::
   (the trainer's own last words may be lost then), the wrapper frees it, appends the ENOSPC (or EDQUOT) to FILE
   (where the failure classifier finds it: an infrastructure failure, retried) and adds it to the reason.
 
-Exit status: 0 when the child exited 0, its code when positive, 128 + N when killed by signal N.
+Exit status: 0 when the child exited 0, its code when positive, 128 + N when killed by signal N, 78 when the
+GPU check refused the point.
 Standard library only (plus trainer/rundir.py from the checkout).
 """
 
@@ -34,10 +42,33 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launchers.node import fingerprint
 from trainer import rundir
 
 KILL_AFTER_S = 30.0  # after SIGTERM at the time limit
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+EXIT_INFEASIBLE = 78  # EX_CONFIG: the GPU check refused the point; its command never started
+
+
+def gpu_refusal(gpu: dict[str, Any] | None, need: dict[str, Any] | None) -> str | None:
+    """Why the point cannot run on this allocation's GPU (`fingerprint.card`: name, memory_gib): less memory
+    than `need` (min_gib: what the point needs per GPU by its estimate; planned: the GPU it was planned on);
+    None when it fits, or when there is no need or no GPU to check."""
+    if not need or not gpu or gpu.get("memory_gib") is None or gpu["memory_gib"] >= float(need["min_gib"]):
+        return None
+    return (f"infeasible on this allocation's GPU: {gpu.get('name')} has {gpu['memory_gib']:.1f} GiB, the point "
+            f"needs {float(need['min_gib']):.1f} GiB per GPU by its memory estimate (planned on "
+            f"{need.get('planned') or 'a larger GPU'}); the trainer was not started")  # fmt: skip
+
+
+def refuse(run_dir: Path, log: Path | None, reason: str, started: float) -> int:
+    """Record a point the GPU check refused (exit.json, status.json failed with class INFEASIBLE); nothing ran."""
+    note(log, f"attempt: {reason}")
+    print(f"attempt: {reason}", file=sys.stderr)
+    rundir.write_exit(run_dir, exit_code=EXIT_INFEASIBLE, started_at=started, ended_at=time.time())
+    rundir.write_status(run_dir, {"state": "failed", "reason": reason, "failure_class": rundir.INFEASIBLE,
+                                  "exit_code": EXIT_INFEASIBLE}, rundir.WRAPPER)  # fmt: skip
+    return EXIT_INFEASIBLE
 
 
 def tail(path: Path | None, lines: int = 20) -> str:
@@ -92,9 +123,16 @@ def wait(child: subprocess.Popen[bytes], time_limit_s: float | None, started: fl
                     child.kill()
 
 
-def run(run_dir: Path, command: list[str], log: Path | None = None, time_limit_s: float | None = None) -> int:
-    """Run `command` as one attempt in `run_dir`; returns this wrapper's exit status."""
+def run(run_dir: Path, command: list[str], log: Path | None = None, time_limit_s: float | None = None,
+        gpu_need: dict[str, Any] | None = None, gpu: dict[str, Any] | None = None) -> int:  # fmt: skip
+    """Run `command` as one attempt in `run_dir` unless `gpu` is smaller than `gpu_need` (`gpu_refusal`);
+    returns this wrapper's exit status."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    refusal = gpu_refusal(gpu, gpu_need)
+    if refusal is not None:
+        return refuse(run_dir, log, refusal, time.time())
     rundir.reserve_space(run_dir)  # best effort: without it a full disk may leave no record (see record_end)
     try:
         return _run(run_dir, command, log, time_limit_s)
@@ -166,12 +204,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--time-limit-s", type=float, default=None)
     parser.add_argument("--log", type=Path, default=None, help="file receiving the child's stdout and stderr")
+    parser.add_argument("--gpu-min-gib", type=float, default=None,
+                        help="refuse to start the command on a GPU with less memory than this (GiB)")
+    parser.add_argument("--gpu-planned", default=None, help="the GPU the point was planned on (for the reason)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given after --")
-    return run(args.run_dir, command, args.log, args.time_limit_s)
+    gpus = fingerprint.query_gpus()
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fingerprint.write_node_record(args.run_dir, fingerprint.node_record({}, dict(os.environ), gpus))
+    except OSError as err:  # the fingerprint is a nice-to-have; the GPU check below still runs
+        print(f"attempt: could not write {rundir.NODE}: {err}", file=sys.stderr)
+    need = None if args.gpu_min_gib is None else {"min_gib": args.gpu_min_gib, "planned": args.gpu_planned}
+    return run(args.run_dir, command, args.log, args.time_limit_s, need, fingerprint.card(gpus))
 
 
 if __name__ == "__main__":

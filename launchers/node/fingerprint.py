@@ -1,8 +1,11 @@
-"""node.json: the node's side of the environment fingerprint (rundir.FINGERPRINT_KEYS) and the job's Slurm context."""
+"""node.json: the node's side of the environment fingerprint (rundir.FINGERPRINT_KEYS: the allocation's GPU and
+its memory included, read with nvidia-smi) and the job's Slurm context; `query_gpus` is the one GPU probe (the
+attempt wrapper's check and `mbx campaign plan --gpu auto` use it too)."""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import platform
 import re
 import socket
@@ -44,24 +47,54 @@ def _torch_cuda_version() -> str | None:
     return match.group(1) if match else None
 
 
-def _gpus() -> list[list[str]]:
+GPU_QUERY = ("name", "memory.total", "driver_version")
+
+
+def query_gpus() -> list[dict[str, Any]]:
+    """This machine's GPUs as nvidia-smi lists them: name, memory (GiB, nvidia-smi's memory.total rounded down
+    to 0.1) and driver; [] when there is no nvidia-smi or it fails (no GPU, no driver)."""
+    argv = ["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader,nounits"]
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)  # fmt: skip
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return []
     if out.returncode != 0:
         return []
-    return [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+    gpus = []
+    for line in out.stdout.splitlines():
+        fields = dict(zip(GPU_QUERY, (c.strip() for c in line.split(",")), strict=False))
+        if fields.get("name"):
+            gpus.append({"name": fields["name"], "memory_gib": _gib(fields.get("memory.total")),
+                         "driver": fields.get("driver_version") or None})  # fmt: skip
+    return gpus
 
 
-def node_fingerprint(entry: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """The FINGERPRINT_KEYS this node knows: GPUs, driver, CUDA, torch, TE, NCCL, python, image, commit, host."""
-    gpus = _gpus()
+def _gib(mib: str | None) -> float | None:
+    """nvidia-smi's MiB as GiB rounded down to 0.1 (None for "[N/A]" and the like)."""
+    try:
+        return math.floor(float(mib or "") / 1024 * 10) / 10
+    except ValueError:
+        return None
+
+
+def card(gpus: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The allocation's GPU as feasibility sees it: the one with the least memory (name, memory_gib), or None
+    when no GPU (or no GPU memory) was found."""
+    sized = [g for g in gpus if g.get("memory_gib")]
+    return min(sized, key=lambda g: g["memory_gib"]) if sized else None
+
+
+def node_fingerprint(entry: dict[str, Any], env: dict[str, str],
+                     gpus: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The FINGERPRINT_KEYS this node knows: GPU (the smallest, by memory), GPU count, driver, CUDA, torch, TE,
+    NCCL, python, image, commit, host; `gpus` as `query_gpus` returns them (None: asked here)."""
+    gpus = query_gpus() if gpus is None else gpus
+    smallest = card(gpus) or (gpus[0] if gpus else {})
     found = {
-        "gpu_name": gpus[0][0] if gpus else None,
+        "gpu_name": smallest.get("name"),
+        "gpu_memory_gib": smallest.get("memory_gib"),
         "gpu_count": len(gpus),
-        "driver": gpus[0][1] if gpus and len(gpus[0]) > 1 else env.get("CUDA_DRIVER_VERSION"),
+        "driver": smallest.get("driver") or env.get("CUDA_DRIVER_VERSION"),
         "cuda": _torch_cuda_version() or env.get("CUDA_VERSION"),
         "torch": _version("torch") or env.get("PYTORCH_VERSION"),
         "transformer_engine": _version(
@@ -76,13 +109,17 @@ def node_fingerprint(entry: dict[str, Any], env: dict[str, str]) -> dict[str, An
     return {key: found[key] for key in rundir.FINGERPRINT_KEYS if found.get(key) is not None}
 
 
-def write_node_record(run_dir: Path, entry: dict[str, Any], env: dict[str, str]) -> None:
-    """node.json (rank 0 only): only the node writes it and only the login side writes launch.json, so
-    neither can lose the other's update (a requeued rerun and the login side's relabelling used to race)."""
-    record: dict[str, Any] = node_fingerprint(entry, env)
+def node_record(entry: dict[str, Any], env: dict[str, str],
+                gpus: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """What node.json holds: the node's fingerprint (the allocation's GPU and its memory included; `gpus` as
+    `query_gpus` returns them, None: asked here) and, in a job (Slurm, torch.distributed), its hosts and
+    context."""
+    record: dict[str, Any] = node_fingerprint(entry, env, gpus)
     hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST", ""))
     if hosts:
         record["hosts"] = hosts
+    if not (env.get("SLURM_JOB_ID") or env.get("MASTER_ADDR")):
+        return record  # the local backend's attempt: no job around it
     record["job"] = {
         "slurm": {k: env[k] for k in SLURM_CONTEXT if k in env},
         "master_addr": env.get("MASTER_ADDR"),
@@ -90,4 +127,11 @@ def write_node_record(run_dir: Path, entry: dict[str, Any], env: dict[str, str])
         "world_size": env.get("WORLD_SIZE"),
         "written_at": time.time(),
     }
+    return record
+
+
+def write_node_record(run_dir: Path, record: dict[str, Any]) -> None:
+    """node.json (rank 0 under Slurm, the attempt wrapper locally): only the node writes it and only the login
+    side writes launch.json, so neither can lose the other's update (a requeued rerun and the login side's
+    relabelling used to race)."""
     rundir.write_node(run_dir, record)

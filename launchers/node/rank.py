@@ -7,8 +7,8 @@ task, by path, so nothing needs installing on the nodes)::
 
 TABLE is a JSON list written at submission (`launchers.slurm.render.task_table`), one entry per attempt:
 `{"cell_id", "attempt", "run_dir", "argv", "env", "env_passed_by_name", "time_limit_s", "container_image",
-"git_sha"}`. This task runs entry SLURM_ARRAY_TASK_ID, else --index, else 0; no campaign value ever passes
-through a shell. Then, on every rank:
+"git_sha"}` and, for a point with a memory estimate, `"gpu_need"`. This task runs entry SLURM_ARRAY_TASK_ID,
+else --index, else 0; no campaign value ever passes through a shell. Then, on every rank:
 
 - RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK from SLURM_PROCID/NTASKS/LOCALID/..., MASTER_ADDR =
   the first host of SLURM_JOB_NODELIST (parsed here: no `scontrol` inside containers), MASTER_PORT = port base +
@@ -17,8 +17,11 @@ through a shell. Then, on every rank:
   from the submitting shell are removed (the trainer sets them per rank: trainer/jit_cache.py);
 - the working directory is the run dir; stdout/stderr go to <run dir>/logs/rank-<r>.log.
 
-Rank 0 writes node.json (`launchers.node.fingerprint`) and runs the command under the attempt wrapper
-(`launchers.node.attempt`: time limit, exit.json, status.json); the other ranks exec the command.
+Rank 0 writes node.json (`launchers.node.fingerprint`: the allocation's GPU and its memory among it) and runs
+the command under the attempt wrapper (`launchers.node.attempt`: the GPU check, time limit, exit.json,
+status.json); the other ranks exec the command. With a `gpu_need` in the entry (`{"min_gib", "planned"}`: what the
+point needs per GPU by its memory estimate) a GPU with less memory is refused before any trainer starts: rank 0
+records the point infeasible with the reason, every other rank exits 78 without starting its command.
 A requeued job (SLURM_RESTART_COUNT > 0) first moves the previous run's outputs (`rundir.RUN_OUTPUTS`) to
 <run dir>/requeued/<n>/.
 
@@ -39,9 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == ROOT / "launchers" / "node":
     sys.path[0] = str(ROOT)  # run by path: the checkout root, not this folder, is where imports start
 
-from launchers.node import attempt  # noqa: E402
+from launchers.node import attempt, fingerprint  # noqa: E402
 from launchers.node.environ import prepare_env  # noqa: E402
-from launchers.node.fingerprint import write_node_record  # noqa: E402
 from trainer import rundir  # noqa: E402
 
 
@@ -91,16 +93,22 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.clear()
     os.environ.update(env)
     os.chdir(run_dir)
+    need = entry.get("gpu_need")
     if rank != 0:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+        refusal = attempt.gpu_refusal(fingerprint.card(fingerprint.query_gpus()), need) if need else None
+        if refusal is not None:  # rank 0 records it; this rank only never starts its trainer
+            print(f"rank.py: {refusal}", flush=True)
+            return attempt.EXIT_INFEASIBLE
         os.execvpe(command[0], command, env)
+    gpus = fingerprint.query_gpus()
     try:
-        write_node_record(run_dir, entry, env)
+        fingerprint.write_node_record(run_dir, fingerprint.node_record(entry, env, gpus))
     except OSError as err:  # the fingerprint is a nice-to-have; never stop the run for it
         print(f"rank.py: could not write {rundir.NODE}: {err}", file=sys.stderr)
-    return attempt.run(run_dir, command, log, entry.get("time_limit_s") or None)
+    return attempt.run(run_dir, command, log, entry.get("time_limit_s") or None, need, fingerprint.card(gpus))
 
 
 if __name__ == "__main__":

@@ -80,8 +80,8 @@ def task_entry(
     spec: LaunchSpec, profile: SlurmProfile, settings: SlurmSettings, python: str
 ) -> dict[str, Any]:
     """One attempt as the rank entry reads it: run dir, argv (run with `python`: see launchers.command),
-    environment values (never pass-through values)."""
-    return {
+    environment values (never pass-through values), and what its GPU must hold (`gpu_need`, when known)."""
+    entry = {
         "cell_id": spec.cell_id,
         "attempt": spec.attempt,
         "run_dir": str(spec.run_dir),
@@ -92,6 +92,9 @@ def task_entry(
         "container_image": point_image(spec.env, profile.container),
         "git_sha": profile.git_sha,
     }
+    if spec.gpu_need is not None:
+        entry["gpu_need"] = spec.gpu_need.entry()
+    return entry
 
 
 def task_table(specs: list[LaunchSpec], profile: SlurmProfile, settings: SlurmSettings, python: str) -> str:

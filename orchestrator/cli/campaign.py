@@ -81,6 +81,16 @@ def validate(
                f"{len(points)} cell(s)")  # fmt: skip
 
 
+def auto_gpu(gpu: str | None) -> Any:
+    """--gpu as feasibility takes it: `auto` read from this machine's GPU (said on stderr), else as given."""
+    from orchestrator.run.feasibility import Card, resolve_gpu
+
+    found = resolve_gpu(gpu)
+    if isinstance(found, Card):
+        typer.echo(f"--gpu auto: this machine's GPU is {found} (nvidia-smi)", err=True)
+    return found
+
+
 @app.command()
 def plan(
     file: CampaignFileArg,
@@ -99,6 +109,10 @@ def plan(
     `mbx campaign run` skips them (--strict refuses the campaign instead). With --workspace, the baseline
     campaign is checked to be in that workspace's store, as `validate` does.
 
+    On a GPU node, `--gpu auto` judges every point on this machine's GPU, as nvidia-smi reports it (name and
+    memory; exit 2 when there is none): what `mbx campaign run` finds there too, since every attempt checks its
+    allocation's GPU before the trainer starts and records a point that cannot fit as infeasible.
+
     Example: mbx campaign plan campaigns/quickstart.yaml --gpu H100-80GB --json
     """
     from orchestrator.flow.lifecycle import Options, load
@@ -107,7 +121,7 @@ def plan(
     from orchestrator.spec.sweep import swept_keys
 
     campaign, points = load(file, Options(max_cells=max_cells, strict=strict))  # as run loads it (parity sides too)
-    assessment = check_points(points, gpu, strict, str(file), limits_of(campaign))
+    assessment = check_points(points, auto_gpu(gpu), strict, str(file), limits_of(campaign))
     if workspace is not None:
         from orchestrator.flow.runner import check_baseline
 
@@ -166,7 +180,10 @@ def run(
     Before anything is submitted, every point's peak memory per GPU is estimated; a point that breaks a
     parallel-layout rule, or whose estimate does not fit the GPU (--gpu, else resources.gpu), is infeasible:
     recorded in the store with its reason and skipped, while the rest run. `--strict` refuses the whole
-    campaign instead (exit 2, nothing written). `mbx campaign plan` shows the estimates first.
+    campaign instead (exit 2, nothing written). `mbx campaign plan` shows the estimates first. Each attempt
+    records its allocation's GPU (node.json) before the trainer starts; on a GPU with less memory than the
+    point needs, the trainer is not started and the point is recorded infeasible with the reason (not a
+    failure; every point refused: exit 1). The headroom gate uses each attempt's own GPU.
 
     Every stored result, skipped cells' too, is judged again with the campaign's current gates; a point's
     verdict comes from all its repeats (mean and confidence interval). A second run of a campaign that is
@@ -191,6 +208,7 @@ def run(
     """
     from orchestrator.flow import lifecycle
 
+    gpu = auto_gpu(gpu)  # --gpu auto: this machine's GPU (a local run's allocation)
     options = lifecycle.Options(workspace, launcher, parallel, gpu, strict, max_cells, make_report=report,
                                 log_wandb=wandb)  # fmt: skip
     campaign, points = lifecycle.load(file, options)  # parity sides as sweep factors
@@ -264,7 +282,7 @@ def regate(
     gates = "gates updated" if done.gates_changed else "gates unchanged"
     console().print(Text(f"{name}: {len(points)} point(s) judged; {gates}; {done.rewritten} stored result(s) "
                          f"rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
-    judged = campaign_outcome([p.verdict for p in points], done.parity)
+    judged = campaign_outcome([p.verdict for p in points], done.parity, infeasible=done.judged.infeasible)
     console().print(closing_text(judged), soft_wrap=True)
     for line in parity_lines(done.parity)[1:]:  # a parity campaign: its pairs are judged again too
         console().print(line, soft_wrap=True)

@@ -113,8 +113,9 @@ GpuOpt = Annotated[
     str | None,
     typer.Option(
         "--gpu",
-        help="Target GPU (H200, H100-80GB, GB200, B200, A100-80GB, ... or a size like 80GiB): points whose "
-        "memory estimate does not fit are infeasible and skipped [default: the campaign's resources.gpu].",
+        help="Target GPU (H200, H100-80GB, GB200, B200, A100-80GB, ... or a size like 80GiB; `auto`: this "
+        "machine's GPU, read with nvidia-smi): points whose memory estimate does not fit are infeasible and "
+        "skipped [default: the campaign's resources.gpu].",
         show_default=False,
     ),
 ]

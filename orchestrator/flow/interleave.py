@@ -161,6 +161,9 @@ def drive(sides: dict[str, Side], order: list[CellRow]) -> Driven:
             for cell in order:
                 finished = execute(sides[cell.campaign].plan, [cell], on_event, max_in_flight=1, closing=False)
                 driven.failed += finished.outcome.failed
+                # refused on its node's GPU (orchestrator/run/engine.py): not run, so the comparison lacks it
+                refused = finished.outcome.infeasible
+                driven.failed += [(c, f"infeasible, not run: {why}") for c, why in refused]
         except KeyboardInterrupt:
             progress.progress.stop()
             names = " and ".join(sides)

@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.text import Text
 
-from launchers.base import Launcher, LaunchSpec
+from launchers.base import GpuNeed, Launcher, LaunchSpec
 from orchestrator.errors import ConfigError, MbxError, UsageError, printable
 from orchestrator.flow.runner import (
     Finished,
@@ -35,7 +35,15 @@ from orchestrator.judge.outcome import Outcome as Judged
 from orchestrator.judge.views import campaign_view, cell_view
 from orchestrator.run.baseline import baseline_summaries
 from orchestrator.run.engine import Engine, Event, Outcome, adoptable
-from orchestrator.run.feasibility import Assessment, check_points, limits_of, summary_lines, with_gpu_memory
+from orchestrator.run.feasibility import (
+    Assessment,
+    Card,
+    check_points,
+    gpu_needs,
+    limits_of,
+    summary_lines,
+    with_gpu_memory,
+)
 from orchestrator.run.lock import CampaignLock
 from orchestrator.run.plan_view import estimate_text
 from orchestrator.run.progress import ProgressReporter, print_changes
@@ -60,7 +68,7 @@ class Options:
     workspace: Path = Path("mbx-workspace")
     launcher: str | None = None  # None: the campaign's own (a resumed one: the launcher it was started with)
     parallel: int | None = None  # the local backend's `parallel`
-    gpu: str | None = None  # the GPU of the memory estimate and the headroom gate (else resources.gpu)
+    gpu: str | Card | None = None  # the GPU of the memory estimate and the headroom gate (else resources.gpu)
     strict: bool = False  # refuse the campaign when a point is infeasible, instead of skipping it
     max_cells: int | None = None
     repeats: int | None = None  # sweep.repeats overridden (`mbx compare --run --repeats`)
@@ -84,6 +92,7 @@ class Plan:
     latest: dict[str, AttemptRow] = field(default_factory=dict)  # each cell's highest stored attempt
     specs: list[LaunchSpec] = field(default_factory=list)  # the cells not completed, numbered as a run would
     registered: bool = False  # in the store already (a resumed campaign, or executed once)
+    gpu_needs: dict[str, GpuNeed] = field(default_factory=dict)  # point id → checked on the node (feasibility)
 
     @property
     def attempts(self) -> dict[str, int]:
@@ -120,6 +129,7 @@ def prepare_points(campaign: Campaign, points: list[Point], source: Path | None,
     assessment = check_points(points, options.gpu, options.strict, file, limits_of(campaign))
     cells = cell_rows(campaign, assessment.runnable)
     plan = Plan(workspace, campaign, source, backend, cells, options, points, assessment)
+    plan.gpu_needs = gpu_needs(assessment.records())
     return _numbered(plan)
 
 
@@ -134,10 +144,11 @@ def prepare_stored(workspace: Path, name: str, options: Options) -> Plan:
         if record["launcher"] == INGEST_LAUNCHER:
             raise UsageError(f"campaign {name!r} holds logs ingested with `mbx ingest`: there is nothing to resume")
         cells = store.cells(name)
+        needs = gpu_needs(store.estimates(name))
     campaign = Campaign.model_validate(record["spec"])
     backend = make_launcher(campaign, options.launcher or record["launcher"], workspace, options.parallel)
     source = Path(record["source_file"]) if record.get("source_file") else None
-    plan = Plan(workspace, campaign, source, backend, cells, options, registered=True)
+    plan = Plan(workspace, campaign, source, backend, cells, options, registered=True, gpu_needs=needs)
     return _numbered(plan)
 
 
@@ -149,7 +160,8 @@ def _numbered(plan: Plan) -> Plan:
 
     with read_only(plan.workspace) as store:
         plan.latest = store.latest_attempts(plan.campaign.name) if store is not None else {}
-    plan.specs = Engine(plan.campaign, plan.launcher, plan.workspace).plan(plan.cells, plan.latest)
+    plan.specs = Engine(plan.campaign, plan.launcher, plan.workspace, gpu_needs=plan.gpu_needs).plan(plan.cells,
+                                                                                                     plan.latest)
     try:
         plan.launcher.check_specs(plan.specs)
     except UnsafeValue as err:
@@ -214,7 +226,8 @@ def _engine(store: Store, plan: Plan, on_event: Callable[[Event], None], max_in_
     """The engine over the plan's campaign, at most `max_in_flight` (else --parallel) attempts at once."""
     baseline = baseline_summaries(store, plan.campaign.baseline)
     max_in_flight = max_in_flight if max_in_flight is not None else plan.options.parallel
-    return Engine(plan.campaign, plan.launcher, store.workspace, store, on_event, baseline, max_in_flight)
+    return Engine(plan.campaign, plan.launcher, store.workspace, store, on_event, baseline, max_in_flight,
+                  plan.gpu_needs)
 
 
 def _drive(store: Store, plan: Plan, cells: list[CellRow], closing: bool) -> Finished:
@@ -251,11 +264,12 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
     campaign = plan.campaign
     regated = regate(store, campaign.name)
     points = regated.judged.points
+    infeasible = regated.judged.infeasible
     if not closing:
-        return Finished(outcome, points, judged=run_outcome(outcome, points, []))
+        return Finished(outcome, points, judged=run_outcome(outcome, points, [], infeasible))
     print_changes(regated.changes, "re-judged with the current gates")
     regated.parity = record_parity(store, campaign)
-    judged = run_outcome(outcome, points, regated.parity)
+    judged = run_outcome(outcome, points, regated.parity, infeasible)
     if plan.options.make_report:
         try:
             page = write_report(store.workspace, campaign_view(store, campaign.name), None, judged)
@@ -264,7 +278,7 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
             err_console.print(Text(f"warning: {err}"), soft_wrap=True)
     if plan.options.log_wandb and campaign.wandb.mode != "disabled":
         log_outcome(store.workspace, campaign, judged)
-    print_closing(outcome, points, regated.parity, plan.options.resume_hint)
+    print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible)
     return Finished(outcome, points, regated.parity, judged)
 
 

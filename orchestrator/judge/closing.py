@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from orchestrator.errors import printable
 from orchestrator.judge.outcome import FAIL, PASS, Outcome, campaign_outcome, parity_part
 from orchestrator.run.engine import Outcome as RunOutcome
 from orchestrator.run.regate import PointVerdict
@@ -36,21 +37,26 @@ def parity_lines(pairs: list[Mapping[str, Any]]) -> list[Text]:
     return lines
 
 
-def run_outcome(outcome: RunOutcome, points: list[PointVerdict], pairs: list[dict[str, Any]]) -> Outcome:
-    """The outcome of a run (run, resume): every point's verdict, the cells that did not complete, the pairs."""
+def run_outcome(outcome: RunOutcome, points: list[PointVerdict], pairs: list[dict[str, Any]],
+                infeasible: int = 0) -> Outcome:  # fmt: skip
+    """The outcome of a run (run, resume): every point's verdict, the cells that did not complete, the pairs,
+    and how many points are recorded infeasible (every point infeasible: nothing ran, a failure)."""
     return campaign_outcome([p.verdict for p in points], pairs, completed=outcome.completed, total=outcome.total,
-                            not_completed=len(outcome.failed), skipped=outcome.skipped)  # fmt: skip
+                            not_completed=len(outcome.failed), skipped=outcome.skipped, infeasible=infeasible)  # fmt: skip
 
 
 def print_closing(outcome: RunOutcome, points: list[PointVerdict], pairs: list[dict[str, Any]],
-                  resume_hint: bool = True) -> Outcome:  # fmt: skip
+                  resume_hint: bool = True, infeasible: int = 0) -> Outcome:  # fmt: skip
     """Print the closing line and what stands behind it: cells that did not complete (with `resume_hint`, that
-    `mbx campaign resume` runs the retryable ones again), points that failed or are undecided and why, parity
-    pairs that did not pass. Returns the outcome the exit code comes from."""
-    judged = run_outcome(outcome, points, pairs)
+    `mbx campaign resume` runs the retryable ones again), points refused on their node's GPU, points that
+    failed or are undecided and why, parity pairs that did not pass. Returns the outcome the exit code comes
+    from (`infeasible`: points recorded infeasible, as run_outcome takes it)."""
+    judged = run_outcome(outcome, points, pairs, infeasible)
     for cell, note in outcome.warnings:
         console.print(Text(f"  note: {cell.cell_id} [{cell.label}] {note}", style="yellow"), soft_wrap=True)
     console.print(closing_text(judged), soft_wrap=True)
+    for line in infeasible_lines(outcome):
+        console.print(Text(printable(line)), soft_wrap=True)
     for cell, why in outcome.failed:
         console.print(Text(f"  {cell.cell_id} [{cell.label}] did not complete: {why}"), soft_wrap=True)
     if outcome.retryable and resume_hint:
@@ -62,6 +68,16 @@ def print_closing(outcome: RunOutcome, points: list[PointVerdict], pairs: list[d
     for line in parity_lines(pairs)[1:]:
         console.print(line, soft_wrap=True)
     return judged
+
+
+def infeasible_lines(outcome: RunOutcome) -> list[str]:
+    """The points this run's GPU check refused on their nodes (their allocation's GPU too small), one line each."""
+    points = {cell.point_id: (cell, why) for cell, why in outcome.infeasible}
+    if not points:
+        return []
+    head = (f"  {len(points)} point(s) infeasible on the allocation's GPU, not run (recorded with the reason; "
+            "`mbx campaign plan FILE --gpu auto` on such a node shows them before a run):")  # fmt: skip
+    return [head, *(f"    point [{cell.label}]: {why}" for cell, why in points.values())]
 
 
 def point_lines(points: list[PointVerdict]) -> list[Text]:

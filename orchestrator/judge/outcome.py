@@ -95,8 +95,12 @@ def _counts(verdicts: list[str]) -> str:
     return ", ".join(f"{counted[v]} {word}" for v, word in order if counted[v])
 
 
-def gates_part(point_verdicts: list[str], not_completed: int = 0) -> Part:
-    """The gates' part from every point's verdict (all its repeats); a cell that did not complete fails it."""
+def gates_part(point_verdicts: list[str], not_completed: int = 0, infeasible: int = 0) -> Part:
+    """The gates' part from every point's verdict (all its repeats); a cell that did not complete fails it, and
+    so does a campaign whose every point is infeasible (`infeasible` points recorded so, at plan time or on
+    their node's GPU, and no other point left): nothing ran, nothing passed."""
+    if infeasible and not point_verdicts and not not_completed:
+        return Part("gates", FAIL, f"gates FAIL: every point ({infeasible}) is infeasible, none ran")
     verdict = FAIL if not_completed else combine(point_verdicts)
     n = len(point_verdicts)
     if verdict == PASS:
@@ -142,29 +146,32 @@ def search_part(found: bool, tie: bool, how: str, stop_reason: str | None, faile
 
 # ---- a campaign --------------------------------------------------------------------------------------------
 def campaign_outcome(point_verdicts: list[str], pairs: list[Mapping[str, Any]], *, completed: int | None = None,
-                     total: int | None = None, not_completed: int = 0, skipped: int = 0) -> Outcome:  # fmt: skip
-    """A campaign's outcome: its gates (every point's verdict; `not_completed` cells fail them) and its parity
-    pairs, after `completed` of `total` cells completed (`skipped` of them already before this run; not said
-    when None: a re-judging, which runs nothing)."""
+                     total: int | None = None, not_completed: int = 0, skipped: int = 0,
+                     infeasible: int = 0) -> Outcome:  # fmt: skip
+    """A campaign's outcome: its gates (every point's verdict; `not_completed` cells fail them, and so does
+    every point being one of the `infeasible`) and its parity pairs, after `completed` of `total` cells
+    completed (`skipped` of them already before this run; not said when None: a re-judging, which runs
+    nothing)."""
     head = ""
     if completed is not None and total is not None:
         head = f"{completed}/{total} completed" + (f" ({skipped} skipped: already completed)" if skipped else "")
         head += ", "
     head += f"{len(point_verdicts)} point(s)"
     parity = parity_part(pairs)
-    parts = (gates_part(point_verdicts, not_completed), *([parity] if parity else []))
+    parts = (gates_part(point_verdicts, not_completed, infeasible), *([parity] if parity else []))
     return Outcome(head, parts)
 
 
 def view_outcome(view: Any, trials: list[Mapping[str, Any]] | None = None) -> Outcome:
-    """The outcome of a campaign as a report view holds it (reports.views.CampaignView: its points' verdicts
-    and its parity pairs, judged in memory), or of a search as its trial rows store it: what status, the report
+    """The outcome of a campaign as a report view holds it (reports.views.CampaignView: its points' verdicts,
+    its parity pairs, judged in memory, and its infeasible points), or of a search as its trial rows store it: what status, the report
     page and summary.md say."""
     searched = stored_search_outcome(trials or [])
     if searched is not None:
         return searched
     completed = sum(c.state == "completed" for c in view.cells)
-    return campaign_outcome([p.verdict for p in view.points], view.parity, completed=completed, total=len(view.cells))
+    return campaign_outcome([p.verdict for p in view.points], view.parity, completed=completed, total=len(view.cells),
+                            infeasible=view.infeasible)  # fmt: skip
 
 
 SEARCH_OUTCOME = "search_outcome"  # the key under which each stored trial row keeps its search's outcome

@@ -64,17 +64,22 @@ def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignVi
         view.gate = judged.gates.get(cell.cell_id, view.gate)
         cells.append(view)
     point_gates = {p.point_id: p.gate for p in judged.points}
+    gates = campaign.gates.model_dump(exclude_none=True)
+    measured = {c.summary.gpu_memory_gib for c in cells if c.summary is not None}
+    if "headroom_gib_min" in gates and len(measured) == 1 and None not in measured:
+        gates["gpu_memory_gib"] = measured.pop()  # the GPU every run recorded on its node: what the gate used
     return CampaignView(
         name=name,
         description=campaign.description,
         axes=swept_keys(campaign),
         cells=cells,
-        gates=campaign.gates.model_dump(exclude_none=True),
+        gates=gates,
         window=campaign.collect.window,
         source_file=record["source_file"],
         baseline=campaign.baseline,
         points=group_points(cells, lambda members: point_gates.get(members[0].point_id)),
         parity=[v.to_dict() for v in parity_verdicts(store, name, campaign)],
+        infeasible=judged.infeasible,
     )
 
 

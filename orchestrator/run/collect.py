@@ -3,7 +3,7 @@ from them: orchestrator/judge/views.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,8 @@ def classify_attempt(
 def collect_attempt(
     run_dir: Path, gates: GateSpec, window: int, baseline: Summary | None = None, job_state: str | None = None
 ) -> Collected:
-    """Read an attempt's status, exit and metrics through trainer/rundir.py and judge it against the gates.
+    """Read an attempt's status, exit, metrics and GPU (node.json) through trainer/rundir.py and judge it
+    against the gates (the headroom gate on that GPU's memory).
 
     The state is `rundir.resolve_state`'s (`job_state`: the launcher's word when the run dir says nothing);
     a failed attempt without a failure class is classified from its logs.
@@ -65,7 +66,7 @@ def collect_attempt(
     resolution = rundir.resolve_state(status, exit_info, job_state=job_state)
     state, reason, failure_class = resolution.state, resolution.reason, resolution.failure_class
     rows, metrics_problem = rundir.read_metrics_checked(run_dir)
-    summary = summarize(rows, window) if rows else None
+    summary = with_gpu(summarize(rows, window), run_dir) if rows else None
     if state != "completed" and "failure_class" not in (status or {}):
         facts = {**(status or {}), **(resolution.write or {}), "state": state}
         failure_class, evidence = classify_attempt(run_dir, facts, exit_info)
@@ -80,6 +81,16 @@ def collect_attempt(
             if check.gate == "metrics" and metrics_problem:
                 check.message += f" ({metrics_problem})"
     return Collected(state, reason, failure_class, summary, gate)
+
+
+def with_gpu(summary: Summary, run_dir: Path) -> Summary:
+    """The summary with the attempt's GPU as its node recorded it (node.json: name and memory), if it did."""
+    node = rundir.read_node(run_dir) or {}
+    memory = node.get("gpu_memory_gib")
+    if not isinstance(memory, (int, float)) or isinstance(memory, bool):
+        return summary
+    name = node.get("gpu_name")
+    return replace(summary, gpu_name=str(name) if name else None, gpu_memory_gib=float(memory))
 
 
 def damaged_files(run_dir: Path, metrics_problem: str | None = None) -> list[str]:

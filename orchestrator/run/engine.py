@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launchers.base import JobState, Launcher, LaunchSpec, Rendered, Submitted
+from launchers.base import GpuNeed, JobState, Launcher, LaunchSpec, Rendered, Submitted
 from orchestrator import trainers
 from orchestrator.errors import RunError
 from orchestrator.run.baseline import baseline_for
 from orchestrator.run.collect import Collected, collect_attempt
+from orchestrator.run.feasibility import limits_of, on_card
 from orchestrator.run.fingerprint import login_fingerprint
 from orchestrator.run.inflight import InFlight, Pending
 from orchestrator.run.requeue import record_requeues
@@ -34,12 +35,13 @@ CANCEL_WAIT_S = 30.0  # after cancelling a hung attempt, collect it even if the 
 class Event:
     """Something the engine reports to its caller (progress display)."""
 
-    kind: str  # "submitted" | "finished" | "adopted" | "skipped" | "retrying" | "requeued" | "progress" | "hung"
+    # "submitted" | "finished" | "adopted" | "skipped" | "retrying" | "requeued" | "progress" | "hung" | "infeasible"
+    kind: str
     cell: CellRow
     attempt: int
     collected: Collected | None = None
     progress: tuple[int | None, int | None] | None = None  # (last step logged, planned steps)
-    note: str | None = None  # why a retry happens, or what was done to a hung attempt
+    note: str | None = None  # why a retry happens, what was done to a hung attempt, why a point is infeasible
 
 
 @dataclass
@@ -55,6 +57,9 @@ class Outcome:
     # completed, but with a note (e.g. hung after its last step: results kept, process cancelled)
     warnings: list[tuple[CellRow, str]] = field(default_factory=list)
     retryable: list[str] = field(default_factory=list)  # classes of failed cells a resume runs again (retry.on)
+    # cells the GPU check refused on their node (the allocation's GPU too small for the point): not run, not
+    # failed, not in `total` (as a point infeasible at plan time), each with the reason
+    infeasible: list[tuple[CellRow, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -78,9 +83,12 @@ class Engine:
         on_event: Callable[[Event], None] | None = None,
         baseline: dict[str, Summary] | None = None,
         max_in_flight: int | None = None,
+        gpu_needs: dict[str, GpuNeed] | None = None,
     ):
         """`store` None: an engine that can only plan and render (a dry run). `max_in_flight` caps the
-        attempts out at once below the launcher's own limit (the CLI's --parallel)."""
+        attempts out at once below the launcher's own limit (the CLI's --parallel). `gpu_needs`: point id →
+        what its GPU must hold (orchestrator/run/feasibility.py's gpu_needs), checked on the node before the
+        point's command starts."""
         self.campaign = campaign
         self.launcher = launcher
         self.root = Path(workspace) / campaign.name
@@ -89,6 +97,7 @@ class Engine:
         self.baseline = baseline or {}
         limits = [n for n in (launcher.max_in_flight, max_in_flight) if n is not None]
         self.max_in_flight = min(limits) if limits else None
+        self.gpu_needs = gpu_needs or {}
 
     @property
     def store(self) -> Store:
@@ -101,7 +110,10 @@ class Engine:
 
     # the plan: what a run submits, as launch specs -------------------------------------------------------
     def spec(self, cell: CellRow, attempt: AttemptRow) -> LaunchSpec:
-        return trainers.get(cell.trainer_kind).launch_spec(self.campaign, cell, attempt)
+        """What the launcher runs for this attempt: the trainer kind's spec, with what its GPU must hold."""
+        spec = trainers.get(cell.trainer_kind).launch_spec(self.campaign, cell, attempt)
+        spec.gpu_need = self.gpu_needs.get(cell.point_id)
+        return spec
 
     def plan(self, cells: list[CellRow], latest: dict[str, AttemptRow]) -> list[LaunchSpec]:
         """Launch specs of the cells not yet completed nor running, numbered as a real run would number them.
@@ -227,9 +239,8 @@ class Engine:
                 self.campaign.name, cell.cell_id, self.launcher.name, lambda n, c=cell: self.run_dir(c, n),
                 item.try_number, item.steps_before,
             )  # fmt: skip
-            kind = trainers.get(cell.trainer_kind)
-            spec = kind.launch_spec(self.campaign, cell, attempt)
-            kind.write_inputs(cell, spec)
+            spec = self.spec(cell, attempt)
+            trainers.get(cell.trainer_kind).write_inputs(cell, spec)
             self._write_launch(spec, attempt, None)
         except OSError as err:
             reason = (f"mbx could not prepare the run directory: {rundir.one_line(err)}; fix that, then "
@@ -319,6 +330,10 @@ class Engine:
             steps = rundir.last_logged_step(flight.run_dir)
         except Exception as err:  # noqa: BLE001 - unreadable run dir files never stop the run nor leave it running
             collected, steps = self._failed(f"mbx could not collect this attempt: {rundir.one_line(err)}"), None
+        if collected.failure_class == rundir.INFEASIBLE:
+            self._record(flight.cell, attempt, collected)
+            self._infeasible(flight, collected, pending, outcome)
+            return
         decision = decide(self.campaign.retry, collected.state, collected.failure_class, attempt.try_number,
                           steps, attempt.steps_before, flight.adopted)  # fmt: skip
         if not decision.retry and decision.why:
@@ -331,6 +346,25 @@ class Engine:
         self._count_finished(outcome, flight.cell, self.store.attempt(self.campaign.name, flight.cell.cell_id,
                                                                       attempt.attempt), not decision.real_failure)  # fmt: skip
         self.on_event(Event("finished", flight.cell, attempt.attempt, collected))
+
+    def _infeasible(self, flight: InFlight, collected: Collected, pending: list[Pending], outcome: Outcome) -> None:
+        """A point the GPU check refused on its node: judged again on that GPU (feasibility.on_card), recorded
+        infeasible with the reason in the store's estimates, its cells taken out of the active set (as at plan
+        time) and its repeats not yet submitted dropped; counted in `outcome.infeasible`, never retried, never
+        a failure."""
+        name, cell = self.campaign.name, flight.cell
+        cells = self.store.deactivate_point(name, cell.point_id)
+        node = rundir.read_node(flight.run_dir) or {}
+        refusal = collected.reason or "infeasible on this allocation's GPU"
+        record = on_card(cell, cells, node, limits_of(self.campaign), refusal)
+        self.store.record_estimates(name, [record])
+        reason = str(record["reason"])
+        dropped = [item for item in pending if item.cell.point_id == cell.point_id]
+        pending[:] = [item for item in pending if item.cell.point_id != cell.point_id]
+        for other, attempt in [(cell, flight.attempt.attempt), *((item.cell, 0) for item in dropped)]:
+            outcome.total -= 1
+            outcome.infeasible.append((other, reason))
+            self.on_event(Event("infeasible", other, attempt, collected if other is cell else None, note=reason))
 
     def _record(self, cell: CellRow, attempt: AttemptRow, collected: Collected) -> None:
         summary = collected.summary.to_dict() if collected.summary else None

@@ -1,14 +1,20 @@
 """Feasibility before submission: each point's memory estimate against its GPU, and its layout problems; an
-infeasible point is recorded with its reason (the store's `estimates` table) and skipped, the rest run."""
+infeasible point is recorded with its reason (the store's `estimates` table) and skipped, the rest run. Each
+feasible point's need (`need_gib`) is checked again on its node's real GPU before the trainer starts
+(launchers/node/attempt.py); a point refused there is judged again on that GPU here (`on_card`)."""
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Sequence
+import shutil
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.errors import ConfigError
+from launchers.base import GpuNeed
+from orchestrator.errors import ConfigError, UsageError
+from orchestrator.run.store import CellRow
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.sweep import Point
 from orchestrator.trainers import memory_estimate
@@ -59,6 +65,53 @@ def gpu_memory_gib(name: str) -> float:
     return GPU_MEMORY_GIB[canonical]
 
 
+@dataclass(frozen=True)
+class Card:
+    """A GPU as found on a machine (launchers/node/fingerprint.py, nvidia-smi): its name and memory in GiB
+    (memory.total rounded down to 0.1); feasibility judges a point on it as on a GPU named in the table."""
+
+    name: str
+    memory_gib: float
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.memory_gib:.1f} GiB)"
+
+
+AUTO = "auto"  # --gpu auto: the GPU of the machine mbx runs on
+
+
+def resolve_gpu(option: str | None) -> str | Card | None:
+    """The --gpu option as feasibility takes it: `auto` → this machine's GPU (the smallest, if several), read
+    with nvidia-smi; UsageError (exit 2) saying so when there is none. Anything else as given."""
+    if option is None or option.strip().lower() != AUTO:
+        return option
+    from launchers.node.fingerprint import card, query_gpus
+
+    found = card(query_gpus())
+    if found is None:
+        why = "nvidia-smi lists no GPU" if shutil.which("nvidia-smi") else "there is no nvidia-smi on PATH"
+        raise UsageError(f"--gpu auto: no GPU on this machine ({why}); run it on a GPU node, or name the "
+                         f"GPU: --gpu H100-80GB ({', '.join(GPU_MEMORY_GIB)}) or a size such as 80GiB")  # fmt: skip
+    return Card(str(found["name"]), float(found["memory_gib"]))
+
+
+def _target(gpu: str | Card | None) -> tuple[str | None, float | None]:
+    """(name, memory GiB) of a GPU given by table name, size or Card (None, None for none)."""
+    if gpu is None:
+        return None, None
+    if isinstance(gpu, Card):
+        return gpu.name, gpu.memory_gib
+    name = gpu_name(gpu)
+    return name, gpu_memory_gib(name)
+
+
+def gpu_text(gpu: str | None, gpu_gib: float | None) -> str:
+    """A GPU as reasons name it: "H200, 139.8 GiB" (a size alone: "80.0 GiB")."""
+    if gpu_gib is None:
+        return gpu or "an unknown GPU"
+    return f"{gpu_gib:.1f} GiB" if not gpu or _SIZE_RE.match(gpu) else f"{gpu}, {gpu_gib:.1f} GiB"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # One point's feasibility.
 # ---------------------------------------------------------------------------------------------------------
@@ -82,6 +135,7 @@ class PointFeasibility:
     feasible: bool
     reason: str | None  # why it cannot run (layout problems, then memory; no point name); None when feasible
     source: str | None = None  # "bundled" or "megatron": which model made the estimate
+    need_gib: float | None = None  # the smallest GPU memory it fits on (slack and headroom gate included)
     note: str | None = None  # why there is no estimate, or the model's caveats
     problems: list[str] = field(default_factory=list)  # the same, each as a campaign error line
 
@@ -95,7 +149,7 @@ class Assessment:
 
     rows: list[PointFeasibility]
     runnable: list[Point]
-    gpu: str | None
+    gpu: str | Card | None
 
     @property
     def infeasible(self) -> list[PointFeasibility]:
@@ -151,14 +205,21 @@ def memory_problem(est: MemoryEstimate, gpu: str, gpu_gib: float) -> str | None:
     )
 
 
-def assess_point(cells: list[Point], estimator: Estimator, gpu: str | None,
+def need_gib(est: MemoryEstimate, limits: Limits) -> float:
+    """The smallest GPU memory (GiB, rounded up to 0.001) on which the estimate fits (`memory_problem`) and
+    keeps the headroom gate's minimum (`limit_problems`): what the attempt wrapper checks on the node."""
+    need = (est.peak_bytes + est.reserve_bytes) / GIB
+    if limits.headroom_gib_min is not None:
+        need = max(need, est.peak_gib + limits.headroom_gib_min)
+    return math.ceil(need * 1000) / 1000
+
+
+def assess_point(cells: list[Point], estimator: Estimator, gpu: str | Card | None,
                  limits: Limits = Limits()) -> PointFeasibility:  # fmt: skip
-    """One point (its cells, repeats of it): layout problems, estimate, the fit on `gpu` (a table name or a
-    size; None: the point's resources.gpu, else no memory check) and the campaign's own memory `limits`."""
+    """One point (its cells, repeats of it): layout problems, estimate, the fit on `gpu` (a table name, a
+    size or a Card; None: the point's resources.gpu, else no memory check) and the campaign's own `limits`."""
     first = cells[0]
-    gpu = gpu or first.resources.get("gpu")
-    gpu = gpu_name(gpu) if gpu else None
-    gpu_gib = gpu_memory_gib(gpu) if gpu else None
+    gpu, gpu_gib = _target(gpu or first.resources.get("gpu"))
     problems = list(first.infeasible)
     est, note = None, None
     if not problems:
@@ -189,16 +250,17 @@ def assess_point(cells: list[Point], estimator: Estimator, gpu: str | None,
         feasible=not problems,
         reason="; ".join(p.removeprefix(f"point [{first.label}]: ") for p in problems) or None,
         source=first.trainer_kind if est else None,
+        need_gib=need_gib(est, limits) if est else None,
         note=note or ("; ".join(est.notes) if est and est.notes else None),
         problems=problems,
     )
 
 
-def assess(points: Sequence[Point], estimator: Estimator, gpu: str | None = None,
+def assess(points: Sequence[Point], estimator: Estimator, gpu: str | Card | None = None,
            limits: Limits = Limits()) -> Assessment:  # fmt: skip
-    """Every point of an expansion (cells grouped by point id, in order) judged; `gpu` (the CLI's --gpu)
-    wins over each point's resources.gpu."""
-    if gpu:
+    """Every point of an expansion (cells grouped by point id, in order) judged; `gpu` (the CLI's --gpu, or
+    the Card `--gpu auto` found) wins over each point's resources.gpu."""
+    if isinstance(gpu, str) and gpu:
         gpu = gpu_name(gpu)  # an unknown name is refused before anything is estimated
     groups: dict[str, list[Point]] = {}
     for point in points:
@@ -246,7 +308,7 @@ def summary_lines(assessment: Assessment, limit: int | None = None) -> list[str]
     return lines + problems
 
 
-def check_points(points: Sequence[Point], gpu: str | None, strict: bool, file: str | None,
+def check_points(points: Sequence[Point], gpu: str | Card | None, strict: bool, file: str | None,
                  limits: Limits = Limits()) -> Assessment:  # fmt: skip
     """The runner's, the dry run's, the search's and the plan's feasibility step: every point judged by its
     trainer kind's estimate on `gpu` (None: each point's resources.gpu) and the campaign's `limits`
@@ -256,16 +318,47 @@ def check_points(points: Sequence[Point], gpu: str | None, strict: bool, file: s
     return assessment
 
 
-def with_gpu_memory(campaign: Campaign, gpu: str | None) -> Campaign:
-    """The campaign as run: `gpu` (the CLI's --gpu) recorded as its resources.gpu, and gates.gpu_memory_gib
-    filled from it (or resources.gpu) when a headroom gate needs it and the file does not give it (stored with
-    the campaign, so regate, status, the report and freeze judge headroom on that GPU)."""
+def with_gpu_memory(campaign: Campaign, gpu: str | Card | None) -> Campaign:
+    """The campaign as run: `gpu` (the CLI's --gpu; a Card as its size) recorded as its resources.gpu, and
+    gates.gpu_memory_gib filled from it (or resources.gpu) when a headroom gate needs it and the file does not
+    give it (stored with the campaign: regate, status, the report and freeze judge headroom on that GPU where
+    an attempt recorded no GPU of its own; reports/gates.py)."""
     if gpu:
-        resources = campaign.resources.model_copy(update={"gpu": gpu_name(gpu)})
-        campaign = campaign.model_copy(update={"resources": resources})
+        named = f"{gpu.memory_gib:g}GiB" if isinstance(gpu, Card) else gpu_name(gpu)
+        campaign = campaign.model_copy(update={"resources": campaign.resources.model_copy(update={"gpu": named})})
     gates = campaign.gates
-    name = gpu or campaign.resources.gpu
-    if gates.headroom_gib_min is None or gates.gpu_memory_gib is not None or not name:
+    _, memory = _target(gpu or campaign.resources.gpu)
+    if gates.headroom_gib_min is None or gates.gpu_memory_gib is not None or memory is None:
         return campaign
-    filled = gates.model_copy(update={"gpu_memory_gib": gpu_memory_gib(name)})
-    return campaign.model_copy(update={"gates": filled})
+    return campaign.model_copy(update={"gates": gates.model_copy(update={"gpu_memory_gib": memory})})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On the node: what each point's GPU must hold, and a point the GPU check refused, judged on that GPU.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def gpu_needs(records: Iterable[dict[str, Any]]) -> dict[str, GpuNeed]:
+    """Point id → what its GPU must hold, from assessment records (`Assessment.records()`, or the store's
+    `estimates`): feasible points with an estimate judged on a GPU. Points without an estimate (a command
+    trainer whose flags do not give the model's shape) are never refused; their GPU is still recorded."""
+    return {
+        r["point_id"]: GpuNeed(float(r["need_gib"]), gpu_text(r.get("gpu"), r.get("gpu_gib")))
+        for r in records
+        if r.get("feasible") and r.get("need_gib") is not None and r.get("gpu_gib") is not None
+    }
+
+
+def on_card(cell: CellRow, cells: list[str], node: dict[str, Any], limits: Limits, refusal: str) -> dict[str, Any]:
+    """The estimates record of a point the attempt wrapper refused on its node's GPU (node.json's gpu_name and
+    gpu_memory_gib): the point judged again on that GPU, infeasible with the reason (the node's `refusal`
+    stands when the judgement here finds it would fit: the trainer never started either way)."""
+    point = Point(cell.cell_id, cell.point_id, cell.repeat, cell.params, cell.recipe, cell.resources, cell.env,
+                  cell.label, cell.trainer_kind)  # fmt: skip
+    memory = node.get("gpu_memory_gib")
+    card = Card(str(node.get("gpu_name") or "GPU"), float(memory)) if isinstance(memory, (int, float)) else None
+    row = assess_point([point], memory_estimate, card, limits) if card else None
+    record = row.to_dict() if row else {"point_id": cell.point_id, "label": cell.label, "params": cell.params,
+                                        "world_size": point.world_size, "estimate_gib": None, "gpu": None}  # fmt: skip
+    record.update(cells=cells, feasible=False, reason=(row.reason if row and row.reason else refusal))
+    return record

@@ -94,6 +94,11 @@ class ProgressReporter:
                               f"{collected.state} ({collected.failure_class}): ",
                               (collected.reason or "no reason", "yellow"), f" — retrying ({event.note})")
             )  # fmt: skip
+        elif event.kind == "infeasible":  # refused on its node before the trainer started: not a failure
+            self.running.discard(cell.cell_id)
+            self.progress.advance(self.task)
+            self.progress.console.print(Text.assemble(("  ⊘ ", "bold yellow"), f"{cell.cell_id} [{cell.label}] "
+                                                      "infeasible, not run: ", (event.note or "", "yellow")))  # fmt: skip
         elif event.kind == "finished":
             self.running.discard(cell.cell_id)
             self.steps.pop(cell.cell_id, None)

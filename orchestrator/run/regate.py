@@ -44,6 +44,7 @@ class Judged:
     attempts: dict[str, int] = field(default_factory=dict)  # cell id → that attempt's number
     stored: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # cell id → the stored gate result
     points: list[PointVerdict] = field(default_factory=list)
+    infeasible: int = 0  # points recorded infeasible (the estimates: at plan time or on their node's GPU)
 
 
 def run_spikes(
@@ -82,7 +83,7 @@ def judge_campaign(store: Store, name: str, spec: GateSpec, baseline: str | None
     """Every active cell's latest finished attempt judged with `spec`, and every point from all its repeats."""
     baselines = baseline_summaries(store, baseline)
     latest = store.latest_attempts(name)
-    judged = Judged()
+    judged = Judged(infeasible=sum(not e["feasible"] for e in store.estimates(name)))
     by_point: dict[str, list[CellRow]] = {}
     for cell in store.cells(name):
         by_point.setdefault(cell.point_id, []).append(cell)

@@ -525,6 +525,16 @@ class Store:
         )
         return [_cell(r) for r in self._rows(query, (campaign,))]
 
+    def deactivate_point(self, campaign: str, point_id: str) -> list[str]:
+        """Take a point's cells out of the campaign's active set (a point found infeasible on its allocation's
+        GPU: like a point infeasible at plan time, it has no active cells); returns all its cell ids."""
+        with self._transaction() as db:
+            db.execute("UPDATE cells SET active=0 WHERE campaign=? AND point_id=?", (campaign, point_id))
+            rows = db.execute("SELECT cell_id FROM cells WHERE campaign=? AND point_id=? ORDER BY ordinal",
+                              (campaign, point_id)).fetchall()  # fmt: skip
+            self._write_manifest(db, campaign)
+        return [r["cell_id"] for r in rows]
+
     # attempts ------------------------------------------------------------------------------------------
     def reserve_attempt(
         self,

@@ -218,6 +218,9 @@ def _decide(
             f"within {facts.hung.get('grace_s', 0):.0f} s; it was cancelled (its results are kept)"
         )
         return "completed", reason, "hung_after_finish", False
+    said = facts.launcher_status or {}
+    if said.get("failure_class") == rundir.INFEASIBLE:  # the GPU check refused it: the command never started
+        return "failed", said.get("reason"), rundir.INFEASIBLE, False
     seen = rundir.resolve_state(facts.launcher_status, facts.exit_info)
     if seen.state in STOPPED:
         failure_class = seen.failure_class or _CLASS_OF_STOP.get(seen.state)
