@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import RunError, UsageError
 from orchestrator.judge.compare_config import config_diff, diff_line, point_config
@@ -36,6 +36,9 @@ from orchestrator.run.store import CellRow, Store
 from reports import compare as stats
 from reports.window import DEFAULT_WINDOW, summarize, window_rows
 from trainer import rundir
+
+if TYPE_CHECKING:
+    from orchestrator.judge.run_floor import FloorBook
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ def _window_size(store: Store, name: str) -> int:
     return window if isinstance(window, int) and window > 0 else DEFAULT_WINDOW
 
 
-def _fingerprint(run_dir: Path) -> dict[str, Any]:
+def run_fingerprint(run_dir: Path) -> dict[str, Any]:
     """rundir's fingerprint, with the GPU and torch that status.json names when no other file does."""
     found = dict(rundir.read_fingerprint(run_dir) or {})
     status = rundir.read_status(run_dir) or {}
@@ -165,7 +168,7 @@ def _repeat(store: Store, name: str, cell: CellRow, attempt: Any, window: int) -
         if stored is None:
             return None
         summary = stored.to_dict()
-    return Repeat(cell.cell_id, summary, window_rows(rows, window), _fingerprint(run_dir), rows)
+    return Repeat(cell.cell_id, summary, window_rows(rows, window), run_fingerprint(run_dir), rows)
 
 
 def load_points(store: Store, name: str) -> list[Point]:
@@ -240,6 +243,17 @@ def load_sides(workspace: Path, a: str, b: str) -> tuple[list[Point], list[Point
     return loaded[0], loaded[1]
 
 
+def load_floors(workspace: Path, refs: tuple[str, str]) -> FloorBook | None:
+    """The workspace's run-to-run floors (orchestrator/judge/run_floor.py); None (the stated default) when both
+    sides are golden-values files."""
+    from orchestrator.judge.run_floor import workspace_floors
+
+    if all(golden_ref(ref) for ref in refs):
+        return None
+    with Store(workspace, create=False) as store:
+        return workspace_floors(store)
+
+
 def _find(points: list[Point], ref: str, side: str) -> Point:
     for point in points:
         if ref == point.point_id or ref in point.cell_ids:
@@ -301,17 +315,20 @@ def check_hardware(a: Point, b: Point, allow: bool) -> None:
         )
 
 
-def side_notes(a: Point, b: Point) -> tuple[list[str], list[str]]:
-    """(sides without a fingerprint, notes): golden-values sides, and the single-repeat rule where it applies."""
+def side_notes(
+    a: Point, b: Point, floor: stats.RunFloor = stats.DEFAULT_RUN_FLOOR
+) -> tuple[list[str], list[str]]:
+    """(sides without a fingerprint, notes): golden-values sides, and the single-repeat rule where it applies
+    (`floor`: the run-to-run floor of step time it widens the within-run CI by)."""
     sides = (("A", a), ("B", b))
     missing = [f"{name} ({p.campaign})" for name, p in sides if p.source == "golden"]
     single = [f"{name} ({p.campaign})" for name, p in sides if len(p.repeats) == 1]
     notes = []
     if single:
+        widened = stats.single_run_note(len(a.repeats), len(b.repeats), floor)
         notes.append(f"one repeat on {' and '.join(single)}: the single-repeat rule decides step time and loss "
-                     "(never SAME; DIFFERENT only for a large effect on the per-step samples); peak memory is "
-                     f"deterministic and compared against its floor ({stats.MEMORY_FLOOR.text()}); more repeats "
-                     "can settle an UNKNOWN")  # fmt: skip
+                     f"({widened}; never SAME); peak memory is deterministic and compared against its floor "
+                     f"({stats.MEMORY_FLOOR.text()}); more repeats can settle an UNKNOWN")  # fmt: skip
     return missing, notes
 
 
@@ -332,15 +349,19 @@ def curve_diagnosis(a: Point, b: Point, loss_tolerance: float) -> list[str]:
 
 
 def compare_pair(a: Point, b: Point, metrics: tuple[Metric, ...], min_effect: float,
-                 min_effects: dict[str, float] | None = None, looks: int = 1) -> PairResult:  # fmt: skip
-    """Decide every metric of B against A (`looks`: the most looks of a sequential comparison), diagnose, and
-    say what the two sides ran differently (configuration, then environment)."""
+                 min_effects: dict[str, float] | None = None, looks: int = 1,
+                 floors: FloorBook | None = None) -> PairResult:  # fmt: skip
+    """Decide every metric of B against A (`looks`: the most looks of a sequential comparison; `floors`: the
+    workspace's run-to-run floors for a side of one run, else the stated default), diagnose, and say what the
+    two sides ran differently (configuration, then environment)."""
     effects = {m.name: (min_effects or {}).get(m.name, min_effect) for m in metrics}
+    run_floors = {m.name: floors.for_pair(a, b, m) if floors else stats.DEFAULT_RUN_FLOOR for m in metrics}
     decisions = {m.name: stats.compare_samples(_samples(a, m), _samples(b, m), effects[m.name], floor=m.floor,
-                                               looks=looks) for m in metrics}  # fmt: skip
+                                               looks=looks, run_floor=run_floors[m.name]) for m in metrics}  # fmt: skip
     diagnosis = stats.diagnose(decisions, "step_time", ("peak_alloc", "peak_reserved"), "final_loss")
     diagnosis += curve_diagnosis(a, b, (min_effects or {}).get("final_loss", min_effect))
-    missing, notes = side_notes(a, b)
+    timed = next((m for m in metrics if m.step_key and not m.floor), None)
+    missing, notes = side_notes(a, b, run_floors[timed.name] if timed else stats.DEFAULT_RUN_FLOOR)
     diff = [] if missing else fingerprint_diff(a, b)
     configured = a.config is not None and b.config is not None
     changed = config_diff(a.config or {}, b.config or {}) if configured else []
@@ -412,7 +433,10 @@ def compare_campaigns(workspace: Path, a: str, b: str, *, metrics: list[str] | N
             raise UsageError(f"{empty.campaign} point {empty.point_id} has no completed repeat to compare")
         if "golden" not in (left.source, right.source):  # a golden file records no GPU
             check_hardware(left, right, allow_different_hardware)
-    results = [compare_pair(left, right, chosen, min_effect, min_effects, looks) for left, right in matched]
+    floors = load_floors(workspace, (a, b))
+    results = [
+        compare_pair(left, right, chosen, min_effect, min_effects, looks, floors) for left, right in matched
+    ]
     return Comparison(a, b, min_effect, results, unmatched, min_effects, looks)
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.judge import best as best_rule
-from orchestrator.judge.compare import METRICS, Metric, Point, compare_pair
+from orchestrator.judge.compare import METRICS, Metric, Point
 from orchestrator.spec.search import Search
 from orchestrator.spec.sweep import canonical_json
 from reports import compare as stats
@@ -88,8 +88,9 @@ def loss_problem(evidence: Evidence, base: Evidence | None, tolerance: float) ->
 def rank(
     evidences: list[Evidence], metric: Metric, min_effect: float
 ) -> list[tuple[Evidence, stats.Decision | None]]:
-    """Eligible points best first: the leader by mean, then the points not DIFFERENT (worse) than it (by mean),
-    then the ones that are (by mean); each with its verdict against the leader (None for the leader)."""
+    """Eligible points best first: the leader by mean, then the points tied with it (not DIFFERENT (worse):
+    orchestrator/judge/best.py's one tie rule), by mean, then the ones that lost (by mean); each with its verdict
+    against the leader (None for the leader)."""
     sign = 1 if metric.higher_is_worse else -1
     by_mean = sorted(evidences, key=lambda e: sign * (mean_of(e.point, metric.summary_key) or 0.0))
     if not by_mean:
@@ -97,10 +98,10 @@ def rank(
     leader, decided = by_mean[0], []
     for other in by_mean[1:]:
         assert leader.point is not None and other.point is not None
-        decision = compare_pair(leader.point, other.point, (metric,), min_effect).decisions[metric.name]
+        decision = best_rule.versus(leader.point, other.point, metric, min_effect)
         decided.append((other, decision))
-    contenders = [(e, d) for e, d in decided if not best_rule.clearly_worse(d, metric, min_effect)]
-    worse = [(e, d) for e, d in decided if best_rule.clearly_worse(d, metric, min_effect)]
+    contenders = [(e, d) for e, d in decided if not best_rule.loses(d, metric)]
+    worse = [(e, d) for e, d in decided if best_rule.loses(d, metric)]
     return [(leader, None), *contenders, *worse]
 
 
