@@ -88,7 +88,7 @@ def test_the_config_difference_is_printed_first(recorded: Path, mbx) -> None:
     text = mbx(*args)
     assert text.returncode == 3, text.stdout + text.stderr
     lines = text.stdout.splitlines()
-    diff = "config differs (first suspect): trainer.recipe.cross_entropy: fused → native"
+    diff = "config differs (first suspect: kernels and fusions): trainer.recipe.cross_entropy: fused → native"
     assert lines[1] == diff, text.stdout  # right under the pair's title, before the environment and the table
     assert lines[2] == "fingerprint: no difference in the recorded environment"
     assert lines.index(diff) < next(i for i, line in enumerate(lines) if "step time (ms)" in line)

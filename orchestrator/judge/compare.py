@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import RunError, UsageError
-from orchestrator.judge.compare_config import config_diff, diff_line, point_config
+from orchestrator.judge.compare_config import config_diff, diff_line, point_config, ranked
 from orchestrator.judge.golden import load_golden
 from orchestrator.run.baseline import params_key, summary_from_dict
 from orchestrator.run.store import CellRow, Store
@@ -74,7 +74,6 @@ SUSPECT_KEYS = (
     "git_sha",
 )
 GOLDEN_POINT = "golden"  # the point id of a golden-values file (for --pair POINT:golden)
-CONFIG_SHOWN = 12  # config differences listed in text and Markdown (--json has all)
 
 
 @dataclass
@@ -368,17 +367,21 @@ def compare_pair(a: Point, b: Point, metrics: tuple[Metric, ...], min_effect: fl
     return PairResult(a, b, decisions, diagnosis, diff, missing, notes, changed)
 
 
-def config_lines(result: PairResult, limit: int | None = CONFIG_SHOWN) -> list[str]:
-    """What the two sides ran differently, first of all: `key: A → B` lines, or why there are none."""
+def config_lines(result: PairResult) -> list[str]:
+    """What the two sides ran differently, first of all: every `key: A → B` line, suspects first (known
+    performance keys, orchestrator/judge/compare_config.py's `ranked`), or why there are none."""
+    return [line for line, _rule in config_suspects(result)]
+
+
+def config_suspects(result: PairResult) -> list[tuple[str, str | None]]:
+    """(line, the rule that makes its key a suspect or None) for every configuration difference, suspects first;
+    one line saying why there is none when the configuration is equal or not recorded."""
     if result.a.config is None or result.b.config is None:
         sides = [f"{n} ({p.campaign})" for n, p in (("A", result.a), ("B", result.b)) if p.config is None]
-        return [f"not recorded for {' and '.join(sides)} (golden-values file): configuration not compared"]
+        return [(f"not recorded for {' and '.join(sides)} (golden-values file): configuration not compared", None)]
     if not result.config_diff:
-        return ["no difference in the resolved configuration"]
-    lines = [diff_line(item) for item in result.config_diff]
-    if limit is not None and len(lines) > limit:
-        lines = lines[:limit] + [f"… and {len(lines) - limit} more (--json lists all)"]
-    return lines
+        return [("no difference in the resolved configuration", None)]
+    return [(diff_line(item), rule) for item, rule in ranked(result.config_diff)]
 
 
 def parse_min_effect(text: str) -> tuple[float, dict[str, float]]:
@@ -530,7 +533,7 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
     pairs = []
     for r in comparison.pairs:
         pairs.append({
-            "config_diff": r.config_diff, "config_lines": config_lines(r, None),
+            "config_diff": r.config_diff, "config_lines": config_lines(r),
             "a": {"campaign": r.a.campaign, "point_id": r.a.point_id, "label": r.a.label, "params": r.a.params,
                   "repeats": [x.cell_id for x in r.a.repeats], "source": r.a.source},
             "b": {"campaign": r.b.campaign, "point_id": r.b.point_id, "label": r.b.label, "params": r.b.params,
@@ -562,12 +565,16 @@ def write_page(comparison: Comparison, out_dir: Path) -> Path:
                        f"{err.strerror or err}") from None  # fmt: skip
 
 
+def _suspect(place: int, rule: str | None) -> str:
+    """` (first suspect: precision)` for the first line a rule ranks, ` (suspect: ...)` after it, else nothing."""
+    return "" if rule is None else f" ({'first suspect' if place == 0 else 'suspect'}: {rule})"
+
+
 def first_lines(result: PairResult, escape: Callable[[str], str] = str) -> list[str]:
     """What the sides ran differently, shown before any figure: the configuration diff, then the environment
     fingerprint (differences, or why there are none)."""
     config = "config differs" if result.config_diff else "config"
-    lines = [f"{config}{' (first suspect)' * (not i and bool(result.config_diff))}: {escape(x)}"
-             for i, x in enumerate(config_lines(result))]  # fmt: skip
+    lines = [f"{config}{_suspect(i, rule)}: {escape(x)}" for i, (x, rule) in enumerate(config_suspects(result))]
     lines += [f"fingerprint differs{' (first suspect)' * (not i and not result.config_diff)}: {escape(x)}"
               for i, x in enumerate(result.fingerprint_diff)]  # fmt: skip
     fingerprint = fingerprint_line(result)

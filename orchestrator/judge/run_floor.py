@@ -24,7 +24,9 @@ from orchestrator.judge.compare import METRICS, Metric, Point, run_fingerprint
 from orchestrator.run.store import Store
 from reports import compare as stats
 
-MIN_DF = 3  # pooled degrees of freedom (repeats beyond each point's first) before the workspace's floor counts
+MIN_DF = (
+    3  # pooled degrees of freedom (repeats beyond each point's first) before the workspace's floor counts
+)
 CONFIDENCE = 0.95  # of the upper bound the floor is
 KEYS = tuple(m.summary_key for m in METRICS)  # the figures compared
 

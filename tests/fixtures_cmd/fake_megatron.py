@@ -1,11 +1,14 @@
 """A stand-in for Megatron-LM's pretrain_gpt.py: replays a real Megatron log line by line, honouring swept flags.
 
-    python fake_megatron.py --replay LOG [--fake-slowdown 2.0] [--fake-loss-drift-from N] [--echo FILE] [--sleep-s 0.02]
+    python fake_megatron.py --replay LOG [--fake-slowdown 2.0] [--fake-noise 0.02] [--fake-loss-drift-from N]
+                            [--echo FILE] [--sleep-s 0.02]
                             [--fail {none,infra-once,infra-always,infra-progress,config}] [--hang-s 60] ...
 
 - every line of LOG is printed (flushed), with a small sleep after each `iteration` line;
 - `elapsed time per iteration (ms)` is multiplied and `throughput per GPU (TFLOP/s/GPU)` divided by
   --fake-slowdown (both printed with one decimal, as Megatron does);
+- --fake-noise X: the run's step times (and TFLOP/s) move by a random run-level factor of relative spread X, and
+  each step by as much again (unseeded: every run differs, as real runs do);
 - --fake-loss-drift-from N (N > 0): from iteration N on, `lm loss` is 5% higher (a change of numerics);
 - --echo writes this process's argv and environment as JSON before anything else;
 - --fail infra-once: the first attempt of a cell (state in <run dir>/../fake_state.json) prints an NCCL
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import sys
 import time
@@ -51,6 +55,7 @@ def main() -> int:
     parser.add_argument("--replay", required=True)
     parser.add_argument("--fake-slowdown", type=float, default=1.0)
     parser.add_argument("--fake-loss-drift-from", type=int, default=0)
+    parser.add_argument("--fake-noise", type=float, default=0.0)
     parser.add_argument("--echo", default=None)
     parser.add_argument("--sleep-s", type=float, default=0.02)
     parser.add_argument("--fail", default="none", choices=["none", "infra-once", "infra-always", "infra-progress",
@@ -79,6 +84,7 @@ def main() -> int:
         fail_at = args.fail_after + state["attempts"] - 1
 
     iterations = 0
+    run_level = 1 + random.gauss(0, args.fake_noise)
     with open(args.replay, encoding="utf-8", errors="replace") as log:
         for line in log:
             if " iteration " in line and "/" in line:
@@ -90,7 +96,8 @@ def main() -> int:
                     )
                     return 1
                 iterations += 1
-                sys.stdout.write(scaled(line, args.fake_slowdown, args.fake_loss_drift_from))
+                slowdown = args.fake_slowdown * run_level * (1 + random.gauss(0, args.fake_noise))
+                sys.stdout.write(scaled(line, slowdown, args.fake_loss_drift_from))
                 sys.stdout.flush()
                 time.sleep(args.sleep_s)
             else:
