@@ -6,13 +6,15 @@ fingerprint through trainer/rundir.py); the statistics are reports/compare.py's.
 swept values (`CellRow.params`), or the single point of each side, or explicit `A:B` pairs of point or cell
 ids. A side that is a path ending in .json that exists is a Megatron-LM (or Bridge) golden-values file: one
 point (`golden`) with one repeat of per-step samples and no fingerprint, so the single-repeat rule of
-reports/compare.py decides (never SAME; DIFFERENT only for a large effect) and hardware is not checked.
+reports/compare.py decides (the within-run CI widened by the run-to-run floor, orchestrator/judge/run_floor.py;
+never SAME; DIFFERENT only for a large effect) and hardware is not checked.
 Each metric has a practical threshold (`--min-effect`, per metric too: `2%,final_loss=0.5%`); peak memory,
 deterministic for a fixed configuration, is compared against a stated floor (reports/compare.py's
 MEMORY_FLOOR), with one run a side too. `looks` > 1 (`--until-conclusive`) tests each look at the levels divided
 by the number of looks (Bonferroni). What the two sides ran differs in first: the resolved configuration diff
 (`config_diff`: the cell's recipe, resources and env, the trainer, launcher and container settings, the
-measured window; argv flags one by one), then the environment fingerprint. Besides the signature of the
+measured window; argv flags one by one; every key, suspects first where a rule ranks them), then the environment
+fingerprint. Besides the signature of the
 decisions, the diagnosis reads the whole step curves of every repeat: the loss diverging
 from a step, grad-norm spikes only one side has (reports/compare.py on reports/numerics.py).
 Exit code: 0 every metric SAME (or below the practical threshold, or better), 1 a DIFFERENT in the bad

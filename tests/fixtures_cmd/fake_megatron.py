@@ -8,7 +8,8 @@
 - `elapsed time per iteration (ms)` is multiplied and `throughput per GPU (TFLOP/s/GPU)` divided by
   --fake-slowdown (both printed with one decimal, as Megatron does);
 - --fake-noise X: the run's step times (and TFLOP/s) move by a random run-level factor of relative spread X, and
-  each step by as much again (unseeded: every run differs, as real runs do);
+  each step by as much again: every run differs, as real runs do, but the draws are seeded by the run dir's last
+  three parts (campaign/cell/attempt), so a test sees the same figures every time;
 - --fake-loss-drift-from N (N > 0): from iteration N on, `lm loss` is 5% higher (a change of numerics);
 - --echo writes this process's argv and environment as JSON before anything else;
 - --fail infra-once: the first attempt of a cell (state in <run dir>/../fake_state.json) prints an NCCL
@@ -84,7 +85,8 @@ def main() -> int:
         fail_at = args.fail_after + state["attempts"] - 1
 
     iterations = 0
-    run_level = 1 + random.gauss(0, args.fake_noise)
+    draws = random.Random("/".join(run_dir.resolve().parts[-3:]))
+    run_level = 1 + draws.gauss(0, args.fake_noise)
     with open(args.replay, encoding="utf-8", errors="replace") as log:
         for line in log:
             if " iteration " in line and "/" in line:
@@ -96,7 +98,7 @@ def main() -> int:
                     )
                     return 1
                 iterations += 1
-                slowdown = args.fake_slowdown * run_level * (1 + random.gauss(0, args.fake_noise))
+                slowdown = args.fake_slowdown * run_level * (1 + draws.gauss(0, args.fake_noise))
                 sys.stdout.write(scaled(line, slowdown, args.fake_loss_drift_from))
                 sys.stdout.flush()
                 time.sleep(args.sleep_s)
