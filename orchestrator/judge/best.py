@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.judge.compare import METRICS, Metric, Point, compare_pair
+from orchestrator.judge.run_floor import FloorBook
 from reports import compare as stats
-
-if TYPE_CHECKING:
-    from orchestrator.judge.run_floor import FloorBook
 
 TIE = "tie — no figure separates them"
 

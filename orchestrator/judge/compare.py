@@ -28,19 +28,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.errors import RunError, UsageError
 from orchestrator.judge.compare_config import config_diff, diff_line, point_config, ranked
 from orchestrator.judge.golden import load_golden
+from orchestrator.judge.run_floor import FloorBook, run_fingerprint, workspace_floors
 from orchestrator.run.baseline import params_key, summary_from_dict
 from orchestrator.run.store import CellRow, Store
 from reports import compare as stats
 from reports.window import DEFAULT_WINDOW, summarize, window_rows
 from trainer import rundir
-
-if TYPE_CHECKING:
-    from orchestrator.judge.run_floor import FloorBook
 
 
 @dataclass(frozen=True)
@@ -147,16 +145,6 @@ def _window_size(store: Store, name: str) -> int:
     return window if isinstance(window, int) and window > 0 else DEFAULT_WINDOW
 
 
-def run_fingerprint(run_dir: Path) -> dict[str, Any]:
-    """rundir's fingerprint, with the GPU and torch that status.json names when no other file does."""
-    found = dict(rundir.read_fingerprint(run_dir) or {})
-    status = rundir.read_status(run_dir) or {}
-    for key, status_key in (("gpu_name", "gpu_name"), ("torch", "torch_version")):
-        if found.get(key) is None and status.get(status_key) is not None:
-            found[key] = status[status_key]
-    return found
-
-
 def _repeat(store: Store, name: str, cell: CellRow, attempt: Any, window: int) -> Repeat | None:
     """A completed cell's figures: recomputed from its step rows, else its stored summary."""
     run_dir = Path(attempt.run_dir)
@@ -247,12 +235,22 @@ def load_sides(workspace: Path, a: str, b: str) -> tuple[list[Point], list[Point
 def load_floors(workspace: Path, refs: tuple[str, str]) -> FloorBook | None:
     """The workspace's run-to-run floors (orchestrator/judge/run_floor.py); None (the stated default) when both
     sides are golden-values files."""
-    from orchestrator.judge.run_floor import workspace_floors
-
     if all(golden_ref(ref) for ref in refs):
         return None
     with Store(workspace, create=False) as store:
-        return workspace_floors(store)
+        return floors_of(store)
+
+
+def floors_of(store: Store) -> FloorBook:
+    """The run-to-run floors of the compared figures from the store's A/A repeats."""
+    return workspace_floors(store, tuple(m.summary_key for m in METRICS))
+
+
+def side_key(point: Point) -> tuple[str, str]:
+    """(trainer kind, GPU model) of a point: its configuration's trainer.kind, its repeats' GPU ("CPU": none)."""
+    kind = (point.config or {}).get("trainer.kind") or point.source
+    gpus = sorted({str(r.fingerprint["gpu_name"]) for r in point.repeats if r.fingerprint.get("gpu_name")})
+    return str(kind), ", ".join(gpus) or "CPU"
 
 
 def _find(points: list[Point], ref: str, side: str) -> Point:
@@ -356,7 +354,9 @@ def compare_pair(a: Point, b: Point, metrics: tuple[Metric, ...], min_effect: fl
     workspace's run-to-run floors for a side of one run, else the stated default), diagnose, and say what the
     two sides ran differently (configuration, then environment)."""
     effects = {m.name: (min_effects or {}).get(m.name, min_effect) for m in metrics}
-    run_floors = {m.name: floors.for_pair(a, b, m) if floors else stats.DEFAULT_RUN_FLOOR for m in metrics}
+    sides = [side_key(a), side_key(b)]
+    run_floors = {m.name: floors.for_sides(sides, m.summary_key) if floors else stats.DEFAULT_RUN_FLOOR
+                  for m in metrics}  # fmt: skip
     decisions = {m.name: stats.compare_samples(_samples(a, m), _samples(b, m), effects[m.name], floor=m.floor,
                                                looks=looks, run_floor=run_floors[m.name]) for m in metrics}  # fmt: skip
     diagnosis = stats.diagnose(decisions, "step_time", ("peak_alloc", "peak_reserved"), "final_loss")

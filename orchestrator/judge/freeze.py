@@ -13,8 +13,8 @@ from typing import Any
 
 from orchestrator.errors import RunError, UsageError
 from orchestrator.judge.best import Choice, choose, figure, fmt_decision, full_length, loses, metric, versus
-from orchestrator.judge.compare import Metric, Point, load_points
-from orchestrator.judge.run_floor import FloorBook, workspace_floors
+from orchestrator.judge.compare import Metric, Point, floors_of, load_points
+from orchestrator.judge.run_floor import FloorBook
 from orchestrator.judge.views import parity_verdicts
 from orchestrator.run.regate import gates_of, judge_campaign
 from orchestrator.run.store import INGEST_LAUNCHER, Store
@@ -259,7 +259,7 @@ def freeze(
             excluded = {**search_rejected(points, search, store.trials(campaign)), **excluded}
         infeasible = [r for r in infeasible_rejected(store, campaign) if r.point_id not in excluded]
         cells = {c.point_id: c for c in store.cells(campaign)}
-        floors = workspace_floors(store)
+        floors = floors_of(store)
     refuse_ingested(record, campaign, "mbx freeze")
     objective = objective or (SEARCH_OBJECTIVES[search.objective] if search else "tflops")
     if objective not in OBJECTIVES or tie_break not in TIE_BREAKS:

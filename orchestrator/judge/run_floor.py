@@ -17,18 +17,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from orchestrator.judge.compare import METRICS, Metric, Point, run_fingerprint
 from orchestrator.run.store import Store
 from reports import compare as stats
+from trainer import rundir
 
 MIN_DF = (
     3  # pooled degrees of freedom (repeats beyond each point's first) before the workspace's floor counts
 )
 CONFIDENCE = 0.95  # of the upper bound the floor is
-KEYS = tuple(m.summary_key for m in METRICS)  # the figures compared
 
 
 @dataclass
@@ -66,22 +66,24 @@ class FloorBook:
         return stats.RunFloor(upper, f"{CONFIDENCE:.0%} upper bound of the run-to-run spread of {spread.points} "
                                      f"point(s)' repeats in the workspace, {kind} on {gpu}, {spread.df} df")  # fmt: skip
 
-    def for_pair(self, a: Point, b: Point, metric: Metric) -> stats.RunFloor:
-        """The floor of a pair: the larger of its two sides' (a side's trainer kind and GPU)."""
-        floors = [self.floor(*side_key(p), metric.summary_key) for p in (a, b)]
-        return max(floors, key=lambda f: f.rel)
+    def for_sides(self, sides: list[tuple[str, str]], key: str) -> stats.RunFloor:
+        """The floor of a pair: the larger of its sides' ((trainer kind, GPU) each)."""
+        return max((self.floor(kind, gpu, key) for kind, gpu in sides), key=lambda f: f.rel)
 
 
-def side_key(point: Point) -> tuple[str, str]:
-    """(trainer kind, GPU model) of a point: its configuration's trainer.kind, its repeats' GPU ("CPU": none)."""
-    kind = (point.config or {}).get("trainer.kind") or point.source
-    gpus = sorted({str(r.fingerprint["gpu_name"]) for r in point.repeats if r.fingerprint.get("gpu_name")})
-    return str(kind), ", ".join(gpus) or "CPU"
+def run_fingerprint(run_dir: Path) -> dict[str, Any]:
+    """rundir's fingerprint, with the GPU and torch that status.json names when no other file does."""
+    found = dict(rundir.read_fingerprint(run_dir) or {})
+    status = rundir.read_status(run_dir) or {}
+    for key, status_key in (("gpu_name", "gpu_name"), ("torch", "torch_version")):
+        if found.get(key) is None and status.get(status_key) is not None:
+            found[key] = status[status_key]
+    return found
 
 
-def workspace_floors(store: Store) -> FloorBook:
-    """The A/A spreads of every stored campaign's points with ≥ 2 completed repeats (stored summaries, the GPU
-    from each run dir's fingerprint)."""
+def workspace_floors(store: Store, keys: tuple[str, ...]) -> FloorBook:
+    """The A/A spreads of summary figures `keys` over every stored campaign's points with ≥ 2 completed repeats
+    (stored summaries, the GPU from each run dir's fingerprint)."""
     book = FloorBook()
     for name in store.campaign_names():
         latest = store.latest_attempts(name)
@@ -100,6 +102,6 @@ def workspace_floors(store: Store) -> FloorBook:
             if len(repeats) < 2 or len(kinds) != 1:
                 continue
             kind, gpu = kinds.pop()
-            for key in KEYS:
+            for key in keys:
                 book.spreads.setdefault((kind, gpu, key), Spread()).add([s.get(key) for _, s, _ in repeats])
     return book

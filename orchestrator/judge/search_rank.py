@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator.judge import best as best_rule
 from orchestrator.judge.compare import METRICS, Metric, Point
+from orchestrator.judge.run_floor import FloorBook
 from orchestrator.spec.search import Search
 from orchestrator.spec.sweep import canonical_json
 from reports import compare as stats
@@ -127,8 +128,10 @@ def target_steps(search: Search, full_steps: int) -> int:
     return search.halving.steps[-1] if search.method == "halving" else full_steps
 
 
-def pick(evidences: list[Evidence], search: Search, base: dict[int, Evidence | None], steps: int) -> Best:
-    """The best eligible full-length (`steps`) point by orchestrator/judge/best.py's rule, and the Pareto front."""
+def pick(evidences: list[Evidence], search: Search, base: dict[int, Evidence | None], steps: int,
+         floors: FloorBook | None = None) -> Best:  # fmt: skip
+    """The best eligible full-length (`steps`) point by orchestrator/judge/best.py's rule (`floors`: the workspace's
+    run-to-run floors, as `mbx freeze` reads them, so both name one point), and the Pareto front."""
     eligible = [e for e in evidences if e.steps == steps and exclusion(e, search, base.get(e.steps)) is None]
     if not eligible:
         short = any(e.state == "completed" and e.steps != steps for e in evidences)
@@ -136,7 +139,7 @@ def pick(evidences: list[Evidence], search: Search, base: dict[int, Evidence | N
         return Best(None, why or "no point completed and met the gates and constraints")
     by_id = {id(e.point): e for e in eligible}
     points = [e.point for e in eligible if e.point]
-    choice = best_rule.choose(points, metric_of(search.metric), search.min_effect)
+    choice = best_rule.choose(points, metric_of(search.metric), search.min_effect, floors=floors)
     front = [by_id[id(p)] for p in best_rule.pareto(points, metric_of(search.metric))]
     winner = by_id[id(choice.winner)] if choice.winner is not None else None
     return Best(winner, choice.how, front, tie=choice.undecided)
