@@ -73,7 +73,10 @@ def test_a_fast_point_that_failed_parity_never_wins(tmp_path: Path, mbx, write_c
     allowed = mbx("freeze", "parityfast", "-w", str(ws), "-p", fast, "--allow-failed", "perf only: drift is known",
                   "-o", str(tmp_path / "f3"))  # fmt: skip
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
-    assert allowed.stdout.startswith("frozen despite a failed check") and "perf only: drift is known" in allowed.stdout
+    assert (
+        allowed.stdout.startswith("frozen despite a failed check")
+        and "perf only: drift is known" in allowed.stdout
+    )
     text = (tmp_path / "f3" / "FROZEN.md").read_text()
     assert "**Frozen despite a failed check**: parity FAIL" in text and "perf only: drift is known" in text
     record = json.loads((tmp_path / "f3" / "frozen.json").read_text())
@@ -96,15 +99,21 @@ def test_freeze_p_of_a_loser_writes_true_reasons(tmp_path: Path, mbx, write_camp
     chosen = mbx("freeze", "twospeeds", "-w", str(ws), "-p", slow, "-o", str(tmp_path / "slow"), "--json")
     assert chosen.returncode == 0, chosen.stdout + chosen.stderr
     data = json.loads(chosen.stdout)
-    assert f"the best by the verdicts is {fast}" in data["how"] and "the chosen point against it" in data["how"]
+    assert (
+        f"the best by the verdicts is {fast}" in data["how"] and "the chosen point against it" in data["how"]
+    )
     assert "-10.7" in data["how"] and "DIFFERENT" in data["how"]
     (other,) = data["rejected"]
-    assert other["kind"] == "not chosen" and "tie" not in other["why"], other  # was "tied … lost the tie-break"
+    assert other["kind"] == "not chosen" and "tie" not in other["why"], (
+        other
+    )  # was "tied … lost the tie-break"
     assert other["why"].startswith("faster than the chosen point in TFLOP/s/GPU: +12.0")
     assert "(DIFFERENT" in other["why"] and f"not chosen (--point chose {slow})" in other["why"]
     assert "faster than the chosen point" in (tmp_path / "slow" / "FROZEN.md").read_text()
     record = json.loads((tmp_path / "slow" / "frozen.json").read_text())  # a card's `rejected:` is this list
-    assert [(r["kind"], r["why"][:28]) for r in record["rejected"]] == [("not chosen", "faster than the chosen point")]
+    assert [(r["kind"], r["why"][:28]) for r in record["rejected"]] == [
+        ("not chosen", "faster than the chosen point")
+    ]
 
 
 # ---- 4. one tie rule, reasons that agree with their verdicts ------------------------------------------------
@@ -127,8 +136,12 @@ def test_one_tie_rule_and_reasons_that_agree_with_the_verdicts(h200: Path, mbx) 
     loss "by its whole interval" and wrote "(slower)" beside "(UNKNOWN …)"); with the run-to-run floor it is UNKNOWN:
     a tie, and equal memory cannot break it (exit 3). The fused point, 19% slower, is DIFFERENT: a loss."""
     tied = mbx("freeze", "singles", "--by", "step_time", "-w", str(h200))
-    assert tied.returncode == 3, tied.stdout + tied.stderr  # was 0: base frozen, capacity "slower" by an UNKNOWN
-    assert "TIE: 2 points are not DIFFERENT in step time (ms)" in tied.stderr and "some UNKNOWN" in tied.stderr
+    assert tied.returncode == 3, (
+        tied.stdout + tied.stderr
+    )  # was 0: base frozen, capacity "slower" by an UNKNOWN
+    assert (
+        "TIE: 2 points are not DIFFERENT in step time (ms)" in tied.stderr and "some UNKNOWN" in tied.stderr
+    )
     frozen = freeze(h200, "singles", point=BASE, objective="step_time")
     kinds = {r.point_id: r for r in frozen.rejected}
     assert kinds[CAPACITY].kind == "not chosen" and "(UNKNOWN" in kinds[CAPACITY].why
@@ -184,7 +197,9 @@ def test_the_floor_needs_enough_repeats_else_the_stated_default() -> None:
     spread = Spread()
     spread.add([100.0, 101.0, 99.0, 100.5])
     assert spread.df == 3 and spread.points == 1
-    assert FloorBook({("k", "G", "x"): spread}).floor("k", "G", "x").rel > float(np.std(np.log([100.0, 101.0, 99.0, 100.5]), ddof=1))
+    assert FloorBook({("k", "G", "x"): spread}).floor("k", "G", "x").rel > float(
+        np.std(np.log([100.0, 101.0, 99.0, 100.5]), ddof=1)
+    )
 
 
 # ---- 6. extra repeats are kept ------------------------------------------------------------------------------
@@ -204,7 +219,9 @@ def test_until_conclusive_then_rerun_keeps_the_extra_repeats(tmp_path: Path, mbx
     assert again.returncode == 0, again.stdout + again.stderr
     assert "kept 1 extra repeat(s) beyond sweep.repeats (3) of points still in the file" in again.stdout
     assert "4 cell(s)" in again.stdout and "4 skipped: already completed" in again.stdout  # nothing ran again
-    stored = json.loads(mbx("compare", "uc-a", "uc-b", "-w", str(ws), "--metric", "step_time", "--json").stdout)
+    stored = json.loads(
+        mbx("compare", "uc-a", "uc-b", "-w", str(ws), "--metric", "step_time", "--json").stdout
+    )
     assert [len(stored["pairs"][0][s]["repeats"]) for s in "ab"] == [4, 4]  # was [3, 4]
 
     data = yaml.safe_load(a.read_text())

@@ -34,7 +34,7 @@ def freeze(
                      show_default=False),
     ] = None,
     tie_break: Annotated[
-        str, typer.Option(help="Among points not DIFFERENT from the leader: memory | step_time | tflops.")
+        str, typer.Option(help="Among points not DIFFERENT (worse) than the leader: memory | step_time | tflops.")
     ] = "memory",
     min_effect: MinEffectOpt = None,
     repeats: Annotated[int, typer.Option(min=1, help="Repeats in the reproducing campaign.")] = 3,
