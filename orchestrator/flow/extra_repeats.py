@@ -1,6 +1,7 @@
-"""Repeat cells beyond a campaign file's `sweep.repeats` (the extra repeats `mbx compare --until-conclusive` adds,
-orchestrator/flow/interleave.py) stay active when the file is run again, and a run says which stored cells it sets
-aside and why.
+"""Extra repeats stay active when a campaign file is run again; the cells a rerun sets aside are named.
+
+Extra repeats are repeat cells beyond the file's `sweep.repeats`, as `mbx compare --until-conclusive` adds them
+(orchestrator/flow/interleave.py).
 
 A stored active cell is an extra repeat when its repeat index is at least the `sweep.repeats` of the campaign as
 stored (the file never asked for it) and its point is in the file's plan: same point id, so the same resolved

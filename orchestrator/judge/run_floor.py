@@ -1,15 +1,14 @@
-"""The run-to-run floor of a one-run comparison: how far a repeat of the same point lands from the last, measured on
-the workspace's own A/A repeats of one trainer kind on one GPU, else reports/compare.py's stated default.
+"""The run-to-run floor of a one-run comparison, from the workspace's own A/A repeats (else the stated default).
 
-Every point of every stored campaign with at least 2 completed repeats is an A/A sample: the spread of its
-repeats' values (log scale) is pooled over the points of one trainer kind and GPU model (`trainer.kind`, the
-fingerprint's `gpu_name`; "CPU" without one), per summary figure (step time, TFLOP/s, ...). The floor is the
-one-sided 95% upper confidence bound of that pooled standard deviation (chi-square on its degrees of freedom,
-scipy), so a few lucky repeats cannot make one-run verdicts over-confident: on the recorded H200 samples a floor
-of 0.3% (an under-estimate) called 12% of one-run A/As DIFFERENT, 0.5% or more none
-(benchmarks/compare_stats.py). With fewer than MIN_DF degrees of freedom the default (1%) stands. The repeats of
-one campaign usually ran on one machine back to back: across machines the spread is larger (~1.4% for the same
-H200 recipe), which is why the floor never replaces repeats.
+How far a repeat of the same point lands from the last. Every point of every stored campaign with at least 2
+completed repeats is an A/A sample: the spread of its repeats' values (log scale) is pooled over the points of one
+trainer kind and GPU model (`trainer.kind`, the fingerprint's `gpu_name`; "CPU" without one), per summary figure
+(step time, TFLOP/s, ...). The floor is the one-sided 95% upper confidence bound of that pooled standard deviation
+(chi-square on its degrees of freedom, scipy), so a few lucky repeats cannot make one-run verdicts over-confident:
+on the recorded H200 samples a floor of 0.3% (an under-estimate) called 12% of one-run A/As DIFFERENT, 0.5% or
+more none (benchmarks/compare_stats.py). With fewer than MIN_DF degrees of freedom reports/compare.py's
+DEFAULT_RUN_FLOOR (1%) stands. The repeats of one campaign usually ran on one machine back to back: across
+machines the spread is larger (~1.4% for the same H200 recipe), which is why the floor never replaces repeats.
 """
 
 from __future__ import annotations
