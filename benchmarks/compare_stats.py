@@ -2,6 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/compare_stats.py [--trials 1000] [--seed 7] [--samples DIR] [--json]
       .venv/bin/python benchmarks/compare_stats.py --rates [--trials 1000]   # only the error-rate table
+      .venv/bin/python benchmarks/compare_stats.py --one-run [--trials 2000]  # one run a side (issue 31)
 
 Data: tests/data/h200-samples/aa-samples-h200 — 4 recorded runs (22 steps) of each of three points (base,
 static capacity, fused cross entropy) on one H200. A run's usable steps are 2..22 (the first step never
@@ -29,6 +30,10 @@ of the noise.
   sequential designs start at 3 repeats a side and add one a side per round while UNKNOWN, budget 6 extra
   cells (K = 4 looks): "α/K" tests every look at the split levels (what `mbx compare` does), "uncorrected"
   tests every look at the one-look levels (what optional stopping costs).
+- One run a side (`--one-run`, issue 31): A/A resampled with n = 1 per side, each point, the within-run CI
+  widened by a run-to-run floor: none (the steps alone: what the interval knew before), the stated default (1%),
+  and the floor `mbx` would take from these 12 runs as a workspace's A/A repeats (orchestrator/judge/run_floor.py:
+  the 95% upper bound of their pooled spread); false DIFFERENT, the share with p ≤ 0.01, and power at +2/5/10%.
 - Real pairs: all 4 recorded runs per side, every metric, through orchestrator.judge.compare (decision, diagnosis).
 """
 
@@ -49,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.judge import compare as cmp  # noqa: E402
+from orchestrator.judge.run_floor import FloorBook, Spread  # noqa: E402
 from reports import compare as stats  # noqa: E402
 from reports.window import summarize, window_rows  # noqa: E402
 from trainer import rundir  # noqa: E402
@@ -220,6 +226,46 @@ def print_rates(rows: list[dict], trials: int, seed: int) -> None:
               f"{r['same'] + r['below-practical']:.1%} | {r['unknown']:.1%} | {r['mean_repeats']:.2f} |")
 
 
+def samples_floor(samples: Path) -> stats.RunFloor:
+    """The floor a workspace holding these 12 runs (3 points × 4 repeats) would give one-run comparisons."""
+    spread = Spread()
+    for point in POINTS.values():
+        runs = sorted(samples.glob(f"{point}-r*"))
+        spread.add([summarize(rundir.read_metrics(run / "1")).step_time_ms for run in runs])
+    return FloorBook({("bundled", "H200", "step_time_ms"): spread}).floor("bundled", "H200", "step_time_ms")
+
+
+def one_run(samples: Path, trials: int, seed: int) -> list[dict]:
+    """One run a side: A/A false DIFFERENT and p ≤ 0.01 shares per point, power at +2/5/10%, per floor."""
+    rng = np.random.default_rng(seed)
+    pools = {name: usable_steps(samples, pid) for name, pid in POINTS.items()}
+    floors = (("none (steps alone)", stats.RunFloor(0.0, "none")), ("default 1%", stats.DEFAULT_RUN_FLOOR),
+              ("workspace", samples_floor(samples)))  # fmt: skip
+    rows = []
+    for label, floor in floors:
+        for name, runs in pools.items():
+            cases = [("A/A", 0.0)] + ([(f"+{e:.0%}", e) for e in (0.02, 0.05, 0.10)] if name == "base" else [])
+            for case, effect in cases:
+                different = low = 0
+                for _ in range(trials):
+                    a, b = pseudo_repeats(rng, runs, 1), pseudo_repeats(rng, runs, 1, 1 + effect)
+                    d = stats.compare_samples(a, b, run_floor=floor)
+                    different += d.decision == stats.DIFFERENT
+                    low += d.p_value is not None and d.p_value <= stats.ALPHA
+                rows.append({"floor": label, "floor_rel": floor.rel, "point": name, "case": case,
+                             "different": different / trials, "p_le_alpha": low / trials})  # fmt: skip
+    return rows
+
+
+def print_one_run(rows: list[dict], trials: int, seed: int) -> None:
+    print(f"{trials} comparisons per row, seed {seed}; one run a side, 10-step windows of the recorded H200 runs\n")
+    print("| floor | point | case | DIFFERENT | p ≤ 0.01 |")
+    print("|---|---|---|--:|--:|")
+    for r in rows:
+        print(f"| {r['floor']} ({r['floor_rel']:.2%}) | {r['point']} | {r['case']} | {r['different']:.1%} | "
+              f"{r['p_le_alpha']:.1%} |")
+
+
 def real_pairs(samples: Path) -> list[dict]:
     """Base against each other point, all 4 runs per side, every metric, as `mbx compare` decides."""
     points = {}
@@ -299,8 +345,13 @@ def main() -> None:
     parser.add_argument("--samples", type=Path, default=SAMPLES)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--rates", action="store_true", help="only the error-rate table of the designs")
+    parser.add_argument("--one-run", action="store_true", help="only the one-run-a-side table (issue 31)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", RuntimeWarning)  # scipy notes (KS exact → asymptotic), not findings
+    if args.one_run:
+        found = one_run(args.samples, args.trials, args.seed)
+        print(json.dumps(found, indent=2)) if args.json else print_one_run(found, args.trials, args.seed)
+        return
     if args.rates:
         rows = rates(args.samples, args.trials, args.seed)
         print(json.dumps(rows, indent=2)) if args.json else print_rates(rows, args.trials, args.seed)

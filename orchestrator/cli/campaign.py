@@ -218,7 +218,7 @@ def run(
         searched = run_search(workspace, campaign, points, file, make_report=report, launcher=launcher,
                               parallel=parallel, log_wandb=wandb, gpu=gpu, strict=strict, dry_run=dry_run)  # fmt: skip
         raise typer.Exit(searched.exit_code(inconclusive_ok))
-    plan = lifecycle.prepare_points(campaign, points, file, options)
+    plan = lifecycle.prepare_file(campaign, points, file, options)
     finished = lifecycle.render(plan) if dry_run else lifecycle.execute(plan)
     raise typer.Exit(finished.exit_code(inconclusive_ok))
 

@@ -116,11 +116,14 @@ def compare(
 
     A side may be a Megatron-LM golden-values file (a path ending in .json; `mbx golden export` writes one): one
     point, `golden`, with one repeat of per-step samples and no fingerprint. One repeat on a side follows the
-    single-repeat rule: never SAME, DIFFERENT only for a large effect, else UNKNOWN.
+    single-repeat rule: the within-run CI is widened by the run-to-run floor (the workspace's own repeats of
+    that trainer and GPU, else 1%: "1 run a side: within-run CI widened by the run-to-run floor X%"); never
+    SAME, DIFFERENT only for a large effect (about 4% at 1%), else UNKNOWN.
 
     `--run A.yaml B.yaml` runs both campaigns first, interleaved (A B A B …) so that drift of the machine
     falls on both alike; their points must match by swept values. `--until-conclusive` then (or on stored
-    campaigns) adds repeat cells to undecided points until decided or out of --budget.
+    campaigns) adds repeat cells to undecided points until decided or out of --budget; running the campaign
+    file again keeps those extra repeats active (and says so).
 
     Exit codes: 0 every metric SAME (or below --min-effect, or better); 1 a metric DIFFERENT in the bad
     direction (slower, fewer TFLOP/s, more memory, higher loss), or with --run a cell that did not complete;

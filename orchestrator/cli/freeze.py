@@ -35,7 +35,7 @@ def freeze(
                      show_default=False),
     ] = None,
     tie_break: Annotated[
-        str, typer.Option(help="Among points not DIFFERENT from the leader: memory | step_time | tflops.")
+        str, typer.Option(help="Among points not DIFFERENT (worse) than the leader: memory | step_time | tflops.")
     ] = "memory",
     min_effect: MinEffectOpt = None,
     repeats: Annotated[int, typer.Option(min=1, help="Repeats in the reproducing campaign.")] = 3,
@@ -44,6 +44,16 @@ def freeze(
         typer.Option(min=0.0, max=0.5, help="Margin of the portable gates [default: from the repeats' noise].",
                      show_default=False),
     ] = None,
+    allow_failed: Annotated[
+        str | None,
+        typer.Option(
+            "--allow-failed",
+            metavar="REASON",
+            help="With --point: freeze a point that failed a gate or parity check (or had a failed or "
+            "unstable repeat) anyway; REASON is written beside the check in FROZEN.md and frozen.json.",
+            show_default=False,
+        ),
+    ] = None,
     out: OutDirOpt = None,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     as_json: JsonOpt = False,
@@ -51,19 +61,30 @@ def freeze(
 ) -> None:
     """Freeze the winner of a campaign, with its evidence.
 
-    Best means best by the verdicts, not by a noisy mean: the leader by mean TFLOP/s/GPU (--by), then every
-    point whose difference from it is not DIFFERENT (Welch t on the repeats, 1% minimum effect) is a tie,
-    settled by the tie-break (less peak memory by default) only when every tied point has that figure and it
-    separates them by more than the minimum effect; otherwise there is no winner ("tie — no figure separates
-    them", exit 3: pick one with --point; `--inconclusive-ok` exits 0, nothing written). Points with a failed or unfinished repeat, NaN/skipped steps or a
-    failed gate cannot win; in a search only its full-length trials can (the search, the report and status
-    name the same point: orchestrator/judge/best.py). Writes recipe.yaml (the resolved recipe),
-    campaign.yaml (the winner with --repeats repeats and portable gates), FROZEN.md (Frozen configuration,
-    Performance result, Validation, Rejected experiments: paste it into a PR) and frozen.json.
+    Best means best by the verdicts, not by a noisy mean. The leader is the point with the best mean TFLOP/s/GPU
+    (--by); every other point is compared with it (Welch t on the repeats; a side of one run: its within-run CI
+    widened by the run-to-run floor). The one tie rule: a point DIFFERENT (worse) than the leader (p ≤ 0.01 and
+    at least the 1% minimum effect) lost; every other point (SAME, SAME in practice, UNKNOWN) is tied with the
+    leader. A tie is settled by the tie-break (less peak memory by default) only when every tied point has that
+    figure and it separates them by more than the minimum effect; otherwise there is no winner ("tie — no
+    figure separates them", exit 3: pick one with --point; `--inconclusive-ok` exits 0, nothing written). The search, the report and status name the same
+    point by the same rule (orchestrator/judge/best.py).
+
+    A point that failed a check never wins: a failed or unfinished repeat, NaN/skipped steps, a gate not passed,
+    a parity pair not passed (the side under test), and in a search any trial shorter than full length. --point
+    of such a point exits 1 naming the check, unless --allow-failed "REASON" says why it is frozen anyway.
+
+    Writes recipe.yaml (the resolved recipe), campaign.yaml (the winner with --repeats repeats and portable
+    gates), FROZEN.md (Frozen configuration, Performance result, Validation, Rejected experiments: paste it into
+    a PR) and frozen.json. Every rejected point says why, against the winner's verdicts; with --point, where the
+    chosen point stands against the best and each other point's verdict against the chosen one.
 
     --point/-p freezes that point (id, label or cell id) instead of the best; --min-effect is a percent
     [default: a search's min_effect, else 1]; --out/-o is the directory [default: WORKSPACE/CAMPAIGN/frozen];
     --json prints the winner, the rejected points and the files written as JSON.
+
+    Exit codes: 0 frozen; 1 nothing can be frozen, or --point names a point that failed a check; 2 bad input;
+    3 a tie no figure separates.
 
     Example: mbx freeze quickstart --out frozen/
     """
@@ -75,12 +96,16 @@ def freeze(
 
     if point is not None and best:
         raise UsageError("--point and --best: give one (without either, the best point is frozen)")
+    if allow_failed is not None and (point is None or not allow_failed.strip()):
+        raise UsageError(
+            '--allow-failed "REASON": give it with --point, and a reason (it is written in FROZEN.md)'
+        )
     if out is not None:
         check_out_dir(out)  # before the store is read: a bad --out costs nothing
     effect = None if min_effect is None else min_effect.single()  # a percent on the command line
     try:
         frozen = pick(workspace, campaign, point=point, objective=by,
-                      tie_break=tie_break, min_effect=effect)  # fmt: skip
+                      tie_break=tie_break, min_effect=effect, allow_failed=allow_failed)  # fmt: skip
     except Tied as tie:  # undecided: exit 3, or 0 with --inconclusive-ok (nothing is written either way)
         if not inconclusive_ok:
             raise
@@ -95,6 +120,7 @@ def freeze(
     if as_json:
         w = frozen.winner
         emit_json({"campaign": campaign, "point_id": w.point_id, "label": w.label, "how": frozen.how,
+                   "allowed_failed": frozen.allowed_failed,
                    "rejected": [{"point_id": r.point_id, "label": r.label, "kind": r.kind, "why": r.why}
                                 for r in frozen.rejected], "written": [str(p) for p in written]})  # fmt: skip
         return
@@ -107,7 +133,12 @@ def _print_frozen(campaign: str, frozen: Any, written: list[Path]) -> None:
 
     console = _out()
     w = frozen.winner
-    console.print(Text.assemble(("frozen ", "bold green"), f"{campaign} point {w.point_id} [{w.label}]: {frozen.how}"))
+    head = ("frozen ", "bold green")
+    if frozen.allowed_failed:
+        head = ("frozen despite a failed check ", "bold yellow")
+    console.print(Text.assemble(head, f"{campaign} point {w.point_id} [{w.label}]: {frozen.how}"))
+    if frozen.allowed_failed:
+        console.print(Text(f"  failed check: {frozen.allowed_failed}", style="yellow"))
     for rejected in frozen.rejected:
         console.print(Text(f"  rejected {rejected.point_id} [{rejected.label}] ({rejected.kind}): {rejected.why}"))
     for path in written:

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from launchers.base import GpuNeed, Launcher, LaunchSpec
 from orchestrator.errors import ConfigError, MbxError, UsageError, printable
+from orchestrator.flow.extra_repeats import kept_repeats
 from orchestrator.flow.runner import (
     Finished,
     check_baseline,
@@ -93,6 +94,7 @@ class Plan:
     specs: list[LaunchSpec] = field(default_factory=list)  # the cells not completed, numbered as a run would
     registered: bool = False  # in the store already (a resumed campaign, or executed once)
     gpu_needs: dict[str, GpuNeed] = field(default_factory=dict)  # point id → checked on the node (feasibility)
+    notes: list[str] = field(default_factory=list)  # said when registered: extra repeats kept, cells set aside
 
     @property
     def attempts(self) -> dict[str, int]:
@@ -113,9 +115,20 @@ def load(file: Path, options: Options) -> tuple[Campaign, list[Point]]:
 
 
 def prepare(file: Path, options: Options) -> Plan:
-    """A campaign file as a Plan: load, parity axes, expand, then `prepare_points`. Writes nothing."""
+    """A campaign file as a Plan: load, parity axes, expand, then `prepare_file`. Writes nothing."""
     campaign, points = load(file, options)
-    return prepare_points(campaign, points, file, options)
+    return prepare_file(campaign, points, file, options)
+
+
+def prepare_file(campaign: Campaign, points: list[Point], file: Path, options: Options) -> Plan:
+    """`prepare_points` of a campaign file's points (`mbx campaign run`, `compare --run`), with the stored extra
+    repeats of its points kept and the cells it sets aside named (orchestrator/flow/extra_repeats.py)."""
+    plan = prepare_points(campaign, points, file, options)
+    cells, plan.notes = kept_repeats(plan.workspace, campaign.name, plan.cells, campaign.sweep.repeats)
+    if len(cells) > len(plan.cells):
+        plan.cells = cells
+        _numbered(plan)
+    return plan
 
 
 def prepare_points(campaign: Campaign, points: list[Point], source: Path | None, options: Options) -> Plan:
@@ -180,6 +193,8 @@ def render(plan: Plan) -> Finished:
         print(item.describe(), flush=True)
     if plan.assessment is not None:
         print(estimate_text(plan.assessment), flush=True)
+    for line in plan.notes:
+        console.print(Text(printable(line)), soft_wrap=True)
     console.print(Text(f"dry run: nothing submitted ({outcome.total - outcome.skipped} attempt(s) rendered)"
                        f"{skipped_text(plan)}"), soft_wrap=True)  # fmt: skip
     return Finished(outcome)
@@ -214,6 +229,8 @@ def execute(plan: Plan, cells: list[CellRow] | None = None, on_event: Callable[[
                 store.record_estimates(name, plan.assessment.records())
                 for line in summary_lines(plan.assessment, limit=20):
                     console.print(Text(printable(line)), soft_wrap=True)
+            for line in plan.notes:
+                console.print(Text(printable(line), style="yellow"), soft_wrap=True)
             plan.registered = True
         run = plan.cells if cells is None else cells
         if on_event is not None:

@@ -11,7 +11,8 @@ from rich.text import Text
 from orchestrator import trainers
 from orchestrator.errors import ConfigError
 from orchestrator.flow.lifecycle import run_points
-from orchestrator.judge.compare import Point, Repeat, load_points
+from orchestrator.judge.compare import Point, Repeat, floors_of, load_points
+from orchestrator.judge.run_floor import FloorBook
 from orchestrator.judge.search_rank import BASE_KEY, Candidate, Evidence, candidate_key
 from orchestrator.run.regate import gates_of, judge_campaign
 from orchestrator.run.store import CellRow, Store
@@ -81,6 +82,10 @@ class TableEvaluator:
                 c, steps, "completed", point, verdict="pass", cost_steps=steps, gpu_hours=hours
             )
         return out, None
+
+    def floors(self) -> FloorBook | None:
+        """No workspace: one-run verdicts take the stated default floor."""
+        return None
 
 
 # ---- the real engine --------------------------------------------------------------------------------------
@@ -159,6 +164,12 @@ class CampaignEvaluator:
         if base_evidence is not None and {p.cell_id for p in base_cells} <= {p.cell_id for p in cells}:
             base_evidence.cost_steps = base_evidence.gpu_hours = 0  # a swept point: its run is counted there
         return found, base_evidence
+
+
+    def floors(self) -> FloorBook | None:
+        """The workspace's run-to-run floors as they stand (the same `mbx freeze` reads afterwards)."""
+        with Store(self.workspace, create=False) as store:
+            return floors_of(store)
 
 
 class FirstBatchShown(Exception):

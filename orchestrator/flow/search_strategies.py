@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from orchestrator.judge.run_floor import FloorBook
 from orchestrator.judge.search_ledger import Ledger
 from orchestrator.judge.search_rank import (
     Best,
@@ -35,6 +36,10 @@ class Evaluator(Protocol):
         self, candidates: list[Candidate], steps: int, base: bool
     ) -> tuple[dict[str, Evidence], Evidence | None]:
         """Each candidate's evidence at `steps` (and the base recipe's, when `base`)."""
+        ...
+
+    def floors(self) -> FloorBook | None:
+        """The run-to-run floors of one-run verdicts (orchestrator/judge/run_floor.py; None: the default)."""
         ...
 
 
@@ -162,7 +167,7 @@ def run_strategy(evaluator: Evaluator, candidates: list[Candidate], search: Sear
     else:
         found = run_sequence(evaluator, candidates, search, ledger)
     target = target_steps(search, evaluator.full_steps)
-    best = pick(found.final, search, found.bases, target)
+    best = pick(found.final, search, found.bases, target, evaluator.floors())
     best.memory_front = memory_front(found.runs, search, found.bases, target)
     for e in best.memory_front:
         row = ledger.rows.get((ledger.number(e.candidate.key), rung_of(ledger, e)))

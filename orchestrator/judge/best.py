@@ -2,12 +2,14 @@
 the figure that broke it), and the Pareto front; shared by the search, `mbx freeze`, the report, summary.md and
 `mbx campaign status`.
 
-The rule (`choose`): the leader by mean of the objective; every other point is compared with it
-(orchestrator/judge/compare.py's verdicts). A point DIFFERENT (worse), or whose whole confidence interval lies beyond
-the practical threshold in the worse direction, lost; the rest are tied with the leader and say so. A tie is
-broken only by a figure every tied point has and that actually separates them (the best differs from the next by
-more than the threshold); otherwise there is no winner: "tie — no figure separates them". Which points may
-enter is the caller's: completed, unfailed, stable, and in a search only full-length trials (`full_length`).
+The rule (`choose`), the one `mbx freeze --help` states: the leader by mean of the objective; every other point is
+compared with it (orchestrator/judge/compare.py's verdicts). The one tie rule (`loses`): a point DIFFERENT (worse)
+than the leader lost; every other point (SAME, SAME in practice, UNKNOWN) is tied with the leader and says so. A
+tie is broken only by a figure every tied point has and that actually separates them (the best differs from the
+next by more than the threshold); otherwise there is no winner: "tie — no figure separates them". Which points
+may enter is the caller's: completed, passed every gate and parity check, stable, and in a search only
+full-length trials (`full_length`). A side of one run is compared with its within-run CI widened by the
+run-to-run floor (`floors`, orchestrator/judge/run_floor.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.judge.compare import METRICS, Metric, Point, compare_pair
+from orchestrator.judge.run_floor import FloorBook
 from reports import compare as stats
 
 TIE = "tie — no figure separates them"
@@ -53,27 +56,26 @@ def figure(point: Point, by: Metric) -> tuple[float | None, str]:
     return value, by.label
 
 
-def versus(leader: Point, other: Point, objective: Metric, min_effect: float) -> stats.Decision:
+def versus(leader: Point, other: Point, objective: Metric, min_effect: float,
+           floors: FloorBook | None = None) -> stats.Decision:  # fmt: skip
     """The verdict on `other` relative to `leader` for the objective."""
-    return compare_pair(leader, other, (objective,), min_effect).decisions[objective.name]
+    return compare_pair(leader, other, (objective,), min_effect, floors=floors).decisions[objective.name]
 
 
-def clearly_worse(decision: stats.Decision, objective: Metric, min_effect: float) -> bool:
-    """DIFFERENT in the worse direction, or a confidence interval wholly beyond the threshold on that side (an
-    UNKNOWN for want of repeats is still a loss when even its best case is worse by more than the threshold)."""
-    if stats.is_bad(decision, objective.higher_is_worse):
-        return True
-    low, high = decision.ci_low, decision.ci_high
-    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
-        return False
-    return low > min_effect if objective.higher_is_worse else high < -min_effect
+def loses(decision: stats.Decision, objective: Metric) -> bool:
+    """The one tie rule: a point loses to the leader only when DIFFERENT (worse) in the objective; any other verdict
+    (SAME, SAME in practice, UNKNOWN) ties it with the leader."""
+    return stats.is_bad(decision, objective.higher_is_worse)
 
 
 def fmt_decision(d: stats.Decision) -> str:
+    """`+2.10% [+1.20%, +3.00%] (DIFFERENT, p=0.0012, 3 vs 3 repeats)`, with the run-to-run floor of a side of
+    one run."""
     change = "" if d.change is None else f"{d.change:+.2%}"
     ci = "" if d.ci_low is None or d.ci_high is None else f" [{d.ci_low:+.2%}, {d.ci_high:+.2%}]"
     p = "" if d.p_value is None else f", p={d.p_value:.2g}"
-    return f"{change}{ci} ({d.decision.upper()}{p}, {d.n_a} vs {d.n_b} repeats)"
+    floor = "" if d.run_floor is None else f"; {stats.single_run_note(d.n_a, d.n_b, d.run_floor)}"
+    return f"{change}{ci} ({d.decision.upper()}{p}, {d.n_a} vs {d.n_b} repeats{floor})"
 
 
 @dataclass
@@ -99,8 +101,9 @@ class Choice:
 
 
 def choose(eligible: list[Point], objective: Metric, min_effect: float = stats.MIN_EFFECT,
-           tie_break: Metric | None = None) -> Choice:  # fmt: skip
-    """The best of `eligible` by the verdicts (see the module docstring); `tie_break` defaults to memory."""
+           tie_break: Metric | None = None, floors: FloorBook | None = None) -> Choice:  # fmt: skip
+    """The best of `eligible` by the verdicts (see the module docstring for the rule); `tie_break` defaults to
+    memory; `floors`: the workspace's run-to-run floors for points of one run (else the stated default)."""
     tie_break = tie_break or metric("peak_alloc")
     sign = 1 if objective.higher_is_worse else -1
     scored = [p for p in eligible if mean(p, objective.summary_key) is not None]
@@ -111,14 +114,12 @@ def choose(eligible: list[Point], objective: Metric, min_effect: float = stats.M
     if len(ranked) == 1:
         value = mean(leader, objective.summary_key) or 0.0
         return Choice(leader, f"the only eligible point ({objective.label} {value:.4g})", leader=leader)
-    decisions = {p.point_id: versus(leader, p, objective, min_effect) for p in ranked[1:]}
-    tied = [leader, *(p for p in ranked[1:] if not clearly_worse(decisions[p.point_id], objective, min_effect))]
+    decisions = {p.point_id: versus(leader, p, objective, min_effect, floors) for p in ranked[1:]}
+    tied = [leader, *(p for p in ranked[1:] if not loses(decisions[p.point_id], objective))]
     if len(tied) == 1:
         runner = ranked[1]
-        d = decisions[runner.point_id]
-        beyond = "" if stats.is_bad(d, objective.higher_is_worse) else (
-            f"; its whole interval lies beyond the {min_effect:.0%} threshold")  # fmt: skip
-        how = f"best {objective.label}: the runner-up {runner.point_id} differs by {fmt_decision(d)}{beyond}"
+        how = (f"best {objective.label}: the runner-up {runner.point_id} differs by "
+               f"{fmt_decision(decisions[runner.point_id])}")  # fmt: skip
         return Choice(leader, how, [], decisions, leader)
     return _break_tie(tied, objective, tie_break, min_effect, decisions, leader)
 

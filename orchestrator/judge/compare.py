@@ -6,13 +6,15 @@ fingerprint through trainer/rundir.py); the statistics are reports/compare.py's.
 swept values (`CellRow.params`), or the single point of each side, or explicit `A:B` pairs of point or cell
 ids. A side that is a path ending in .json that exists is a Megatron-LM (or Bridge) golden-values file: one
 point (`golden`) with one repeat of per-step samples and no fingerprint, so the single-repeat rule of
-reports/compare.py decides (never SAME; DIFFERENT only for a large effect) and hardware is not checked.
+reports/compare.py decides (the within-run CI widened by the run-to-run floor, orchestrator/judge/run_floor.py;
+never SAME; DIFFERENT only for a large effect) and hardware is not checked.
 Each metric has a practical threshold (`--min-effect`, per metric too: `2%,final_loss=0.5%`); peak memory,
 deterministic for a fixed configuration, is compared against a stated floor (reports/compare.py's
 MEMORY_FLOOR), with one run a side too. `looks` > 1 (`--until-conclusive`) tests each look at the levels divided
 by the number of looks (Bonferroni). What the two sides ran differs in first: the resolved configuration diff
 (`config_diff`: the cell's recipe, resources and env, the trainer, launcher and container settings, the
-measured window; argv flags one by one), then the environment fingerprint. Besides the signature of the
+measured window; argv flags one by one; every key, suspects first where a rule ranks them), then the environment
+fingerprint. Besides the signature of the
 decisions, the diagnosis reads the whole step curves of every repeat: the loss diverging
 from a step, grad-norm spikes only one side has (reports/compare.py on reports/numerics.py).
 Exit code: 0 every metric SAME (or below the practical threshold, or better), 1 a DIFFERENT in the bad
@@ -29,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import RunError, UsageError
-from orchestrator.judge.compare_config import config_diff, diff_line, point_config
+from orchestrator.judge.compare_config import config_diff, diff_line, point_config, ranked
 from orchestrator.judge.golden import load_golden
 from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, exit_code
+from orchestrator.judge.run_floor import FloorBook, run_fingerprint, workspace_floors
 from orchestrator.run.baseline import params_key, summary_from_dict
 from orchestrator.run.store import CellRow, Store
 from reports import compare as stats
@@ -71,7 +74,6 @@ SUSPECT_KEYS = (
     "git_sha",
 )
 GOLDEN_POINT = "golden"  # the point id of a golden-values file (for --pair POINT:golden)
-CONFIG_SHOWN = 12  # config differences listed in text and Markdown (--json has all)
 
 
 @dataclass
@@ -149,16 +151,6 @@ def _window_size(store: Store, name: str) -> int:
     return window if isinstance(window, int) and window > 0 else DEFAULT_WINDOW
 
 
-def _fingerprint(run_dir: Path) -> dict[str, Any]:
-    """rundir's fingerprint, with the GPU and torch that status.json names when no other file does."""
-    found = dict(rundir.read_fingerprint(run_dir) or {})
-    status = rundir.read_status(run_dir) or {}
-    for key, status_key in (("gpu_name", "gpu_name"), ("torch", "torch_version")):
-        if found.get(key) is None and status.get(status_key) is not None:
-            found[key] = status[status_key]
-    return found
-
-
 def _repeat(store: Store, name: str, cell: CellRow, attempt: Any, window: int) -> Repeat | None:
     """A completed cell's figures: recomputed from its step rows, else its stored summary."""
     run_dir = Path(attempt.run_dir)
@@ -171,7 +163,7 @@ def _repeat(store: Store, name: str, cell: CellRow, attempt: Any, window: int) -
         if stored is None:
             return None
         summary = stored.to_dict()
-    return Repeat(cell.cell_id, summary, window_rows(rows, window), _fingerprint(run_dir), rows)
+    return Repeat(cell.cell_id, summary, window_rows(rows, window), run_fingerprint(run_dir), rows)
 
 
 def load_points(store: Store, name: str) -> list[Point]:
@@ -246,6 +238,27 @@ def load_sides(workspace: Path, a: str, b: str) -> tuple[list[Point], list[Point
     return loaded[0], loaded[1]
 
 
+def load_floors(workspace: Path, refs: tuple[str, str]) -> FloorBook | None:
+    """The workspace's run-to-run floors (orchestrator/judge/run_floor.py); None (the stated default) when both
+    sides are golden-values files."""
+    if all(golden_ref(ref) for ref in refs):
+        return None
+    with Store(workspace, create=False) as store:
+        return floors_of(store)
+
+
+def floors_of(store: Store) -> FloorBook:
+    """The run-to-run floors of the compared figures from the store's A/A repeats."""
+    return workspace_floors(store, tuple(m.summary_key for m in METRICS))
+
+
+def side_key(point: Point) -> tuple[str, str]:
+    """(trainer kind, GPU model) of a point: its configuration's trainer.kind, its repeats' GPU ("CPU": none)."""
+    kind = (point.config or {}).get("trainer.kind") or point.source
+    gpus = sorted({str(r.fingerprint["gpu_name"]) for r in point.repeats if r.fingerprint.get("gpu_name")})
+    return str(kind), ", ".join(gpus) or "CPU"
+
+
 def _find(points: list[Point], ref: str, side: str) -> Point:
     for point in points:
         if ref == point.point_id or ref in point.cell_ids:
@@ -307,17 +320,20 @@ def check_hardware(a: Point, b: Point, allow: bool) -> None:
         )
 
 
-def side_notes(a: Point, b: Point) -> tuple[list[str], list[str]]:
-    """(sides without a fingerprint, notes): golden-values sides, and the single-repeat rule where it applies."""
+def side_notes(
+    a: Point, b: Point, floor: stats.RunFloor = stats.DEFAULT_RUN_FLOOR
+) -> tuple[list[str], list[str]]:
+    """(sides without a fingerprint, notes): golden-values sides, and the single-repeat rule where it applies
+    (`floor`: the run-to-run floor of step time it widens the within-run CI by)."""
     sides = (("A", a), ("B", b))
     missing = [f"{name} ({p.campaign})" for name, p in sides if p.source == "golden"]
     single = [f"{name} ({p.campaign})" for name, p in sides if len(p.repeats) == 1]
     notes = []
     if single:
+        widened = stats.single_run_note(len(a.repeats), len(b.repeats), floor)
         notes.append(f"one repeat on {' and '.join(single)}: the single-repeat rule decides step time and loss "
-                     "(never SAME; DIFFERENT only for a large effect on the per-step samples); peak memory is "
-                     f"deterministic and compared against its floor ({stats.MEMORY_FLOOR.text()}); more repeats "
-                     "can settle an UNKNOWN")  # fmt: skip
+                     f"({widened}; never SAME); peak memory is deterministic and compared against its floor "
+                     f"({stats.MEMORY_FLOOR.text()}); more repeats can settle an UNKNOWN")  # fmt: skip
     return missing, notes
 
 
@@ -338,32 +354,42 @@ def curve_diagnosis(a: Point, b: Point, loss_tolerance: float) -> list[str]:
 
 
 def compare_pair(a: Point, b: Point, metrics: tuple[Metric, ...], min_effect: float,
-                 min_effects: dict[str, float] | None = None, looks: int = 1) -> PairResult:  # fmt: skip
-    """Decide every metric of B against A (`looks`: the most looks of a sequential comparison), diagnose, and
-    say what the two sides ran differently (configuration, then environment)."""
+                 min_effects: dict[str, float] | None = None, looks: int = 1,
+                 floors: FloorBook | None = None) -> PairResult:  # fmt: skip
+    """Decide every metric of B against A (`looks`: the most looks of a sequential comparison; `floors`: the
+    workspace's run-to-run floors for a side of one run, else the stated default), diagnose, and say what the
+    two sides ran differently (configuration, then environment)."""
     effects = {m.name: (min_effects or {}).get(m.name, min_effect) for m in metrics}
+    sides = [side_key(a), side_key(b)]
+    run_floors = {m.name: floors.for_sides(sides, m.summary_key) if floors else stats.DEFAULT_RUN_FLOOR
+                  for m in metrics}  # fmt: skip
     decisions = {m.name: stats.compare_samples(_samples(a, m), _samples(b, m), effects[m.name], floor=m.floor,
-                                               looks=looks) for m in metrics}  # fmt: skip
+                                               looks=looks, run_floor=run_floors[m.name]) for m in metrics}  # fmt: skip
     diagnosis = stats.diagnose(decisions, "step_time", ("peak_alloc", "peak_reserved"), "final_loss")
     diagnosis += curve_diagnosis(a, b, (min_effects or {}).get("final_loss", min_effect))
-    missing, notes = side_notes(a, b)
+    timed = next((m for m in metrics if m.step_key and not m.floor), None)
+    missing, notes = side_notes(a, b, run_floors[timed.name] if timed else stats.DEFAULT_RUN_FLOOR)
     diff = [] if missing else fingerprint_diff(a, b)
     configured = a.config is not None and b.config is not None
     changed = config_diff(a.config or {}, b.config or {}) if configured else []
     return PairResult(a, b, decisions, diagnosis, diff, missing, notes, changed)
 
 
-def config_lines(result: PairResult, limit: int | None = CONFIG_SHOWN) -> list[str]:
-    """What the two sides ran differently, first of all: `key: A → B` lines, or why there are none."""
+def config_lines(result: PairResult) -> list[str]:
+    """What the two sides ran differently, first of all: every `key: A → B` line, suspects first (known
+    performance keys, orchestrator/judge/compare_config.py's `ranked`), or why there are none."""
+    return [line for line, _rule in config_suspects(result)]
+
+
+def config_suspects(result: PairResult) -> list[tuple[str, str | None]]:
+    """(line, the rule that makes its key a suspect or None) for every configuration difference, suspects first;
+    one line saying why there is none when the configuration is equal or not recorded."""
     if result.a.config is None or result.b.config is None:
         sides = [f"{n} ({p.campaign})" for n, p in (("A", result.a), ("B", result.b)) if p.config is None]
-        return [f"not recorded for {' and '.join(sides)} (golden-values file): configuration not compared"]
+        return [(f"not recorded for {' and '.join(sides)} (golden-values file): configuration not compared", None)]
     if not result.config_diff:
-        return ["no difference in the resolved configuration"]
-    lines = [diff_line(item) for item in result.config_diff]
-    if limit is not None and len(lines) > limit:
-        lines = lines[:limit] + [f"… and {len(lines) - limit} more (--json lists all)"]
-    return lines
+        return [("no difference in the resolved configuration", None)]
+    return [(diff_line(item), rule) for item, rule in ranked(result.config_diff)]
 
 
 def parse_min_effect(text: str) -> tuple[float, dict[str, float]]:
@@ -418,7 +444,10 @@ def compare_campaigns(workspace: Path, a: str, b: str, *, metrics: list[str] | N
             raise UsageError(f"{empty.campaign} point {empty.point_id} has no completed repeat to compare")
         if "golden" not in (left.source, right.source):  # a golden file records no GPU
             check_hardware(left, right, allow_different_hardware)
-    results = [compare_pair(left, right, chosen, min_effect, min_effects, looks) for left, right in matched]
+    floors = load_floors(workspace, (a, b))
+    results = [
+        compare_pair(left, right, chosen, min_effect, min_effects, looks, floors) for left, right in matched
+    ]
     return Comparison(a, b, min_effect, results, unmatched, min_effects, looks)
 
 
@@ -512,7 +541,7 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
     pairs = []
     for r in comparison.pairs:
         pairs.append({
-            "config_diff": r.config_diff, "config_lines": config_lines(r, None),
+            "config_diff": r.config_diff, "config_lines": config_lines(r),
             "a": {"campaign": r.a.campaign, "point_id": r.a.point_id, "label": r.a.label, "params": r.a.params,
                   "repeats": [x.cell_id for x in r.a.repeats], "source": r.a.source},
             "b": {"campaign": r.b.campaign, "point_id": r.b.point_id, "label": r.b.label, "params": r.b.params,
@@ -544,12 +573,16 @@ def write_page(comparison: Comparison, out_dir: Path) -> Path:
                        f"{err.strerror or err}") from None  # fmt: skip
 
 
+def _suspect(place: int, rule: str | None) -> str:
+    """` (first suspect: precision)` for the first line a rule ranks, ` (suspect: ...)` after it, else nothing."""
+    return "" if rule is None else f" ({'first suspect' if place == 0 else 'suspect'}: {rule})"
+
+
 def first_lines(result: PairResult, escape: Callable[[str], str] = str) -> list[str]:
     """What the sides ran differently, shown before any figure: the configuration diff, then the environment
     fingerprint (differences, or why there are none)."""
     config = "config differs" if result.config_diff else "config"
-    lines = [f"{config}{' (first suspect)' * (not i and bool(result.config_diff))}: {escape(x)}"
-             for i, x in enumerate(config_lines(result))]  # fmt: skip
+    lines = [f"{config}{_suspect(i, rule)}: {escape(x)}" for i, (x, rule) in enumerate(config_suspects(result))]
     lines += [f"fingerprint differs{' (first suspect)' * (not i and not result.config_diff)}: {escape(x)}"
               for i, x in enumerate(result.fingerprint_diff)]  # fmt: skip
     fingerprint = fingerprint_line(result)

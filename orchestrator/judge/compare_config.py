@@ -6,11 +6,17 @@ and that launcher's settings, the container, cluster and software sections, and 
 are dotted paths (`trainer.recipe.cross_entropy`); a command's argv is split into its flags
 (`trainer.recipe.argv --cross-entropy-fusion-impl`), so one changed flag is one line. A key whose value
 differs between a point's own repeats is shown as varying, not as a difference of the sides.
+
+Suspects (`ranked`): of the differing keys, the known performance keys come first, in the order of the rule that
+names them (PERFORMANCE_KEYS: precision, parallel layout, batch and sequence, recompute, kernels and fusions,
+MoE dispatch, communication and overlap, optimizer memory, container and software), each tagged with its rule;
+every other key follows in key order, untagged: no rule ranks it, so it is no suspect (a label, a log's path).
 """
 
 from __future__ import annotations
 
 import json
+from fnmatch import fnmatchcase
 from typing import Any
 
 from orchestrator.run.store import CellRow
@@ -19,6 +25,23 @@ SECTIONS = ("container", "cluster", "software")  # campaign sections that shape 
 UNSET = "(unset)"
 VARIES = "(varies by repeat)"
 MAX_VALUE = 80  # characters of a value shown; longer values end with …
+PERFORMANCE_KEYS = (  # (rule, key patterns): known performance keys, most likely suspect first
+    ("precision", ("*precision", "*--fp8*", "*--fp4*", "*--bf16", "*--fp16")),
+    ("parallel layout", ("*.parallel.*", "*-parallel-size", "*--sequence-parallel", "resources.nodes",
+                         "resources.gpus_per_node")),
+    ("batch and sequence", ("*micro_batch_size", "*global_batch_size", "*seq_length", "*--micro-batch-size",
+                            "*--global-batch-size", "*--seq-length")),
+    ("recompute", ("*recompute*",)),
+    ("kernels and fusions", ("*cross_entropy*", "*--cross-entropy*", "*.compile", "*grouped_gemm", "*grouped-gemm",
+                             "*expert_wgrad", "*--attention-backend", "*--transformer-impl", "*cuda-graph*",
+                             "*fusion*", "*--use-flash-attn")),
+    ("MoE dispatch", ("*.moe.capacity_factor", "*pad_to_capacity", "*dispatch*", "*expert_weights", "*--moe-*")),
+    ("communication and overlap", ("*overlap*", "env.NCCL_*", "env.TORCH_NCCL_*", "env.NVTE_*",
+                                   "env.CUDA_DEVICE_MAX_CONNECTIONS")),
+    ("optimizer memory", ("*.optimizer.main_grads", "*.optimizer.moments", "*.optimizer.master_weights",
+                          "*distributed-optimizer*", "*precision-aware-optimizer*")),
+    ("container and software", ("container.*", "software.*", "trainer.kind")),
+)  # fmt: skip
 
 
 def _text(value: Any) -> str:
@@ -92,3 +115,19 @@ def config_diff(a: dict[str, str], b: dict[str, str]) -> list[dict[str, str]]:
 
 def diff_line(item: dict[str, str]) -> str:
     return f"{item['key']}: {item['a']} → {item['b']}"
+
+
+def suspect_rule(key: str) -> tuple[int, str] | None:
+    """(rank, rule) of the PERFORMANCE_KEYS rule that names `key` (None: no known performance key)."""
+    for rank, (rule, patterns) in enumerate(PERFORMANCE_KEYS):
+        if any(fnmatchcase(key, pattern) for pattern in patterns):
+            return rank, rule
+    return None
+
+
+def ranked(diff: list[dict[str, str]]) -> list[tuple[dict[str, str], str | None]]:
+    """Every difference with the rule that makes it a suspect: known performance keys first (by rule rank, then
+    key), then the others in key order with None."""
+    rules = {item["key"]: suspect_rule(item["key"]) for item in diff}
+    order = sorted(diff, key=lambda item: (rules[item["key"]] or (len(PERFORMANCE_KEYS), ""))[0])
+    return [(item, (rules[item["key"]] or (0, None))[1]) for item in order]

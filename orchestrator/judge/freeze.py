@@ -1,5 +1,8 @@
 """`mbx freeze`: pick the winner of a campaign by its verdicts (not by a noisy mean), and say why every other
-point lost, from stored evidence: slower by x% [CI], a failed gate, out of memory, unstable, failed."""
+point lost, from stored evidence: slower by x% [CI], tied and lost the tie-break, a failed gate or parity check,
+out of memory, unstable, failed. A point that failed a check never wins; `--point` freezes one anyway only with
+`--allow-failed REASON`, and a chosen point that is not the best says where it stands and why the others were
+not chosen (their verdicts against it)."""
 
 from __future__ import annotations
 
@@ -9,25 +12,22 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import EXIT_INCONCLUSIVE, RunError, UsageError
-from orchestrator.judge.best import (
-    Choice,
-    choose,
-    clearly_worse,
-    figure,
-    fmt_decision,
-    full_length,
-    metric,
-    versus,
-)
-from orchestrator.judge.compare import Metric, Point, load_points
+from orchestrator.judge.best import Choice, choose, figure, fmt_decision, full_length, loses, metric, versus
+from orchestrator.judge.compare import Metric, Point, floors_of, load_points
+from orchestrator.judge.run_floor import FloorBook
+from orchestrator.judge.views import parity_verdicts
 from orchestrator.run.regate import gates_of, judge_campaign
 from orchestrator.run.store import INGEST_LAUNCHER, Store
+from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.search import Search
 from reports import compare as stats
 
 OBJECTIVES = {"tflops": "tflops", "step_time": "step_time"}
 SEARCH_OBJECTIVES = {"tflops_per_gpu": "tflops", "step_time_ms": "step_time"}  # sweep.search.objective → --by
 TIE_BREAKS = {"memory": "peak_alloc", "step_time": "step_time", "tflops": "tflops"}
+# The side a parity pair's check is about: the side under test of a toggle or pair, the reloading side of a
+# checkpoint check, the evaluating side of eval_check (evaluation must not perturb training).
+PARITY_SUBJECT = {"toggle": "on", "pair": "on", "checkpoint": "on", "eval": "off"}
 
 
 @dataclass
@@ -37,7 +37,9 @@ class Rejected:
     point_id: str
     label: str
     why: str
-    kind: str  # slower | tie | gate | failed | oom | unstable | unfinished | infeasible | short run | reference | constraint
+    # slower | tie | not chosen | no figure | gate | parity | failed | oom | unstable | unfinished | infeasible |
+    # short run | reference | constraint
+    kind: str
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Frozen:
     resources: dict[str, Any] = field(default_factory=dict)
     trainer_kind: str = "bundled"
     frozen_at: str = field(default_factory=lambda: dt.date.today().isoformat())
+    allowed_failed: str | None = None  # --allow-failed: the failed check and the reason given
 
 
 def _unstable(point: Point) -> str | None:
@@ -98,6 +101,25 @@ def _excluded(store: Store, name: str, points: list[Point]) -> dict[str, Rejecte
         elif verdict is not None and verdict.verdict in ("fail", "inconclusive"):
             out[point.point_id] = Rejected(point.point_id, point.label, f"gate {verdict.verdict}: {verdict.why()}",
                                            "gate")  # fmt: skip
+    return {**parity_rejected(store, name, record), **out}
+
+
+def parity_rejected(store: Store, name: str, record: dict[str, Any]) -> dict[str, Rejected]:
+    """The points whose parity check did not pass (the pairs judged in memory from their run dirs,
+    orchestrator/judge/views.py): the side a pair is about (PARITY_SUBJECT) of every pair that failed or is
+    inconclusive, with the pair and its reason."""
+    spec = record.get("spec") or {}
+    if not spec.get("parity"):
+        return {}
+    cells = {c.cell_id: c for c in store.cells(name)}
+    out: dict[str, Rejected] = {}
+    for pair in parity_verdicts(store, name, Campaign.model_validate(spec)):
+        cell_id = pair.on_cell if PARITY_SUBJECT.get(pair.kind, "on") == "on" else pair.off_cell
+        cell = cells.get(cell_id or "")
+        if pair.verdict == "pass" or cell is None or cell.point_id in out:
+            continue
+        out[cell.point_id] = Rejected(cell.point_id, cell.label, f"parity {pair.verdict.upper()}: {pair.title} "
+                                      f"[{pair.label}, repeat {pair.repeat}]: {pair.reason}", "parity")  # fmt: skip
     return out
 
 
@@ -147,16 +169,70 @@ def search_rejected(points: list[Point], search: Search, trials: list[dict[str, 
     return out
 
 
-def _reason(winner: Point, other: Point, choice: Choice, goal: Metric, breaker: Metric, min_effect: float) -> Rejected:
-    d = versus(winner, other, goal, min_effect)
-    worse = "slower" if (d.change or 0) * (1 if goal.higher_is_worse else -1) > 0 else "faster"
-    if any(p is other for p in choice.tied) or not clearly_worse(d, goal, min_effect):
-        mine, theirs = figure(winner, breaker)[0], figure(other, breaker)[0]
-        detail = f"{breaker.label} {theirs:.4g} vs {mine:.4g}" if mine and theirs else f"no {breaker.label} figure"
-        return Rejected(other.point_id, other.label, f"tied with the winner in {goal.label}: "
-                        f"{fmt_decision(d)}; lost the tie-break ({detail})", "tie")  # fmt: skip
-    return Rejected(other.point_id, other.label, f"{worse} than the winner in {goal.label} by "
-                    f"{fmt_decision(d)}", "slower")  # fmt: skip
+def _lost(other: Point, choice: Choice, goal: Metric, breaker: Metric) -> Rejected:
+    """Why `other` lost to the best by the rule: its verdict against the leader (the one the tie rule reads) and,
+    when tied, the tie-break figures."""
+    winner, leader = choice.winner, choice.leader
+    assert winner is not None and leader is not None
+    d = choice.decisions.get(other.point_id)
+    if other is leader:  # the winner won the tie-break over the leader by mean
+        return Rejected(other.point_id, other.label, f"the leader by mean {goal.label}, tied with the winner (the "
+                        f"winner against it: {fmt_decision(choice.decisions[winner.point_id])}); lost the tie-break "
+                        f"({_tie_break(winner, other, breaker)})", "tie")  # fmt: skip
+    if d is None:
+        return Rejected(other.point_id, other.label, f"no {goal.label} figure", "no figure")
+    than = "the winner" if leader is winner else f"the leader {leader.point_id}"
+    if loses(d, goal):
+        return Rejected(other.point_id, other.label, f"slower than {than} in {goal.label}: {fmt_decision(d)}",
+                        "slower")  # fmt: skip
+    return Rejected(other.point_id, other.label, f"tied with {than} in {goal.label} (not DIFFERENT): "
+                    f"{fmt_decision(d)}; lost the tie-break ({_tie_break(winner, other, breaker)})", "tie")  # fmt: skip
+
+
+def _tie_break(winner: Point, other: Point, breaker: Metric) -> str:
+    mine, theirs = figure(winner, breaker)[0], figure(other, breaker)[0]
+    if not mine or not theirs:
+        return f"no {breaker.label} figure"
+    return f"{breaker.label} {theirs:.4g} vs the winner's {mine:.4g}"
+
+
+def _not_chosen(chosen: Point, other: Point, goal: Metric, min_effect: float, floors: FloorBook) -> Rejected:
+    """Why `other` is not frozen when `--point` chose `chosen`: its verdict against the chosen point."""
+    d = versus(chosen, other, goal, min_effect, floors)
+    if loses(d, goal):
+        return Rejected(other.point_id, other.label, f"slower than the chosen point in {goal.label}: "
+                        f"{fmt_decision(d)}", "slower")  # fmt: skip
+    better = "faster than" if d.decision == stats.DIFFERENT else "not DIFFERENT from"
+    return Rejected(other.point_id, other.label, f"{better} the chosen point in {goal.label}: {fmt_decision(d)}; "
+                    f"not chosen (--point chose {chosen.point_id})", "not chosen")  # fmt: skip
+
+
+def _standing(chosen: Point, choice: Choice, goal: Metric, min_effect: float, floors: FloorBook) -> str:
+    """`--point`'s how: where the chosen point stands against the best by the verdicts."""
+    if choice.winner is chosen:
+        return f"chosen with --point; it is also the best by the verdicts: {choice.how}"
+    if choice.winner is None:
+        return f"chosen with --point; the verdicts pick no best: {choice.how}"
+    d = versus(choice.winner, chosen, goal, min_effect, floors)
+    return (f"chosen with --point; the best by the verdicts is {choice.winner.point_id} [{choice.winner.label}] "
+            f"({choice.how}); the chosen point against it in {goal.label}: {fmt_decision(d)}")  # fmt: skip
+
+
+def _allowed(
+    chosen: Point, excluded: dict[str, Rejected], point: str, allow_failed: str | None
+) -> str | None:
+    """The check the chosen point failed and the reason it is frozen anyway (None: it failed none); RunError
+    (exit 1) naming the check unless `--allow-failed` gives a reason and the point has completed repeats."""
+    failed = excluded.get(chosen.point_id)
+    if failed is None:
+        return None
+    if allow_failed and chosen.repeats:
+        return f"{failed.why}; frozen anyway with --allow-failed: {allow_failed}"
+    hint = (" (it has no completed repeat to freeze)" if not chosen.repeats else
+            '; --allow-failed "REASON" freezes it anyway, with that reason written beside the check')  # fmt: skip
+    raise RunError(
+        f"--point {point!r} cannot be frozen: it failed a check ({failed.kind}): {failed.why}{hint}"
+    )
 
 
 def refuse_ingested(record: dict[str, Any], campaign: str, what: str) -> None:
@@ -168,11 +244,12 @@ def refuse_ingested(record: dict[str, Any], campaign: str, what: str) -> None:
 
 def freeze(
     workspace: Path, campaign: str, *, point: str | None = None, objective: str | None = None,
-    tie_break: str = "memory", min_effect: float | None = None,
+    tie_break: str = "memory", min_effect: float | None = None, allow_failed: str | None = None,
 ) -> Frozen:  # fmt: skip
     """The winner (`point`, or the best by orchestrator/judge/best.py's rule) and every other point's reason. For a
     search the objective and threshold default to its own, and only its full-length trials can win. A tie no
-    figure separates raises Tied (exit 3) unless `point` names one."""
+    figure separates raises Tied (exit 3) unless `point` names one; a `point` that failed a check raises RunError
+    (exit 1) unless `allow_failed` gives the reason to freeze it anyway."""
     with Store(workspace, create=False) as store:
         points = load_points(store, campaign)
         record = store.campaign(campaign) or {}
@@ -182,6 +259,7 @@ def freeze(
             excluded = {**search_rejected(points, search, store.trials(campaign)), **excluded}
         infeasible = [r for r in infeasible_rejected(store, campaign) if r.point_id not in excluded]
         cells = {c.point_id: c for c in store.cells(campaign)}
+        floors = floors_of(store)
     refuse_ingested(record, campaign, "mbx freeze")
     objective = objective or (SEARCH_OBJECTIVES[search.objective] if search else "tflops")
     if objective not in OBJECTIVES or tie_break not in TIE_BREAKS:
@@ -191,15 +269,13 @@ def freeze(
         min_effect = search.min_effect if search else stats.MIN_EFFECT
     goal, breaker = metric(OBJECTIVES[objective]), metric(TIE_BREAKS[tie_break])
     eligible = [p for p in points if p.point_id not in excluded and p.repeats]
-    choice = choose(eligible, goal, min_effect, breaker)
+    choice = choose(eligible, goal, min_effect, breaker, floors)
+    allowed = None
     if point is not None:
-        chosen = next((p for p in points if point in (p.point_id, p.label, *p.cell_ids)), None)
-        if chosen is None:
-            raise UsageError(f"--point {point!r}: campaign {campaign!r} has no such point "
-                             f"(points: {', '.join(p.point_id for p in points)})")  # fmt: skip
-        if chosen.point_id in excluded:
-            raise UsageError(f"--point {point!r} cannot be frozen: {excluded[chosen.point_id].why}")
-        winner, how = chosen, "chosen with --point"
+        winner = _named(points, point, campaign)
+        allowed = _allowed(winner, excluded, point, allow_failed)
+        how = _standing(winner, choice, goal, min_effect, floors)
+        rejected = [_not_chosen(winner, p, goal, min_effect, floors) for p in eligible if p is not winner]
     elif choice.undecided:
         raise Tied(f"{campaign}: {choice.how}; freeze one of them with --point")
     elif choice.winner is None:
@@ -207,8 +283,18 @@ def freeze(
         raise RunError(f"{campaign}: no point can be frozen: {lines or 'no completed point'}")
     else:
         winner, how = choice.winner, choice.how
-    rejected = [_reason(winner, p, choice, goal, breaker, min_effect) for p in eligible if p is not winner]
-    rejected += [*excluded.values(), *infeasible]
+        rejected = [_lost(p, choice, goal, breaker) for p in eligible if p is not winner]
+    rejected += [r for r in [*excluded.values(), *infeasible] if r.point_id != winner.point_id]
     cell = cells[winner.point_id]
     return Frozen(campaign, record.get("spec") or {}, record.get("source_file"), winner, how, goal, rejected,
-                  recipe=cell.recipe, resources=cell.resources, trainer_kind=cell.trainer_kind)  # fmt: skip
+                  recipe=cell.recipe, resources=cell.resources, trainer_kind=cell.trainer_kind,
+                  allowed_failed=allowed)  # fmt: skip
+
+
+def _named(points: list[Point], ref: str, campaign: str) -> Point:
+    """The point `--point` names (its id, label or a cell id); UsageError listing the points otherwise."""
+    chosen = next((p for p in points if ref in (p.point_id, p.label, *p.cell_ids)), None)
+    if chosen is None:
+        raise UsageError(f"--point {ref!r}: campaign {campaign!r} has no such point "
+                         f"(points: {', '.join(p.point_id for p in points)})")  # fmt: skip
+    return chosen

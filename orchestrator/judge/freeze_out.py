@@ -60,6 +60,8 @@ def frozen_campaign(frozen: Frozen, repeats: int, gates: dict[str, float]) -> di
     spec["name"] = f"{frozen.campaign}-frozen"
     spec["description"] = (f"Frozen from {frozen.campaign} point {frozen.winner.point_id} [{frozen.winner.label}] on "
                            f"{frozen.frozen_at}: {frozen.how}")  # fmt: skip
+    if frozen.allowed_failed:
+        spec["description"] += f"; frozen despite a failed check: {frozen.allowed_failed}"
     spec["gates"] = {**kept_gates, **gates}
     kind = trainers.get(frozen.trainer_kind)
     spec.update(kind.frozen_sections(frozen.recipe, frozen.resources, frozen.winner.params, repeats))
@@ -121,7 +123,9 @@ def _performance(frozen: Frozen) -> list[str]:
 def markdown(frozen: Frozen, repeats: int, gate_lines: list[str]) -> str:
     """FROZEN.md: the winner, how it was chosen, and the PR sections of a frozen performance recipe."""
     w = frozen.winner
-    lines = [f"# Frozen: {md_text(frozen.campaign)} point {md_code(w.point_id)} [{md_text(w.label)}]", "",
+    failed = frozen.allowed_failed
+    warning = [f"**Frozen despite a failed check**: {md_text(failed)}", ""] if failed else []
+    lines = [f"# Frozen: {md_text(frozen.campaign)} point {md_code(w.point_id)} [{md_text(w.label)}]", "", *warning,
              md_text(frozen.how), "", *_configuration(frozen, repeats), "", *_performance(frozen), "",
              "## Validation", "", *[f"- Portable gate: {md_code(line)}" for line in gate_lines], "",
              "## Rejected experiments", ""]  # fmt: skip
@@ -161,6 +165,7 @@ def write_frozen(frozen: Frozen, out: Path, repeats: int = 3, margin: float | No
         files["recipe.yaml"] = dump_yaml(recipe)
     record = {"campaign": frozen.campaign, "point": frozen.winner.point_id, "label": frozen.winner.label,
               "params": frozen.winner.params, "how": frozen.how, "frozen_at": frozen.frozen_at, "gates": gates,
+              "allowed_failed": frozen.allowed_failed,
               "fingerprint": frozen.winner.repeats[0].fingerprint if frozen.winner.repeats else {},
               "rejected": [r.__dict__ for r in frozen.rejected]}  # fmt: skip
     files["frozen.json"] = json.dumps(json.loads(canonical_json(record)), indent=2, default=str) + "\n"

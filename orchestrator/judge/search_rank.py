@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.judge import best as best_rule
-from orchestrator.judge.compare import METRICS, Metric, Point, compare_pair
+from orchestrator.judge.compare import METRICS, Metric, Point
+from orchestrator.judge.run_floor import FloorBook
 from orchestrator.spec.search import Search
 from orchestrator.spec.sweep import canonical_json
 from reports import compare as stats
@@ -88,8 +89,9 @@ def loss_problem(evidence: Evidence, base: Evidence | None, tolerance: float) ->
 def rank(
     evidences: list[Evidence], metric: Metric, min_effect: float
 ) -> list[tuple[Evidence, stats.Decision | None]]:
-    """Eligible points best first: the leader by mean, then the points not DIFFERENT (worse) than it (by mean),
-    then the ones that are (by mean); each with its verdict against the leader (None for the leader)."""
+    """Eligible points best first: the leader by mean, then the points tied with it (not DIFFERENT (worse):
+    orchestrator/judge/best.py's one tie rule), by mean, then the ones that lost (by mean); each with its verdict
+    against the leader (None for the leader)."""
     sign = 1 if metric.higher_is_worse else -1
     by_mean = sorted(evidences, key=lambda e: sign * (mean_of(e.point, metric.summary_key) or 0.0))
     if not by_mean:
@@ -97,10 +99,10 @@ def rank(
     leader, decided = by_mean[0], []
     for other in by_mean[1:]:
         assert leader.point is not None and other.point is not None
-        decision = compare_pair(leader.point, other.point, (metric,), min_effect).decisions[metric.name]
+        decision = best_rule.versus(leader.point, other.point, metric, min_effect)
         decided.append((other, decision))
-    contenders = [(e, d) for e, d in decided if not best_rule.clearly_worse(d, metric, min_effect)]
-    worse = [(e, d) for e, d in decided if best_rule.clearly_worse(d, metric, min_effect)]
+    contenders = [(e, d) for e, d in decided if not best_rule.loses(d, metric)]
+    worse = [(e, d) for e, d in decided if best_rule.loses(d, metric)]
     return [(leader, None), *contenders, *worse]
 
 
@@ -128,8 +130,10 @@ def target_steps(search: Search, full_steps: int) -> int:
     return search.halving.steps[-1] if search.method == "halving" else full_steps
 
 
-def pick(evidences: list[Evidence], search: Search, base: dict[int, Evidence | None], steps: int) -> Best:
-    """The best eligible full-length (`steps`) point by orchestrator/judge/best.py's rule, and the Pareto front."""
+def pick(evidences: list[Evidence], search: Search, base: dict[int, Evidence | None], steps: int,
+         floors: FloorBook | None = None) -> Best:  # fmt: skip
+    """The best eligible full-length (`steps`) point by orchestrator/judge/best.py's rule (`floors`: the workspace's
+    run-to-run floors, as `mbx freeze` reads them, so both name one point), and the Pareto front."""
     eligible = [e for e in evidences if e.steps == steps and exclusion(e, search, base.get(e.steps)) is None]
     if not eligible:
         short = any(e.state == "completed" and e.steps != steps for e in evidences)
@@ -137,7 +141,7 @@ def pick(evidences: list[Evidence], search: Search, base: dict[int, Evidence | N
         return Best(None, why or "no point completed and met the gates and constraints")
     by_id = {id(e.point): e for e in eligible}
     points = [e.point for e in eligible if e.point]
-    choice = best_rule.choose(points, metric_of(search.metric), search.min_effect)
+    choice = best_rule.choose(points, metric_of(search.metric), search.min_effect, floors=floors)
     front = [by_id[id(p)] for p in best_rule.pareto(points, metric_of(search.metric))]
     winner = by_id[id(choice.winner)] if choice.winner is not None else None
     return Best(winner, choice.how, front, tie=choice.undecided)

@@ -1,11 +1,16 @@
 """A stand-in for Megatron-LM's pretrain_gpt.py: replays a real Megatron log line by line, honouring swept flags.
 
-    python fake_megatron.py --replay LOG [--fake-slowdown 2.0] [--echo FILE] [--sleep-s 0.02]
+    python fake_megatron.py --replay LOG [--fake-slowdown 2.0] [--fake-noise 0.02] [--fake-loss-drift-from N]
+                            [--echo FILE] [--sleep-s 0.02]
                             [--fail {none,infra-once,infra-always,infra-progress,config}] [--hang-s 60] ...
 
 - every line of LOG is printed (flushed), with a small sleep after each `iteration` line;
 - `elapsed time per iteration (ms)` is multiplied and `throughput per GPU (TFLOP/s/GPU)` divided by
   --fake-slowdown (both printed with one decimal, as Megatron does);
+- --fake-noise X: the run's step times (and TFLOP/s) move by a random run-level factor of relative spread X, and
+  each step by as much again: every run differs, as real runs do, but the draws are seeded by the run dir's last
+  three parts (campaign/cell/attempt), so a test sees the same figures every time;
+- --fake-loss-drift-from N (N > 0): from iteration N on, `lm loss` is 5% higher (a change of numerics);
 - --echo writes this process's argv and environment as JSON before anything else;
 - --fail infra-once: the first attempt of a cell (state in <run dir>/../fake_state.json) prints an NCCL
   watchdog timeout after a few iterations and exits 1; later attempts replay the whole log;
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import sys
 import time
@@ -28,6 +34,8 @@ from pathlib import Path
 
 ELAPSED = re.compile(r"(elapsed time per iteration \(ms\): )([0-9.]+)")
 TFLOPS = re.compile(r"(throughput per GPU \(TFLOP/s/GPU\): )([0-9.]+)")
+LOSS = re.compile(r"(lm loss: )([0-9.E+-]+)")
+ITERATION = re.compile(r" iteration\s+(\d+)/")
 WATCHDOG = (
     "[rank0]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 0] Watchdog caught collective operation timeout: "
     "WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600008 "
@@ -35,8 +43,11 @@ WATCHDOG = (
 )
 
 
-def scaled(line: str, slowdown: float) -> str:
+def scaled(line: str, slowdown: float, drift_from: int = 0) -> str:
     line = ELAPSED.sub(lambda m: f"{m.group(1)}{float(m.group(2)) * slowdown:.1f}", line)
+    step = ITERATION.search(line)
+    if drift_from > 0 and step and int(step.group(1)) >= drift_from:
+        line = LOSS.sub(lambda m: f"{m.group(1)}{float(m.group(2)) * 1.05:.6E}", line)
     return TFLOPS.sub(lambda m: f"{m.group(1)}{float(m.group(2)) / slowdown:.1f}", line)
 
 
@@ -44,6 +55,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="fake_megatron.py")
     parser.add_argument("--replay", required=True)
     parser.add_argument("--fake-slowdown", type=float, default=1.0)
+    parser.add_argument("--fake-loss-drift-from", type=int, default=0)
+    parser.add_argument("--fake-noise", type=float, default=0.0)
     parser.add_argument("--echo", default=None)
     parser.add_argument("--sleep-s", type=float, default=0.02)
     parser.add_argument("--fail", default="none", choices=["none", "infra-once", "infra-always", "infra-progress",
@@ -72,6 +85,8 @@ def main() -> int:
         fail_at = args.fail_after + state["attempts"] - 1
 
     iterations = 0
+    draws = random.Random("/".join(run_dir.resolve().parts[-3:]))
+    run_level = 1 + draws.gauss(0, args.fake_noise)
     with open(args.replay, encoding="utf-8", errors="replace") as log:
         for line in log:
             if " iteration " in line and "/" in line:
@@ -83,7 +98,8 @@ def main() -> int:
                     )
                     return 1
                 iterations += 1
-                sys.stdout.write(scaled(line, args.fake_slowdown))
+                slowdown = args.fake_slowdown * run_level * (1 + draws.gauss(0, args.fake_noise))
+                sys.stdout.write(scaled(line, slowdown, args.fake_loss_drift_from))
                 sys.stdout.flush()
                 time.sleep(args.sleep_s)
             else:

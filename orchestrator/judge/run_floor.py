@@ -1,0 +1,106 @@
+"""The run-to-run floor of a one-run comparison, from the workspace's own A/A repeats (else the stated default).
+
+How far a repeat of the same point lands from the last. Every point of every stored campaign with at least 2
+completed repeats is an A/A sample: the spread of its repeats' values (log scale) is pooled over the points of one
+trainer kind and GPU model (`trainer.kind`, the fingerprint's `gpu_name`; "CPU" without one), per summary figure
+(step time, TFLOP/s, ...). The floor is the one-sided 95% upper confidence bound of that pooled standard deviation
+(chi-square on its degrees of freedom, scipy), so a few lucky repeats cannot make one-run verdicts over-confident:
+on the recorded H200 samples a floor of 0.3% (an under-estimate) called 12% of one-run A/As DIFFERENT, 0.5% or
+more none (benchmarks/compare_stats.py). With fewer than MIN_DF degrees of freedom reports/compare.py's
+DEFAULT_RUN_FLOOR (1%) stands. The repeats of one campaign usually ran on one machine back to back: across
+machines the spread is larger (~1.4% for the same H200 recipe), which is why the floor never replaces repeats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestrator.run.store import Store
+from reports import compare as stats
+from trainer import rundir
+
+MIN_DF = (
+    3  # pooled degrees of freedom (repeats beyond each point's first) before the workspace's floor counts
+)
+CONFIDENCE = 0.95  # of the upper bound the floor is
+
+
+@dataclass
+class Spread:
+    """Pooled A/A spread of one figure: the sum of squared log deviations from each point's mean, its degrees of
+    freedom and the points it came from."""
+
+    squares: float = 0.0
+    df: int = 0
+    points: int = 0
+
+    def add(self, values: list[float]) -> None:
+        found = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        logs = np.log([v for v in found if math.isfinite(v) and v > 0])
+        if len(logs) >= 2:
+            self.squares += float(((logs - logs.mean()) ** 2).sum())
+            self.df += len(logs) - 1
+            self.points += 1
+
+
+@dataclass
+class FloorBook:
+    """The workspace's A/A spreads by (trainer kind, GPU, summary key), and the floors they give."""
+
+    spreads: dict[tuple[str, str, str], Spread] = field(default_factory=dict)
+
+    def floor(self, kind: str, gpu: str, key: str) -> stats.RunFloor:
+        """The floor of figure `key` for runs of trainer `kind` on `gpu` (the default without enough repeats)."""
+        spread = self.spreads.get((kind, gpu, key))
+        if spread is None or spread.df < MIN_DF:
+            return stats.DEFAULT_RUN_FLOOR
+        from scipy import stats as sps  # here, not at import: listings never need it
+
+        upper = math.sqrt(spread.squares / float(sps.chi2.ppf(1 - CONFIDENCE, spread.df)))
+        return stats.RunFloor(upper, f"{CONFIDENCE:.0%} upper bound of the run-to-run spread of {spread.points} "
+                                     f"point(s)' repeats in the workspace, {kind} on {gpu}, {spread.df} df")  # fmt: skip
+
+    def for_sides(self, sides: list[tuple[str, str]], key: str) -> stats.RunFloor:
+        """The floor of a pair: the larger of its sides' ((trainer kind, GPU) each)."""
+        return max((self.floor(kind, gpu, key) for kind, gpu in sides), key=lambda f: f.rel)
+
+
+def run_fingerprint(run_dir: Path) -> dict[str, Any]:
+    """rundir's fingerprint, with the GPU and torch that status.json names when no other file does."""
+    found = dict(rundir.read_fingerprint(run_dir) or {})
+    status = rundir.read_status(run_dir) or {}
+    for key, status_key in (("gpu_name", "gpu_name"), ("torch", "torch_version")):
+        if found.get(key) is None and status.get(status_key) is not None:
+            found[key] = status[status_key]
+    return found
+
+
+def workspace_floors(store: Store, keys: tuple[str, ...]) -> FloorBook:
+    """The A/A spreads of summary figures `keys` over every stored campaign's points with ≥ 2 completed repeats
+    (stored summaries, the GPU from each run dir's fingerprint)."""
+    book = FloorBook()
+    for name in store.campaign_names():
+        latest = store.latest_attempts(name)
+        by_point: dict[str, list[tuple[str, dict, str]]] = {}
+        for cell in store.cells(name):
+            attempt = latest.get(cell.cell_id)
+            if attempt is None or attempt.state != "completed":
+                continue
+            result = store.result(name, cell.cell_id, attempt.attempt)
+            if result is None or not result.summary:
+                continue
+            gpu = str(run_fingerprint(Path(attempt.run_dir)).get("gpu_name") or "CPU")
+            by_point.setdefault(cell.point_id, []).append((cell.trainer_kind, result.summary, gpu))
+        for repeats in by_point.values():
+            kinds = {(kind, gpu) for kind, _, gpu in repeats}
+            if len(repeats) < 2 or len(kinds) != 1:
+                continue
+            kind, gpu = kinds.pop()
+            for key in keys:
+                book.spreads.setdefault((kind, gpu, key), Spread()).add([s.get(key) for _, s, _ in repeats])
+    return book
