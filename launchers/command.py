@@ -26,7 +26,7 @@ from pathlib import Path
 
 from launchers.base import LaunchSpec
 from launchers.profile import SlurmProfile
-from trainer import jit_cache
+from trainer import jit_cache, rundir
 
 ROOT = Path(__file__).resolve().parent.parent  # the mbx checkout: launchers/ and trainer/ live here
 NODE_ENTRY = ROOT / "launchers" / "node" / "rank.py"
@@ -49,7 +49,7 @@ JIT_ENV_MODULE = "launchers.node.jit_env"
 def jit_cache_root(spec: LaunchSpec) -> Path | None:
     """Where an external command's rank-local JIT caches go (`<run dir>/jit-cache/rank-<r>/`); None for the
     bundled trainer, which sets its own (trainer/jit_cache.py)."""
-    return spec.run_dir / "jit-cache" if spec.module is None else None
+    return spec.run_dir / rundir.JIT_CACHE if spec.module is None else None
 
 
 def jit_cache_plan(spec: LaunchSpec) -> dict[str, object] | None:

@@ -26,19 +26,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-# run_recipe.py's convenience options and the ConfigContainer field each one sets (a trailing override wins).
-SHORT_OPTIONS: tuple[tuple[str, str, str, type], ...] = (
-    ("-ms", "--max_steps", "train.train_iters", int),
-    ("-gb", "--global_batch_size", "train.global_batch_size", int),
-    ("-mb", "--micro_batch_size", "train.micro_batch_size", int),
-    ("-sl", "--seq_length", "dataset.seq_length", int),
-    ("-tp", "--tensor_model_parallel_size", "model.tensor_model_parallel_size", int),
-    ("-pp", "--pipeline_model_parallel_size", "model.pipeline_model_parallel_size", int),
-    ("-cp", "--context_parallel_size", "model.context_parallel_size", int),
-    ("-vp", "--virtual_pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size", int),
-    ("-ep", "--expert_model_parallel_size", "model.expert_model_parallel_size", int),
-    ("-etp", "--expert_tensor_parallel_size", "model.expert_tensor_parallel_size", int),
-)
+from trainer.bridge_args import SHORT_OPTIONS
+
 RECIPE_PACKAGES = ("megatron.bridge.perf_recipes", "megatron.bridge.recipes")
 
 
@@ -53,8 +42,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--dataset", choices=["mock"], help="mock: synthetic tokens (dataset.mock=true)")
     parser.add_argument("--step-func", "--step_func", dest="step_func", default="gpt_step", choices=["gpt_step"])
     parser.add_argument("--dryrun", action="store_true", help="resolve and save the config, train nothing")
-    for short, long, field, kind in SHORT_OPTIONS:
-        parser.add_argument(short, long, type=kind, metavar="N", help=f"sets {field}")
+    for short, long, field in SHORT_OPTIONS:
+        parser.add_argument(short, long, type=int, metavar="N", help=f"sets {field}")
     options, rest = parser.parse_known_args(argv)
     unknown = [item for item in rest if "=" not in item or item.startswith("-")]
     if unknown:
@@ -64,7 +53,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def override_list(options: argparse.Namespace, overrides: list[str]) -> list[str]:
     """The short options as overrides, then the trailing ones (Hydra applies them in order: the last wins)."""
-    derived = [f"{field}={getattr(options, long[2:])}" for _, long, field, _ in SHORT_OPTIONS
+    derived = [f"{field}={getattr(options, long[2:])}" for _, long, field in SHORT_OPTIONS
                if getattr(options, long[2:]) is not None]  # fmt: skip
     if options.dataset == "mock":
         derived.append("dataset.mock=true")

@@ -356,6 +356,15 @@ def command_argv(
     return [*head_argv, *map(_brace_escape, rendered), *tail_argv]
 
 
+def _config_path(path: str, campaign_file: Path | None, where: str) -> Path:
+    """trainer.resolved_config, relative to the campaign file's folder; PointProblems when it is not a file."""
+    full = (campaign_file.parent if campaign_file else Path.cwd()) / path
+    if not full.is_file():
+        raise PointProblems([f"{where}trainer.resolved_config: {path!r} is not a file (relative to the campaign "
+                             "file's folder; write one with `--dryrun`)"])  # fmt: skip
+    return full.resolve()
+
+
 def resolve_point(
     campaign: Campaign,
     assignment: dict[str, Any],
@@ -386,6 +395,8 @@ def resolve_point(
         "num_gpus": trainer.num_gpus,
         "steps": planned_steps(trainer, params),
     }
+    if trainer.resolved_config:
+        recipe["bridge_config"] = str(_config_path(trainer.resolved_config, campaign_file, where))
     identity = {
         "trainer": "command",
         "argv": argv,
