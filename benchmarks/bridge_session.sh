@@ -3,6 +3,7 @@
 # everything under /root go back ~30 s after a call). Before `install`, each part of `benchmarks/bridge_bringup.py
 # prepare` is copied to /root/bridge-parts by its own call.
 #
+#   bash benchmarks/bridge_session.sh go        # install, then start the sweep in the background and wait ≤ 420 s
 #   bash benchmarks/bridge_session.sh install   # join, install what the image lacks, build TE's extension, import
 #   bash benchmarks/bridge_session.sh smoke     # one Bridge run of 3 iterations on 2 layers (start-up time, errors)
 #   bash benchmarks/bridge_session.sh sweep     # start the 1-GPU Bridge campaign in the background, wait ≤ 540 s
@@ -47,6 +48,15 @@ case "${1:-}" in
       comm_overlap.overlap_moe_expert_parallel_comm=false dataset.num_workers=2 \
       logger.save_config_filepath="$OUT/smoke-config.yaml" > "$OUT/smoke.log" 2>&1
     echo "exit $?"; grep -E "iteration|Step Time|memory|Error|error" "$OUT/smoke.log" | tail -25; tail -30 "$OUT/smoke.log"
+    ;;
+  go)
+    bash "$0" install || exit 1
+    setsid nohup "${MBX[@]}" campaign run campaigns/bridge_qwen3_30b_a3b_1gpu.yaml -w "$WS" > "$WS/mbx.log" 2>&1 &
+    echo $! > /root/mbx.pid
+    wait_for /root/mbx.pid 400
+    ;;
+  after)  # compare --run (TE vs native cross entropy), then the bundled trainer; pack the workspace
+    bash "$0" compare; bash "$0" bundled
     ;;
   sweep)
     setsid nohup "${MBX[@]}" campaign run campaigns/bridge_qwen3_30b_a3b_1gpu.yaml -w "$WS" > "$WS/mbx.log" 2>&1 &
