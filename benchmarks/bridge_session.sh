@@ -53,7 +53,7 @@ case "${1:-}" in
     bash "$0" install || exit 1
     setsid nohup "${MBX[@]}" campaign run campaigns/bridge_qwen3_30b_a3b_1gpu.yaml -w "$WS" > "$WS/mbx.log" 2>&1 &
     echo $! > /root/mbx.pid
-    wait_for /root/mbx.pid 400
+    wait_for /root/mbx.pid "${GO_WAIT_S:-400}"; pack
     ;;
   after)  # compare --run (TE vs native cross entropy), then the bundled trainer; pack the workspace
     bash "$0" compare; bash "$0" bundled
