@@ -26,6 +26,7 @@ from pathlib import Path
 
 from launchers.base import GpuNeed, LaunchSpec
 from launchers.profile import SlurmProfile
+from trainer import jit_cache, rundir
 
 ROOT = Path(__file__).resolve().parent.parent  # the mbx checkout: launchers/ and trainer/ live here
 NODE_ENTRY = ROOT / "launchers" / "node" / "rank.py"
@@ -42,6 +43,24 @@ def node_python(profile: SlurmProfile) -> str:
     return profile.cluster.python
 
 
+JIT_ENV_MODULE = "launchers.node.jit_env"
+
+
+def jit_cache_root(spec: LaunchSpec) -> Path | None:
+    """Where an external command's rank-local JIT caches go (`<run dir>/jit-cache/rank-<r>/`); None for the
+    bundled trainer, which sets its own (trainer/jit_cache.py)."""
+    return spec.run_dir / rundir.JIT_CACHE if spec.module is None else None
+
+
+def jit_cache_plan(spec: LaunchSpec) -> dict[str, object] | None:
+    """What launch.json says of an external command's JIT caches: the root, the per-rank folder, the variables."""
+    root = jit_cache_root(spec)
+    if root is None:
+        return None
+    return {"root": str(root), "per_rank": "rank-<RANK>", "variables": sorted(jit_cache.RANK_LOCAL_VARS),
+            "shared": sorted(jit_cache.SHARED_VARS), "records": "logs/jit-cache-rank<RANK>.json"}  # fmt: skip
+
+
 def program_argv(spec: LaunchSpec, python: str) -> list[str]:
     """The command every rank of an attempt runs: `python -u -m MODULE ARGS`, or the spec's own argv."""
     if spec.module is None:
@@ -53,9 +72,14 @@ def local_argv(spec: LaunchSpec, python: str) -> list[str]:
     """The attempt's ranks on this machine: the program alone for one rank, under torchrun for several (an
     external command then runs once per rank, as srun runs it on Slurm)."""
     ranks = spec.resources.gpus_per_node
-    if ranks == 1 or not spec.distributed:
+    if spec.module is None:  # each rank sets its JIT caches first (launchers/node/jit_env.py)
+        program = [python, "-m", JIT_ENV_MODULE, "--", *spec.args]
+        if ranks == 1 or not spec.distributed:
+            return program
+    elif ranks == 1 or not spec.distributed:
         return program_argv(spec, python)
-    program = list(spec.args) if spec.module is None else ["-m", spec.module, *spec.args]
+    else:
+        program = ["-m", spec.module, *spec.args]
     return [
         python, "-m", "torch.distributed.run",
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(ranks),
@@ -102,5 +126,7 @@ def runtime_env(spec: LaunchSpec) -> dict[str, str]:
     env["MBX_RUN_DIR"] = str(spec.run_dir)
     env["MBX_CELL_ID"] = spec.cell_id
     env["MBX_ATTEMPT"] = str(spec.attempt)
+    if (root := jit_cache_root(spec)) is not None:
+        env[jit_cache.ROOT_VAR] = str(root)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

@@ -19,7 +19,8 @@ from conftest import ROOT
 PACKAGES = ("orchestrator", "launchers", "reports", "trainer")
 HEAVY = ("scipy", "numpy", "wandb", "optuna", "torch", "plotly", "jinja2")
 # The torch-free trainer modules the login side may import (ARCHITECTURE.md).
-TRAINER_FOR_LOGIN = {"trainer.recipe", "trainer.rundir", "trainer.atomic", "trainer.flops", "trainer.memory"}
+TRAINER_FOR_LOGIN = {"trainer.recipe", "trainer.rundir", "trainer.atomic", "trainer.flops", "trainer.memory",
+                     "trainer.bridge_args"}  # bridge_args: run_recipe.py's grammar, standard library only
 TRAINER_FOR_LAUNCHERS = {"trainer.rundir", "trainer.jit_cache"}
 
 

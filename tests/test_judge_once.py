@@ -38,7 +38,7 @@ def fake(name: str, **extra: Any) -> dict[str, Any]:
 
 def point_ids(mbx: Any, name: str, ws: Path) -> dict[str, str]:
     """SLOW value → point id, from `mbx campaign status --json`."""
-    cells = json.loads(mbx("campaign", "status", name, "-w", str(ws), "--json").stdout)
+    cells = json.loads(mbx("campaign", "status", name, "-w", str(ws), "--json").stdout)["cells"]
     return {c["params"]["env.SLOW"]: c["point_id"] for c in cells}
 
 

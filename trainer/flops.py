@@ -65,36 +65,44 @@ class StepFlops:
         return asdict(self)
 
 
+def transformer_flops(*, tokens: int, seq_length: int, hidden: int, num_layers: int, moe_layers: int, ffn: int,
+                      q: int, kv: int, padded_vocab: int, moe_ffn: int = 0, top_k: int = 0, shared_ffn: int = 0,
+                      gated: bool = True) -> dict[str, int]:
+    """The formula above, by part, for `tokens` tokens of `seq_length` (the one place it is written: the bundled
+    recipe's `step_flops` and a Megatron command's shape, orchestrator/spec/bridge_config.py, both call it)."""
+    f = 3 if gated else 2
+    dense_layers = num_layers - moe_layers
+    # Megatron writes the core term `q * s / 2 * 2`; we keep it in integers (q·s) to stay exact.
+    attn_per_layer = 6 * (hidden * (q + 2 * kv) + q * seq_length + q * hidden)
+    return {
+        "attention": tokens * attn_per_layer * num_layers,
+        "mlp_dense": tokens * 6 * hidden * ffn * f * dense_layers,
+        "moe_routed": tokens * 6 * hidden * moe_ffn * top_k * f * moe_layers,
+        "moe_shared": tokens * 6 * hidden * shared_ffn * f * moe_layers,
+        "logits": tokens * 6 * hidden * padded_vocab,
+    }
+
+
 def step_flops(recipe: Recipe, world_size: int = 1) -> StepFlops:
     """FLOPs per optimizer step of `recipe` run on `world_size` GPUs (which fixes the global batch)."""
     m, t = recipe.model, recipe.training
     batch = recipe.global_batch(world_size)
-    s, h = t.seq_length, m.hidden_size
-    tokens = batch * s
-    f = 3 if m.activation == "swiglu" else 2  # Megatron: 3 if args.swiglu else 2 (squared ReLU is not SwiGLU)
-
+    s = t.seq_length
     if m.moe is None:
-        dense_layers, moe_layers, top_k, moe_ffn, shared_ffn = m.num_layers, 0, 0, 0, 0
+        moe_layers, top_k, moe_ffn, shared_ffn = 0, 0, 0, 0
     else:
         moe_layers = sum(moe_layer_pattern(m.num_layers, m.moe.layer_freq))
-        dense_layers = m.num_layers - moe_layers
         top_k, moe_ffn = m.moe.top_k, m.moe.ffn_hidden_size
         shared_ffn = 0  # Megatron: moe_shared_expert_intermediate_size (all shared experts together), None → 0
         if m.moe.num_shared_experts:
             shared_ffn = m.moe.shared_expert_ffn_hidden_size or m.moe.ffn_hidden_size * m.moe.num_shared_experts
-
-    q = m.kv_channels * m.num_attention_heads  # query_projection_size
-    kv = m.kv_channels * m.kv_heads  # key_projection_size = value_projection_size
     vocab = padded_vocab_size(m.vocab_size, recipe.parallel.tensor)
-    # Megatron writes the core term `q * s / 2 * 2`; we keep it in integers (q·s) to stay exact.
-    attn_per_layer = 6 * (h * (q + 2 * kv) + q * s + q * h)
-    parts = {
-        "attention": tokens * attn_per_layer * m.num_layers,
-        "mlp_dense": tokens * 6 * h * m.ffn_hidden_size * f * dense_layers,
-        "moe_routed": tokens * 6 * h * moe_ffn * top_k * f * moe_layers,
-        "moe_shared": tokens * 6 * h * shared_ffn * f * moe_layers,
-        "logits": tokens * 6 * h * vocab,
-    }
+    parts = transformer_flops(
+        tokens=batch * s, seq_length=s, hidden=m.hidden_size, num_layers=m.num_layers, moe_layers=moe_layers,
+        ffn=m.ffn_hidden_size, q=m.kv_channels * m.num_attention_heads, kv=m.kv_channels * m.kv_heads,
+        padded_vocab=vocab, moe_ffn=moe_ffn, top_k=top_k, shared_ffn=shared_ffn,
+        gated=m.activation == "swiglu",  # Megatron: 3 if args.swiglu else 2 (squared ReLU is not SwiGLU)
+    )
     return StepFlops(**parts, total=sum(parts.values()), batch_size=batch, seq_length=s, padded_vocab_size=vocab)
 
 

@@ -18,6 +18,7 @@ import getpass
 import json
 import os
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from trainer import atomic
@@ -66,13 +67,22 @@ def global_rank(environ: dict[str, str] | None = None) -> int:
     return 0
 
 
+# Set by the launchers for an external trainer command (launchers/command.py): the root of its rank-local caches
+# (`<run dir>/jit-cache`); each rank's entry points the variables below it at rank-<r> (`point_caches`).
+ROOT_VAR = "MBX_JIT_CACHE_ROOT"
+
+
 def setup_jit_caches(explicit_root: str | None = None) -> dict:
     """Point the JIT cache variables of this process at rank-local dirs, create them, return a record.
 
     Must run before torch/triton are imported: they read some of these variables once at import.
     """
-    root = cache_root(explicit_root).resolve()
-    rank = global_rank()
+    return point_caches(os.environ, cache_root(explicit_root).resolve(), global_rank())
+
+
+def point_caches(environ: MutableMapping[str, str], root: Path, rank: int) -> dict:
+    """Set every JIT cache variable of `environ` to `<root>/rank-<rank>/...` (the shared ones to `<root>/...`),
+    create the dirs; the record says what was chosen and which inherited values were replaced."""
     rank_dir = root / f"rank-{rank}"
     chosen: dict[str, str] = {}
     replaced: dict[str, str] = {}
@@ -80,10 +90,10 @@ def setup_jit_caches(explicit_root: str | None = None) -> dict:
                      *((v, root / s) for v, s in SHARED_VARS.items())]:
         path = str(sub)
         os.makedirs(path, exist_ok=True)
-        old = os.environ.get(var)
+        old = environ.get(var)
         if old is not None and old != path:
             replaced[var] = old
-        os.environ[var] = path
+        environ[var] = path
         chosen[var] = path
     return {
         "rank": rank,

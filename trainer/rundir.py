@@ -47,6 +47,10 @@ METRICS = "metrics.jsonl"
 STATUS = "status.json"
 EXIT = "exit.json"
 HUNG = "hung.json"
+# A Megatron-Bridge run's resolved ConfigContainer (Bridge writes it: the campaign sets
+# logger.save_config_filepath={run_dir}/bridge-config.yaml); the command kind reads it to count FLOPs.
+BRIDGE_CONFIG = "bridge-config.yaml"
+JIT_CACHE = "jit-cache"  # an external command's rank-local JIT caches (launchers/node/jit_env.py)
 LOGS = "logs"
 REQUEUED = "requeued"
 CHECKPOINTS = "checkpoint"  # checkpoint/step-<N>/, each with CHECKPOINT_META (written last: a complete one)

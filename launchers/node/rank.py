@@ -14,7 +14,8 @@ else --index, else 0; no campaign value ever passes through a shell. Then, on ev
   the first host of SLURM_JOB_NODELIST (parsed here: no `scontrol` inside containers), MASTER_PORT = port base +
   job id mod 20000; under torchrun (NeMo-Run's local executor) torchrun's own values are kept;
 - the entry's environment values (non-secret), MBX_* and PYTHONPATH are set; JIT cache variables inherited
-  from the submitting shell are removed (the trainer sets them per rank: trainer/jit_cache.py);
+  from the submitting shell are removed (the bundled trainer sets them per rank: trainer/jit_cache.py; for an
+  external command, MBX_JIT_CACHE_ROOT asks this entry to point them at <root>/rank-<r>: launchers/node/jit_env.py);
 - the working directory is the run dir; stdout/stderr go to <run dir>/logs/rank-<r>.log.
 
 Rank 0 writes node.json (`launchers.node.fingerprint`: the allocation's GPU and its memory among it) and runs
@@ -42,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == ROOT / "launchers" / "node":
     sys.path[0] = str(ROOT)  # run by path: the checkout root, not this folder, is where imports start
 
-from launchers.node import attempt, fingerprint  # noqa: E402
+from launchers.node import attempt, fingerprint, jit_env  # noqa: E402
 from launchers.node.environ import prepare_env  # noqa: E402
 from trainer import rundir  # noqa: E402
 
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"rank-{rank}.log"
     command = [str(c) for c in entry["argv"]]
+    jit_env.apply(env, rank)  # an external command's rank-local JIT caches (the bundled trainer sets its own)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(run_dir)

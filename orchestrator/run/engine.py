@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.base import GpuNeed, JobState, Launcher, LaunchSpec, Rendered, Submitted
+from launchers.command import jit_cache_plan
 from orchestrator import trainers
 from orchestrator.errors import RunError
 from orchestrator.run.baseline import baseline_for
@@ -278,6 +279,7 @@ class Engine:
             env_passed_by_name=sorted(spec.env_pass), fingerprint=login_fingerprint(self.campaign),
             try_number=attempt.try_number, steps_before=attempt.steps_before,
             **({"software": found} if (found := software_record(spec.env)) else {}),
+            **({"jit_caches": caches} if (caches := jit_cache_plan(spec)) else {}),
             **({"job_info": info} if info else {}),
         ))  # fmt: skip
 

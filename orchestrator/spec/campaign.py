@@ -99,6 +99,16 @@ class CommandTrainer(_Strict):
             "(train.train_iters for Bridge), else the log's `iteration N/M`."
         ),
     )
+    resolved_config: str | None = Field(
+        None,
+        description=(
+            "style megatron-bridge: a ConfigContainer YAML of the base point as Bridge resolved it (the file its "
+            "logger.save_config_filepath writes, or `--dryrun` of trainer.bridge_entry or run_recipe.py), relative to "
+            "the campaign file. Each point's overrides are applied to it to estimate memory before submission "
+            "(points that cannot fit are skipped with the reason); without it only Megatron-LM flags in the argv give "
+            "the model's shape."
+        ),
+    )
     eval_interval_param: str | None = Field(
         None,
         description=(
@@ -108,6 +118,13 @@ class CommandTrainer(_Strict):
             "iterations, its default: keep train_iters below that)."
         ),
     )
+
+    @field_validator("resolved_config")
+    @classmethod
+    def _bridge_only(cls, path: str | None, info: ValidationInfo) -> str | None:
+        if path is not None and info.data.get("style") != "megatron-bridge":
+            raise ValueError("a resolved Bridge config applies to style megatron-bridge only")
+        return path
 
     @field_validator("eval_interval_param")
     @classmethod

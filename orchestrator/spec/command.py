@@ -367,6 +367,15 @@ def resolve_relative(argv: list[str], campaign_file: Path | None) -> list[str]:
     return [str(root / item) if item.startswith(RELATIVE_PREFIXES) else item for item in argv]
 
 
+def _config_path(path: str, campaign_file: Path | None, where: str) -> Path:
+    """trainer.resolved_config, relative to the campaign file's folder; PointProblems when it is not a file."""
+    full = (campaign_file.parent if campaign_file else Path.cwd()) / path
+    if not full.is_file():
+        raise PointProblems([f"{where}trainer.resolved_config: {path!r} is not a file (relative to the campaign "
+                             "file's folder; write one with `--dryrun`)"])  # fmt: skip
+    return full.resolve()
+
+
 def resolve_point(
     campaign: Campaign,
     assignment: dict[str, Any],
@@ -398,6 +407,8 @@ def resolve_point(
         "num_gpus": trainer.num_gpus,
         "steps": planned_steps(trainer, params),
     }
+    if trainer.resolved_config:
+        recipe["bridge_config"] = str(_config_path(trainer.resolved_config, campaign_file, where))
     identity = {
         "trainer": "command",
         "argv": written,  # as written (relative paths kept): the point's id does not depend on where the file is

@@ -6,6 +6,7 @@ it ends `finalize_command_attempt` turns them into metrics.jsonl and status.json
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -62,11 +63,18 @@ class CommandKind(TrainerKind):
         return resolve
 
     def memory_estimate(self, point: Point, on_gpu: bool) -> MemoryEstimate | None:
-        """trainer.memory.estimate_megatron of the point's Megatron flags; None when they do not give the
-        model's shape (hidden size, layers, heads, sequence length, vocabulary)."""
-        from trainer.memory import estimate_megatron  # (estimates are made by plan and run, not validate)
+        """trainer.memory.estimate_megatron of the point's Megatron flags, or of its resolved Bridge config
+        (trainer.resolved_config with the point's overrides applied); None when neither gives the model's shape
+        (hidden size, layers, heads, sequence length, vocabulary)."""
+        from orchestrator.spec import bridge_config  # (estimates are made by plan and run, not validate)
+        from trainer.memory import estimate_megatron
 
-        args = estimate_args(megatron_args(point.recipe["argv"])[0], point.world_size)
+        if point.recipe.get("bridge_config"):
+            config = bridge_config.with_overrides(_bridge_base(point.recipe["bridge_config"]), point.recipe["argv"])
+            flags = bridge_config.megatron_flags(config, point.world_size)
+        else:
+            flags = megatron_args(point.recipe["argv"])[0]
+        args = estimate_args(flags, point.world_size)
         return estimate_megatron(args) if args is not None else None
 
     def args(self, cell: CellRow, run_dir: Path, attempt: int) -> list[str]:
@@ -121,6 +129,14 @@ class CommandKind(TrainerKind):
             raise ConfigError(f"parity.eval_check: the command does not evaluate (trainer.{key} is not set): set "
                               "it, or drop eval_check")
         return value
+
+
+@functools.lru_cache(maxsize=8)
+def _bridge_base(path: str) -> dict[str, Any]:
+    """A campaign's resolved Bridge config, read once per plan (points copy it before applying overrides)."""
+    from orchestrator.spec import bridge_config
+
+    return bridge_config.read(Path(path))
 
 
 def log_follower(run_dir: Path, recipe: dict[str, Any]) -> LogFollower:
@@ -184,6 +200,7 @@ def finalize_command_attempt(
     collected_before = existing is not None and existing.get("written_by") == rundir.COLLECTOR
     follower = follower or log_follower(run_dir, recipe)
     rows = follower.finish(world_size)
+    add_mbx_tflops(run_dir, rows, world_size)
     rundir.write_metrics(run_dir, rows)
     facts = _Facts(
         launcher_status=existing.get("launcher_status") if collected_before else existing,  # type: ignore[union-attr]
@@ -206,6 +223,27 @@ def finalize_command_attempt(
         "launcher_status": facts.launcher_status,
     }
     return rundir.write_status(run_dir, status, rundir.COLLECTOR)
+
+
+MBX_TFLOPS = "mbx_tflops_per_gpu"  # a row's `extra`: mbx's own Megatron count over the row's step time
+
+
+def add_mbx_tflops(run_dir: Path, rows: list[dict[str, Any]], world: int | None) -> None:
+    """Each timed row gets mbx's own model TFLOP/s/GPU (trainer/flops.py over the run's resolved Bridge config,
+    rundir.BRIDGE_CONFIG) beside the figure the trainer printed; nothing when the run wrote no config."""
+    from orchestrator.spec import bridge_config
+
+    path = run_dir / rundir.BRIDGE_CONFIG
+    if not world or not path.is_file():
+        return
+    try:
+        flops = bridge_config.step_flops(bridge_config.read(path), world)
+    except (bridge_config.BridgeConfigError, ValueError, TypeError, KeyError):
+        return  # an unreadable or shapeless config: the printed figure stands alone
+    for row in rows:
+        ms = row.get("step_time_ms")
+        if isinstance(ms, int | float) and ms > 0:
+            row.setdefault("extra", {})[MBX_TFLOPS] = flops / (ms / 1000.0) / world / 1e12
 
 
 def _decide(
