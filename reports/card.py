@@ -126,8 +126,9 @@ _ACCOUNT = (
     (re.compile(r"(?:/home|/Users|/lustre|/gpfs|/scratch)/[\w.-]+"), "a personal or site directory"),
     (re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"), "an e-mail address"),
 )
-# A path from the root; not a markup closing tag such as [/x], [/bold red] or [/] (a bracket, one slash, a bracket).
-_ABSOLUTE = re.compile(r"(?<![\w:./~-])(?!(?<=\[)/[\w .-]*\])/(?:[\w.-]+/)*[\w.-]+|\b[A-Za-z]:\\[\w\\.-]+")
+# A path from the root; not a markup closing tag such as [/x], [/bold red] or [/] (a bracket, one slash, a bracket),
+# nor a path under a placeholder ({campaign_dir}/train.py).
+_ABSOLUTE = re.compile(r"(?<![\w:./~}-])(?!(?<=\[)/[\w .-]*\])/(?:[\w.-]+/)*[\w.-]+|\b[A-Za-z]:\\[\w\\.-]+")
 
 
 def publishable(text: str) -> str:

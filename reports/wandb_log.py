@@ -253,7 +253,7 @@ def log_attempt(
         run.define_metric("*", step_metric="step")
         for step, fields in step_history(cell.rows):
             run.log(fields, step=step)
-        run.summary.update(run_summary(cell))
+        run.summary.update(secrets.redact_tree(run_summary(cell)))
         # offline: the offline-run-<time>-<id>/ folder holding run-<id>.wandb; online: the run id.
         folder = Path(run.dir).parent
         result = str(folder) if settings.mode == "offline" else str(run.id)
@@ -318,13 +318,11 @@ def _init_run(
     }
     run_dir = Path(settings.dir) if settings.dir else Path(workspace_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    names = secrets.redact_tree({"project": settings.project, "entity": settings.entity, "group": campaign,
+                                 "name": f"{campaign}/{cell.cell_id}/a{cell.attempt}",
+                                 "job_type": point_job_type(cell), "tags": list(settings.tags)})  # fmt: skip
     return wandb.init(
-        project=settings.project,
-        entity=settings.entity,
-        group=campaign,
-        name=f"{campaign}/{cell.cell_id}/a{cell.attempt}",
-        job_type=point_job_type(cell),
-        tags=list(settings.tags),
+        **names,
         config=run_config,
         mode=settings.mode,
         dir=str(run_dir),

@@ -259,8 +259,9 @@ class Engine:
         from reports.secrets import redact_tree  # detect-secrets loads on the first attempt only
 
         info = dict(job_info or {})
-        command = redact_tree(info.pop("argv", None))  # a secret typed into an argv never lands in a file
-        rundir.write_launch(spec.run_dir, rundir.launch_record(
+        command = info.pop("argv", None)
+        # masked whole: a secret in an argv, a label or the launcher's info never lands in the file
+        rundir.write_launch(spec.run_dir, redact_tree(rundir.launch_record(
             launcher=self.launcher.name, campaign=spec.campaign, cell_id=spec.cell_id, attempt=spec.attempt,
             job_id=job_id, command=command, nodes=spec.resources.nodes,
             ranks_per_node=spec.resources.gpus_per_node, env_set=sorted(spec.env),
@@ -268,7 +269,7 @@ class Engine:
             try_number=attempt.try_number, steps_before=attempt.steps_before,
             **({"software": found} if (found := software_record(spec.env)) else {}),
             **({"job_info": info} if info else {}),
-        ))  # fmt: skip
+        )))  # fmt: skip
 
     # following a running attempt -------------------------------------------------------------------------
     def _ended_by_files(self, flight: InFlight, state: JobState) -> bool:
