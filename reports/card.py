@@ -121,11 +121,12 @@ def add_thresholds(item: dict[str, Any], margin: float) -> dict[str, Any]:
 # ---- validation --------------------------------------------------------------------------------------------
 
 _INHERITED = ("status", "precision")
-_ACCOUNT = (
-    (re.compile(r"(?:--account[= ]|(?<!\S)-A\s+)[\w.-]+"), "a Slurm account"),
-    (re.compile(r"(?:/home|/Users|/lustre|/gpfs|/scratch)/[\w.-]+"), "a personal or site directory"),
-    (re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"), "an e-mail address"),
-)
+_ACCOUNT = (  # (pattern, what, texts one of which a match holds: a cheap test before the search)
+    (re.compile(r"(?:--account[= ]|(?<!\S)-A\s+)[\w.-]+"), "a Slurm account", ("--account", "-A")),
+    (re.compile(r"(?:/home|/Users|/lustre|/gpfs|/scratch)/[\w.-]+"), "a personal or site directory",
+     ("/home", "/Users", "/lustre", "/gpfs", "/scratch")),
+    (re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"), "an e-mail address", ("@",)),
+)  # fmt: skip
 # A path from the root; not a markup closing tag such as [/x], [/bold red] or [/] (a bracket, one slash, a bracket),
 # nor a path under a placeholder ({campaign_dir}/train.py).
 _ABSOLUTE = re.compile(r"(?<![\w:./~}-])(?!(?<=\[)/[\w .-]*\])/(?:[\w.-]+/)*[\w.-]+|\b[A-Za-z]:\\[\w\\.-]+")
@@ -160,11 +161,13 @@ def leak_problems(card: Any) -> list[str]:
     """`key.path: contains ...` for secrets (reports.secrets: named, never shown), account names and absolute
     paths anywhere in the card."""
     problems = []
-    for path, key, text in _strings(card):
-        found = [f.describe() for f in secrets.scan_text(text, path, key)]
-        found += [what for pattern, what in _ACCOUNT if pattern.search(text)]
-        if _ABSOLUTE.search(text) and "://" not in text:
-            found.append(f"an absolute path ({_ABSOLUTE.search(text).group(0)!r})")  # type: ignore[union-attr]
+    strings = list(_strings(card))
+    for (path, _, text), findings in zip(strings, secrets.scan_many(strings), strict=True):  # one scan for all
+        found = [f.describe() for f in findings]
+        found += [what for pattern, what, needs in _ACCOUNT if any(n in text for n in needs) and pattern.search(text)]
+        absolute = _ABSOLUTE.search(text) if ("/" in text or "\\" in text) and "://" not in text else None
+        if absolute:
+            found.append(f"an absolute path ({absolute.group(0)!r})")
         problems += [
             f"{path}: contains {what}: cards are published, keep it out" for what in dict.fromkeys(found)
         ]

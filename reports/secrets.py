@@ -96,6 +96,7 @@ def _low(pattern: str) -> _Low:
 _OPERATOR = r"[\"']?\]? *(?:=|:|:=|=>| +|::) *[\"']?"  # between a keyword and its value, in the plugins below
 Probe = str | re.Pattern[str] | _Low
 _CREDENTIAL_PROBES = _folded("key", "token", "secret", "pass", "pwd", "credential", "auth", "contrase")
+_CREDENTIAL_WORD = re.compile("|".join(_CREDENTIAL_PROBES))  # in lower-cased text
 _PLUGIN_GATES: dict[str, tuple[str, tuple[Probe, ...]]] = {
     "AWSKeyDetector": ("a3de395ccbea", ("A3T", "ABIA", "ACCA", "AKIA", "ASIA", _Fold("aws"))),
     "ArtifactoryDetector": ("0c5c39fd5128", (re.compile(r"AKC[a-zA-Z0-9]{10}"), re.compile(r"AP[0-9A-F][a-zA-Z0-9]{8}"))),
@@ -154,9 +155,8 @@ class Finding(NamedTuple):
 @lru_cache(maxsize=1 << 14)
 def credential_name(name: str) -> bool:
     """Whether `name` (an env variable, a key, a flag without its dashes) names a credential."""
-    lowered = name.lower()
-    if len(name) > 256 or not any(word in lowered for word in _CREDENTIAL_PROBES):
-        return False  # every credential name holds one of these words (and a search of it is slower)
+    if len(name) > 256 or not _CREDENTIAL_WORD.search(name.lower()):
+        return False  # every credential name holds one of these words (and the search for them is quicker)
     return bool(_CREDENTIAL_NAME.search(name.strip().strip("\"'[]")))
 
 
@@ -324,7 +324,10 @@ def _hits_of(texts: Iterable[str]) -> dict[str, tuple[Hit, ...]]:
     """line -> its hits, for every line of `texts` that holds a secret. Each gate probe is searched once over the
     distinct texts joined (no probe matches a newline); a detector runs on the lines one of its probes marked,
     each line once (and a line seen before not again: _MEMO). Texts no gate marks need no detect-secrets import."""
-    lines = _Lines(piece for text in texts for _, piece in _pieces(text))
+    texts = texts if isinstance(texts, list) else list(texts)
+    short = [text for text in texts if len(text) <= WINDOW and "\n" not in text]  # the common case: one piece
+    long = [piece for text in texts if len(text) > WINDOW or "\n" in text for _, piece in _pieces(text)]
+    lines = _Lines(short + long if long else short)
     plugins = not _gates_fit_installed_plugins() or any(
         lines.marked(gate, also) for gate, also in _PLUGIN_GATES_UNLOADED
     )
@@ -422,7 +425,9 @@ def _text_findings(text: str, where: str, key: str, hits: dict[str, tuple[Hit, .
     """The findings of one text from its lines' hits, in order; a whole value under a credential-like key when
     no line holds one."""
     found: list[Finding] = []
-    if hits:
+    if hits and len(text) <= WINDOW and "\n" not in text:  # one piece (the common case)
+        found = [Finding(kind, where, start, end, name) for kind, start, end, name in hits.get(text, ())]
+    elif hits:
         spans = [(offset + start, offset + end, kind, name) for offset, piece in _pieces(text)
                  for kind, start, end, name in hits.get(piece, ())]  # fmt: skip
         if len(text) > WINDOW:  # windows overlap: a secret may be found twice, or in part
@@ -442,7 +447,7 @@ def scan_many(items: Iterable[tuple[str, str, str]]) -> list[list[Finding]]:
     """The findings of each (where, key, text): `key` is the document key the text is the value of, if any. All
     the texts are scanned together, each distinct line once."""
     items = [(where, key, text) for where, key, text in items if isinstance(text, str)]
-    hits = _hits_of(text for _, _, text in items)
+    hits = _hits_of([text for _, _, text in items])
     return [_text_findings(text, where, key, hits) for where, key, text in items]
 
 
@@ -505,17 +510,29 @@ def _walk(node: Any, path: str = "", key: str = "") -> Iterator[tuple[str, str, 
 def scan_tree(document: Any, path: str = "") -> list[Finding]:
     """Every secret in a document (cards, campaigns, configs): in each string, and each value under a
     credential-like key; `where` is the key path."""
-    texts = list(_walk(document, path))
-    return [f for found in scan_many(texts) for f in found]
+    return scan_and_redact(document, path)[0]
+
+
+def scan_and_redact(document: Any, path: str = "") -> tuple[list[Finding], Any]:
+    """`scan_tree` and, when it finds any, the document masked (`redact_tree`; else the document itself), from one
+    scan."""
+    items = list(_walk(document, path))
+    hits = _hits_of([text for _, _, text in items])
+    found = [f for where, key, text in items
+             if text in hits or (key and credential_name(key)) or len(text) > WINDOW or "\n" in text
+             for f in _text_findings(text, where, key, hits)]  # fmt: skip
+    return found, (_redacted(document, "", hits) if found else document)
 
 
 def redact_tree(document: Any, key: str = "") -> Any:
     """A copy of `document` with every secret value masked (strings keep their non-secret parts): the one way mbx
     masks what it writes (W&B, launch.json, status.json's log tail, pages, summaries)."""
-    return _redacted(document, key, _hits_of(text for _, _, text in _walk(document, "", key)))
+    return _redacted(document, key, _hits_of([text for _, _, text in _walk(document, "", key)]))
 
 
 def _redacted(document: Any, key: str, hits: dict[str, tuple[Hit, ...]]) -> Any:
+    if document.__class__ is str and document not in hits and len(document) <= WINDOW and "\n" not in document:
+        return MASK if key and credential_name(key) and secret_value(key, document) else document  # the common case
     if isinstance(document, dict):
         return {(mask(k, _text_findings(k, "", "", hits)) if isinstance(k, str) else k): _redacted(v, str(k), hits)
                 for k, v in document.items()}  # fmt: skip

@@ -160,14 +160,15 @@ SECRET_HINT = (
 )
 
 
-def secret_problems(data: Any) -> list[str]:
+def secret_problems(data: Any) -> tuple[list[str], Any]:
     """`key.path: contains a credential (NAME=<redacted>): ...` for a secret value anywhere in the file (env, argv,
     params, sweeps, tags, entity, cluster, launchers, container, pip args, descriptions), one line per key path,
-    the value never shown. The scanner is reports/secrets.py, the one every output of mbx goes through."""
-    from reports.secrets import scan_tree
+    the value never shown; and the file's data with them masked (the schema's messages quote values). The scanner
+    is reports/secrets.py, the one every output of mbx goes through."""
+    from reports.secrets import scan_and_redact
 
-    return list(dict.fromkeys(f"{f.where or '(top level)'}: contains {f.describe()}: {SECRET_HINT}"
-                              for f in scan_tree(data)))  # fmt: skip
+    found, masked = scan_and_redact(data)
+    return list(dict.fromkeys(f"{f.where or '(top level)'}: contains {f.describe()}: {SECRET_HINT}" for f in found)), masked
 
 
 def nul_problems(data: Any, path: str = "") -> list[str]:
@@ -189,11 +190,7 @@ def load_campaign(path: Path) -> Campaign:
         raise ConfigError(
             "a campaign file must be a YAML mapping (name:, trainer:, sweep:, ...)", file=str(path)
         )
-    secrets = secret_problems(data)
-    if secrets:  # the schema's messages quote values: they see the file with its secrets masked
-        from reports.secrets import redact_tree
-
-        data = redact_tree(data)
+    secrets, data = secret_problems(data)  # the schema's messages quote values: they see the file masked
     try:
         campaign = Campaign.model_validate(data)
     except ValidationError as err:
