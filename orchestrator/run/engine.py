@@ -14,6 +14,7 @@ from orchestrator import trainers
 from orchestrator.errors import RunError
 from orchestrator.run.baseline import baseline_for
 from orchestrator.run.collect import Collected, collect_attempt
+from orchestrator.run.disk import DiskFull
 from orchestrator.run.fingerprint import login_fingerprint
 from orchestrator.run.inflight import InFlight, Pending
 from orchestrator.run.requeue import record_requeues
@@ -134,8 +135,8 @@ class Engine:
         message, leaving every attempt as last recorded for `mbx campaign resume`."""
         try:
             return self._run(cells)
-        except sqlite3.OperationalError as err:
-            if "full" not in str(err):
+        except (sqlite3.OperationalError, DiskFull) as err:
+            if not isinstance(err, DiskFull) and "full" not in str(err):
                 raise
             raise RunError(
                 f"the run store {self.store.path} could not be written: {err} (ENOSPC: no space left on device); "
