@@ -61,6 +61,10 @@ def report(
     if out is not None and (out.is_symlink() or out.exists()) and not out.is_dir():
         raise UsageError(f"the report cannot be written in {out}: it is not a directory; choose a folder with "
                          f"--out, then run `mbx report {name} --workspace {workspace}`")  # fmt: skip
+    if out is None:  # the site goes into the campaign's folder: a link there is refused, not written through
+        from orchestrator.run.workspace_links import refuse_links
+
+        refuse_links(Path(workspace).expanduser().resolve() / name)
     view = runner.view(workspace, name)
     page = runner.write_report(workspace, view, out)
     summary = (page.parent / "summary.md").read_text(encoding="utf-8")

@@ -10,6 +10,7 @@ from typing import IO, ClassVar
 
 from orchestrator.errors import RunError
 from orchestrator.run.disk import FULL_ERRNOS, full_disk_error
+from orchestrator.run.workspace_links import refuse_links
 
 LOCK_FILE = ".lock"  # <workspace>/<campaign>/.lock (one orchestrator) and <workspace>/.lock (rebuild vs campaigns)
 
@@ -134,6 +135,7 @@ class CampaignLock:
         return self
 
     def _acquire(self) -> list[IO[str]]:
+        refuse_links(self.path.parent)  # the campaign's, its cells' and attempts' folders: no link written through
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
