@@ -148,6 +148,7 @@ def plan(
     from orchestrator.flow.lifecycle import Options, load
     from orchestrator.run.feasibility import check_points, limits_of
     from orchestrator.run.plan_view import plan_text
+    from orchestrator.spec.software import local_source_notes
     from orchestrator.spec.sweep import swept_keys
 
     campaign, points = load(file, Options(max_cells=max_cells, strict=strict))  # as run loads it (parity sides too)
@@ -173,8 +174,10 @@ def plan(
             for p in points
         ]
         typer.echo(json.dumps(payload, indent=2))
-        return
-    typer.echo(plan_text(campaign.name, points, swept_keys(campaign), assessment))
+    else:
+        typer.echo(plan_text(campaign.name, points, swept_keys(campaign), assessment))
+    for note in local_source_notes(campaign.software):  # what runs beyond the trainer, named as such
+        typer.secho(f"note: {note}", fg="yellow", err=as_json)
 
 
 @app.command()

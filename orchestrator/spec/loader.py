@@ -133,18 +133,22 @@ def sweep_entries(campaign: Campaign) -> list[tuple[str, str, list[Any]]]:
 def trust_problems(campaign: Campaign) -> list[str]:
     """What a campaign may not set and what render would refuse, found before anything runs: environment names
     mbx reserves (orchestrator/spec/reserved_env.py) in env.values, env.pass and `env.NAME` sweep keys, and values
-    launchers/safety.py refuses (a control character in a swept container.image, a NUL in any value)."""
+    launchers/safety.py refuses (a control character in a swept container.image, a NUL in any value); names that
+    change which code runs unless env.allow_code_loading lists them."""
     from launchers.safety import nul_problem
+    from orchestrator.spec.reserved_env import code_loading_problem
 
+    allowed = campaign.env.allow_code_loading
     problems = []
     for name, value in campaign.env.values.items():
-        if problem := env_key_problem(name) or nul_problem(value):
+        if problem := env_key_problem(name) or code_loading_problem(name, allowed) or nul_problem(value):
             problems.append(f"env.values.{name}: {problem}")
     for index, name in enumerate(campaign.env.pass_names):
-        if problem := env_key_problem(name):
+        if problem := env_key_problem(name) or code_loading_problem(name, allowed):
             problems.append(f"env.pass[{index}]: {problem}")
     for where, key, values in sweep_entries(campaign):
-        if problem := key_problem(key):
+        loads_code = key.startswith("env.") and code_loading_problem(key[len("env.") :], allowed)
+        if problem := key_problem(key) or loads_code:
             problems.append(f"{where}: {problem}")
             continue
         several = where.startswith(("sweep.axes.", "sweep.zip[", "parity.toggle."))
