@@ -44,7 +44,7 @@ MAX_LOG_LINE_CHARS = 1 * MiB
 # so memory follows the events kept, not the bytes: at most MAX_TRACE_EVENTS events (each kept in ~0.4 KB), each
 # event (and any other top-level value) at most MAX_TRACE_VALUE_CHARS, names kept to MAX_TRACE_NAME_CHARS.
 MAX_TRACE_BYTES = 512 * MiB
-MAX_TRACE_EVENTS = 200_000
+MAX_TRACE_EVENTS = 150_000
 MAX_TRACE_VALUE_CHARS = 4 * MiB
 MAX_TRACE_NAME_CHARS = 1024
 

@@ -382,7 +382,7 @@ class _Lines:
         fold = isinstance(probe, (_Fold, _Low))
         text = self.lowered if fold else self.joined
         probe = probe.pattern if isinstance(probe, _Low) else probe
-        if isinstance(probe, str):
+        if isinstance(probe, str) and len(self.lines) > 64:
             count = text.count(probe)
             if count == 0:
                 return set()
@@ -491,20 +491,35 @@ def _under_credential(node: Any, key: str) -> bool:
     return isinstance(node, int) and not isinstance(node, bool) and bool(key) and credential_name(key)
 
 
-def _walk(node: Any, path: str = "", key: str = "") -> Iterator[tuple[str, str, str]]:
-    """(key path, the key the text is under, text) of every string in a document, mapping keys included."""
+def strings(document: Any, path: str = "", key: str = "") -> list[tuple[str, str, str]]:
+    """(key path, the key the text is under, text) of every string in a document, mapping keys included (a list's
+    items are under the list's key, an argv's value under the flag before it; an integer under a credential-like
+    key counts as its text): what `scan_tree` scans, and what cards check for accounts and paths."""
+    out: list[tuple[str, str, str]] = []
+    _collect(document, path, key, out)
+    return out
+
+
+def _collect(node: Any, path: str, key: str, out: list[tuple[str, str, str]]) -> None:
     if isinstance(node, dict):
         for k, value in node.items():
-            child = f"{path}.{k}" if path else str(k)
-            yield child, "", str(k)
-            yield from _walk(value, child, str(k))
+            name = str(k)
+            child = f"{path}.{name}" if path else name
+            out.append((child, "", name))
+            if value.__class__ is str:
+                out.append((child, name, value))
+            else:
+                _collect(value, child, name, out)
     elif isinstance(node, (list, tuple)):
         for i, (value, under) in enumerate(zip(node, item_keys(node, key), strict=True)):
-            yield from _walk(value, f"{path}[{i}]", under)
+            if value.__class__ is str:
+                out.append((f"{path}[{i}]", under, value))
+            else:
+                _collect(value, f"{path}[{i}]", under, out)
     elif isinstance(node, str):
-        yield path, key, node
+        out.append((path, key, node))
     elif _under_credential(node, key):
-        yield path, key, str(node)
+        out.append((path, key, str(node)))
 
 
 def scan_tree(document: Any, path: str = "") -> list[Finding]:
@@ -516,7 +531,7 @@ def scan_tree(document: Any, path: str = "") -> list[Finding]:
 def scan_and_redact(document: Any, path: str = "") -> tuple[list[Finding], Any]:
     """`scan_tree` and, when it finds any, the document masked (`redact_tree`; else the document itself), from one
     scan."""
-    items = list(_walk(document, path))
+    items = strings(document, path)
     hits = _hits_of([text for _, _, text in items])
     found = [f for where, key, text in items
              if text in hits or (key and credential_name(key)) or len(text) > WINDOW or "\n" in text
@@ -527,7 +542,7 @@ def scan_and_redact(document: Any, path: str = "") -> tuple[list[Finding], Any]:
 def redact_tree(document: Any, key: str = "") -> Any:
     """A copy of `document` with every secret value masked (strings keep their non-secret parts): the one way mbx
     masks what it writes (W&B, launch.json, status.json's log tail, pages, summaries)."""
-    return _redacted(document, key, _hits_of([text for _, _, text in _walk(document, "", key)]))
+    return _redacted(document, key, _hits_of([text for _, _, text in strings(document, "", key)]))
 
 
 def _redacted(document: Any, key: str, hits: dict[str, tuple[Hit, ...]]) -> Any:
