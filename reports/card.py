@@ -3,9 +3,9 @@ thresholds (a portable gate = measured × (1 ∓ margin)), the validator, and th
 
 from __future__ import annotations
 
-import math
 import bisect
 import itertools
+import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
