@@ -327,6 +327,8 @@ def _hits_of(texts: Iterable[str]) -> dict[str, tuple[Hit, ...]]:
     texts = texts if isinstance(texts, list) else list(texts)
     short = [text for text in texts if len(text) <= WINDOW and "\n" not in text]  # the common case: one piece
     long = [piece for text in texts if len(text) > WINDOW or "\n" in text for _, piece in _pieces(text)]
+    if len(short) + len(long) <= FEW_LINES:  # a page's one value: each line alone, remembered (_line_hits)
+        return {line: hits for line in (*short, *long) if (hits := _line_hits(line))}
     lines = _Lines(short + long if long else short)
     plugins = not _gates_fit_installed_plugins() or any(
         lines.marked(gate, also) for gate, also in _PLUGIN_GATES_UNLOADED
@@ -349,6 +351,36 @@ def _hits_of(texts: Iterable[str]) -> dict[str, tuple[Hit, ...]]:
         if hits:
             known[line] = hits
     return known
+
+
+FEW_LINES = 16  # fewer lines than this are scanned one by one (the batch's joining costs more)
+
+
+@lru_cache(maxsize=1 << 14)
+def _line_hits(line: str) -> tuple[Hit, ...]:
+    """The hits of one line (at most WINDOW characters, no newline), each gate tested on it directly."""
+    if not _worth(line):
+        return ()
+    lowered = line.lower() if line.isascii() else line.translate(_ASCII_LOWER)
+
+    def holds(probes: tuple[Probe, ...]) -> bool:
+        for probe in probes:
+            if isinstance(probe, _Fold):
+                found = probe in lowered
+            elif isinstance(probe, str):
+                found = probe in line
+            else:
+                found = (probe.pattern.search(lowered) if isinstance(probe, _Low) else probe.search(line)) is not None
+            if found:
+                return True
+        return False
+
+    def marked(gate: tuple[Probe, ...] | None, also: tuple[tuple[Probe, ...], ...]) -> bool:
+        return (gate is None or holds(gate)) and all(holds(group) for group in also)
+
+    plugins = not _gates_fit_installed_plugins() or any(marked(g, a) for g, a in _PLUGIN_GATES_UNLOADED)
+    detectors = [d for d in (*_RULES, *(_plugin_detectors() if plugins else ())) if marked(d.gate, d.also)]
+    return tuple(_merged_hits([hit for detector in detectors for hit in detector.find(line)]))
 
 
 class _Lines:

@@ -256,3 +256,13 @@ def test_gates_lose_no_finding(parts: list[str], case) -> None:
     """No detector finds anything in a line its gate leaves out: the gated scan (gate probes over all lines at once,
     detectors only where marked) loses nothing that running every detector on every line finds."""
     assert _unmarked_findings(case("".join(parts))) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=6).map("".join), min_size=17, max_size=40))
+def test_a_text_alone_and_among_many_gives_the_same_findings(texts: list[str]) -> None:
+    """A page's single value is scanned on its own (each gate tested on it), a document's values together (each
+    gate searched once over them all): the two ways find the same."""
+    together = secrets.scan_many([("", "", text) for text in texts])
+    secrets._line_hits.cache_clear()
+    assert [secrets.scan_text(text) for text in texts] == together
