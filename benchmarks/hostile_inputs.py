@@ -172,8 +172,13 @@ def measure(argv: list[str]) -> tuple[int, float, float, float, str]:
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     lines = stderr.decode(errors="replace").strip().splitlines()
-    return os.waitstatus_to_exitcode(status), wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, (
-        lines[-1][:160] if lines else "")
+    return (
+        os.waitstatus_to_exitcode(status),
+        wall,
+        usage.ru_utime + usage.ru_stime,
+        usage.ru_maxrss / 1024,
+        (lines[-1][:160] if lines else ""),
+    )
 
 
 def main() -> None:
@@ -184,7 +189,9 @@ def main() -> None:
     folder = args.keep or Path(tempfile.mkdtemp(prefix="mbx-hostile-"))
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}, inputs in {folder}\n")
-    print("| input | size MB | exit | wall s | CPU s | peak RSS MB | ≤ 2 s and ≤ 1 GB |\n|---|---|---|---|---|---|---|")
+    print(
+        "| input | size MB | exit | wall s | CPU s | peak RSS MB | ≤ 2 s and ≤ 1 GB |\n|---|---|---|---|---|---|---|"
+    )
     for name, make in CASES.items():
         if args.only and not any(word in name for word in args.only):
             continue

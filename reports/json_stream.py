@@ -94,7 +94,9 @@ class JsonStream:
             raise limits.LimitError(f"{self.path}: one value is larger than {limits.size_text(self.max_value)} "
                                     "characters (the limit for one event of a profiler trace)")  # fmt: skip
         if not self._more(at_least=max(held, 1 << 20)):  # read as much again: no value is parsed many times
-            raise ValueError(f"{self.path}: not valid JSON ({err.msg}: the file ends inside a value)") from None
+            raise ValueError(
+                f"{self.path}: not valid JSON ({err.msg}: the file ends inside a value)"
+            ) from None
 
     def items(self) -> Iterator[Any]:
         """The items of the list that starts here, one at a time."""

@@ -370,7 +370,9 @@ def _line_hits(line: str) -> tuple[Hit, ...]:
             elif isinstance(probe, str):
                 found = probe in line
             else:
-                found = (probe.pattern.search(lowered) if isinstance(probe, _Low) else probe.search(line)) is not None
+                found = (
+                    probe.pattern.search(lowered) if isinstance(probe, _Low) else probe.search(line)
+                ) is not None
             if found:
                 return True
         return False
@@ -578,8 +580,15 @@ def redact_tree(document: Any, key: str = "") -> Any:
 
 
 def _redacted(document: Any, key: str, hits: dict[str, tuple[Hit, ...]]) -> Any:
-    if document.__class__ is str and document not in hits and len(document) <= WINDOW and "\n" not in document:
-        return MASK if key and credential_name(key) and secret_value(key, document) else document  # the common case
+    if (
+        document.__class__ is str
+        and document not in hits
+        and len(document) <= WINDOW
+        and "\n" not in document
+    ):
+        return (
+            MASK if key and credential_name(key) and secret_value(key, document) else document
+        )  # the common case
     if isinstance(document, dict):
         return {(mask(k, _text_findings(k, "", "", hits)) if isinstance(k, str) else k): _redacted(v, str(k), hits)
                 for k, v in document.items()}  # fmt: skip

@@ -69,7 +69,9 @@ def test_writing_commands_say_the_disk_is_full_in_one_line(full):
               f"the file system at {mount}", "is full", "free space there")  # fmt: skip
     _one_line(run_mbx("store", "rebuild", "-w", str(workspace)), f"the file system at {mount}", "is full")
     _one_line(run_mbx("report", "fd", "-m", "-w", str(workspace)), "No space left on device", "free space")
-    db = sqlite3.connect(f"file:{workspace / 'mbx.sqlite'}?mode=ro&immutable=1", uri=True)  # no -shm on a full disk
+    db = sqlite3.connect(
+        f"file:{workspace / 'mbx.sqlite'}?mode=ro&immutable=1", uri=True
+    )  # no -shm on a full disk
     try:
         assert list(db.execute("PRAGMA integrity_check")) == [("ok",)]
         assert [state for (state,) in db.execute("SELECT state FROM attempts")] == ["completed"]

@@ -27,7 +27,9 @@ def test_a_code_loading_name_needs_the_opt_in(tmp_path, name, where):
     sweep = {"cells": [{f"env.{name}": "/a"}]} if where == "cells" else sweep
     with pytest.raises(ConfigError) as refused:
         _load(tmp_path, env, sweep)
-    assert f"{name!r} changes which code runs" in str(refused.value) and "env.allow_code_loading" in str(refused.value)
+    assert f"{name!r} changes which code runs" in str(refused.value) and "env.allow_code_loading" in str(
+        refused.value
+    )
     allowed = _load(tmp_path, {**env, "allow_code_loading": [name]}, sweep)
     assert allowed.env.allow_code_loading == [name]
 
@@ -49,5 +51,7 @@ def test_the_plan_names_pip_options_that_build_from_local_sources(mbx, tmp_path)
            "build script" in result.stdout  # fmt: skip
     assert "--no-build-isolation builds with the packages of the environment that runs pip" in result.stdout
     plain = tmp_path / "plain.yaml"
-    plain.write_text(yaml.safe_dump({"name": "c", "software": {"pip_args": ["--index-url", "https://pypi.org/simple"]}}))
+    plain.write_text(
+        yaml.safe_dump({"name": "c", "software": {"pip_args": ["--index-url", "https://pypi.org/simple"]}})
+    )
     assert "note:" not in mbx("campaign", "plan", str(plain)).stdout

@@ -53,7 +53,9 @@ def test_a_linked_cell_folder_is_refused_and_not_written_through(done, tmp_path)
         for args in (("campaign", "run", str(campaign)), ("campaign", "resume", "ln"), ("report", "ln")):
             result = run_mbx(*args, "-w", str(workspace), "--no-wandb" if args[0] == "campaign" else "-m")
             assert result.returncode == 2, (args, result.stderr[-2000:])
-            assert f"{cell}: a symbolic link (to {target})" in result.stderr and "Traceback" not in result.stderr
+            assert (
+                f"{cell}: a symbolic link (to {target})" in result.stderr and "Traceback" not in result.stderr
+            )
         assert sorted(p.name for p in target.iterdir()) == before
     finally:
         cell.unlink()
