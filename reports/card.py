@@ -3,6 +3,8 @@ thresholds (a portable gate = measured × (1 ∓ margin)), the validator, and th
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -121,13 +123,16 @@ def add_thresholds(item: dict[str, Any], margin: float) -> dict[str, Any]:
 # ---- validation --------------------------------------------------------------------------------------------
 
 _INHERITED = ("status", "precision")
-_ACCOUNT = (
-    (re.compile(r"(?:--account[= ]|(?<!\S)-A\s+)[\w.-]+"), "a Slurm account"),
-    (re.compile(r"(?:/home|/Users|/lustre|/gpfs|/scratch)/[\w.-]+"), "a personal or site directory"),
-    (re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"), "an e-mail address"),
-)
-# A path from the root; not a markup closing tag such as [/x], [/bold red] or [/] (a bracket, one slash, a bracket).
-_ABSOLUTE = re.compile(r"(?<![\w:./~-])(?!(?<=\[)/[\w .-]*\])/(?:[\w.-]+/)*[\w.-]+|\b[A-Za-z]:\\[\w\\.-]+")
+_ACCOUNT = (  # (pattern, what, texts one of which a match holds: a cheap test before the search); no pattern
+    # here matches a newline, so a search over texts joined by newlines finds in each exactly what it would alone
+    (re.compile(r"(?:--account[= ]|(?<!\S)-A[ \t]+)[\w.-]+"), "a Slurm account", ("--account", "-A")),
+    (re.compile(r"(?:/home|/Users|/lustre|/gpfs|/scratch)/[\w.-]+"), "a personal or site directory",
+     ("/home", "/Users", "/lustre", "/gpfs", "/scratch")),
+    (re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b"), "an e-mail address", ("@",)),
+)  # fmt: skip
+# A path from the root; not a markup closing tag such as [/x], [/bold red] or [/] (a bracket, one slash, a bracket),
+# nor a path under a placeholder ({campaign_dir}/train.py).
+_ABSOLUTE = re.compile(r"(?<![\w:./~}-])(?!(?<=\[)/[\w .-]*\])/(?:[\w.-]+/)*[\w.-]+|\b[A-Za-z]:\\[\w\\.-]+")
 
 
 def publishable(text: str) -> str:
@@ -141,33 +146,40 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _strings(node: Any, path: str = "") -> Iterator[tuple[str, str, str]]:
-    """(key path, the key a value is under ("" for a mapping key itself), text) of every string in a card."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            child = f"{path}.{key}" if path else str(key)
-            yield child, "", str(key)
-            yield from _strings(value, child)
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _strings(value, f"{path}[{i}]")
-    elif isinstance(node, str):
-        yield path, path.rsplit(".", 1)[-1].split("[")[0], node
-
-
 def leak_problems(card: Any) -> list[str]:
     """`key.path: contains ...` for secrets (reports.secrets: named, never shown), account names and absolute
-    paths anywhere in the card."""
-    problems = []
-    for path, key, text in _strings(card):
-        found = [f.describe() for f in secrets.scan_text(text, path, key)]
-        found += [what for pattern, what in _ACCOUNT if pattern.search(text)]
-        if _ABSOLUTE.search(text) and "://" not in text:
-            found.append(f"an absolute path ({_ABSOLUTE.search(text).group(0)!r})")  # type: ignore[union-attr]
-        problems += [
-            f"{path}: contains {what}: cards are published, keep it out" for what in dict.fromkeys(found)
-        ]
-    return problems
+    paths anywhere in the card. The card's strings are scanned together: each pattern searched once over them all
+    joined, then confirmed in the strings it marked (a 4 MB card of 72,000 strings: ~1 s, not 5)."""
+    strings = secrets.strings(card)
+    texts = [text for _, _, text in strings]
+    joined = "\n".join(texts)
+    starts = list(itertools.accumulate((len(text) + 1 for text in texts), initial=0))
+    found: dict[int, list[str]] = {}
+    for index, findings in enumerate(secrets.scan_many(strings)):  # one scan for all
+        if findings:
+            found[index] = [f.describe() for f in findings]
+    for pattern, what, needs in _ACCOUNT:
+        if any(n in joined for n in needs):
+            for index in _marked(pattern, joined, starts):
+                if pattern.search(texts[index]):
+                    found.setdefault(index, []).append(what)
+    for index in _marked(_ABSOLUTE, joined, starts):
+        absolute = _ABSOLUTE.search(texts[index]) if "://" not in texts[index] else None
+        if absolute:
+            found.setdefault(index, []).append(f"an absolute path ({absolute.group(0)!r})")
+    return [f"{strings[index][0]}: contains {what}: cards are published, keep it out"
+            for index in sorted(found) for what in dict.fromkeys(found[index])]  # fmt: skip
+
+
+def _marked(pattern: re.Pattern[str], joined: str, starts: list[int]) -> list[int]:
+    """The indexes of the texts (joined by newlines, starting at `starts`) where `pattern`, which never matches a
+    newline, matches."""
+    marked: list[int] = []
+    for match in pattern.finditer(joined):
+        index = bisect.bisect_right(starts, match.start()) - 1
+        if not marked or marked[-1] != index:
+            marked.append(index)
+    return marked
 
 
 def measured_items(

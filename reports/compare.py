@@ -395,12 +395,14 @@ def mean_curve(runs: list[list[dict[str, Any]]], key: str) -> tuple[dict[int, fl
     (max − min) between those runs: the repeat-to-repeat noise of the curve."""
     curves = [_curve(rows, key) for rows in runs]
     steps = sorted(set().union(*curves)) if curves else []
-    mean, spread = {}, 0.0
-    for step in steps:
-        values = [c[step] for c in curves if step in c]
-        mean[step] = float(np.mean(values))
-        spread = max(spread, float(np.ptp(values)))
-    return mean, spread
+    if not steps:
+        return {}, 0.0
+    column = {step: i for i, step in enumerate(steps)}
+    grid = np.full((len(curves), len(steps)), np.nan)  # runs × steps, NaN where a run did not log the step
+    for row, curve in enumerate(curves):
+        grid[row, [column[step] for step in curve]] = list(curve.values())
+    spread = float(np.max(np.nanmax(grid, axis=0) - np.nanmin(grid, axis=0)))  # every step has a value
+    return dict(zip(steps, np.nanmean(grid, axis=0).tolist(), strict=True)), spread
 
 
 def loss_divergence(runs_a: list[list[dict[str, Any]]], runs_b: list[list[dict[str, Any]]],
@@ -433,12 +435,13 @@ def loss_divergence(runs_a: list[list[dict[str, Any]]], runs_b: list[list[dict[s
 def _events(rows: list[dict[str, Any]]) -> dict[int, str]:
     """What happened at a step that can explain a spike: skipped steps, NaN steps, evaluations."""
     events = {}
+    evals = [key for key in set().union(*rows) if key.startswith("eval")]  # the keys of every row, once
     for row in rows:
         step = row.get("step")
         if not isinstance(step, int):
             continue
         what = [w for w, key in (("skipped step", "skipped"), ("NaN step", "nan")) if row.get(key)]
-        what += ["eval"] if any(k.startswith("eval") and row.get(k) is not None for k in row) else []
+        what += ["eval"] if any(row.get(k) is not None for k in evals) else []
         if what:
             events[step] = f"{' and '.join(what)} at step {step}"
     return events

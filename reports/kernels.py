@@ -94,9 +94,14 @@ CONTEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+NAME_PREFIX = 2048  # characters of a name (or a context range) the rules read: what decides its class comes first
+
+
 @lru_cache(maxsize=1 << 16)
 def by_name(name: str) -> str:
-    """The class of a kernel or op from its name alone."""
+    """The class of a kernel or op from its name alone (its first NAME_PREFIX characters: the rules' time is
+    bounded whatever the name's length)."""
+    name = name[:NAME_PREFIX]
     for cls, pattern in NAME_RULES:
         if pattern.search(name):
             return cls
@@ -123,4 +128,5 @@ def _classify(name: str, context: tuple[str, ...]) -> str:
 
 @lru_cache(maxsize=1 << 16)
 def _by_context(outer: str) -> str | None:
+    outer = outer[:NAME_PREFIX]
     return next((r for r, pattern in CONTEXT_RULES if pattern.search(outer)), None)

@@ -9,10 +9,12 @@ Nothing here imports orchestrator (reports/ never does); orchestrator/spec/yamli
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +40,13 @@ MAX_GOLDEN_VALUES = 100_000  # step values over every metric
 # the next (reads are at most 8 MiB) at most this many characters.
 MAX_LOG_LINE_CHARS = 1 * MiB
 
-# torch.profiler Chrome traces (reports/profile_trace.py): on disk and inflated (.json.gz) alike.
+# torch.profiler Chrome traces (reports/profile_trace.py): on disk and inflated (.json.gz) alike; read as a stream,
+# so memory follows the events kept, not the bytes: at most MAX_TRACE_EVENTS events (each kept in ~0.4 KB), each
+# event (and any other top-level value) at most MAX_TRACE_VALUE_CHARS, names kept to MAX_TRACE_NAME_CHARS.
 MAX_TRACE_BYTES = 512 * MiB
+MAX_TRACE_EVENTS = 150_000
+MAX_TRACE_VALUE_CHARS = 4 * MiB
+MAX_TRACE_NAME_CHARS = 1024
 
 _CHUNK = 1 * MiB
 
@@ -96,6 +103,27 @@ def _inflate_bounded(path: Path, limit: int, what: str) -> bytearray:
     except (gzip.BadGzipFile, zlib.error) as err:
         raise ValueError(f"{path}: not a gzip file ({err})") from None
     return data
+
+
+def text_chunks_bounded(path: str | os.PathLike[str], limit: int, what: str) -> Iterator[str]:
+    """A UTF-8 file's text (a .gz file inflated) in chunks of about 1 MiB, refused (LimitError) as soon as it passes
+    `limit` bytes on disk or inflated: no more than one chunk is held here, whatever the file's size."""
+    path = Path(path)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    done = 0  # bytes decoded before the chunk at hand
+    try:
+        with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                if done + len(chunk) > limit:
+                    inflated = "inflates to " if path.name.endswith(".gz") else ""
+                    raise LimitError(f"{path}: too large ({inflated}more than {size_text(limit)}; the limit for {what})")
+                yield decoder.decode(chunk)
+                done += len(chunk)
+            yield decoder.decode(b"", final=True)
+    except (gzip.BadGzipFile, zlib.error, EOFError) as err:
+        raise ValueError(f"{path}: not a gzip file ({err})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} near byte {done + err.start:,})") from None
 
 
 def json_loads_bounded(text: str | bytes | bytearray, path: str | os.PathLike[str]) -> Any:

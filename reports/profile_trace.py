@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from reports import limits
+from reports.json_stream import JsonStream, list_member
 from reports.kernels import COMMUNICATION, IDLE, MEMCPY, MOE_EXCHANGE, classify
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -55,20 +56,44 @@ class TraceBreakdown:
 
 
 def load_events(path: Path) -> list[dict[str, Any]]:
-    """The traceEvents of a Chrome trace (.json or .json.gz); ValueError when it is not one, LimitError (a
-    ValueError) past limits.MAX_TRACE_BYTES on disk or inflated (read in chunks: a gzip bomb stops at the
-    limit) or nested past limits.MAX_JSON_DEPTH."""
+    """The complete ("X") events of a Chrome trace object (.json or .json.gz), each cut down to what the breakdown
+    reads (ph, cat, name, ts, dur, pid, tid, args.correlation; names interned and cut at
+    limits.MAX_TRACE_NAME_CHARS). Read as a stream, so memory follows the events kept: ValueError when it is not a
+    Chrome trace object with timed complete events; LimitError (a ValueError) past limits.MAX_TRACE_BYTES on disk
+    or inflated, past limits.MAX_TRACE_EVENTS events, for one event larger than limits.MAX_TRACE_VALUE_CHARS, or
+    nested past limits.MAX_JSON_DEPTH."""
     path = Path(path)
-    data = limits.read_bytes_bounded(path, limits.MAX_TRACE_BYTES, "a profiler trace")
-    try:
-        doc = limits.json_loads_bounded(data, path)
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    del data
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
-    if not isinstance(events, list):
-        raise ValueError(f"{path}: not a Chrome trace (no traceEvents list)")
-    return [e for e in events if isinstance(e, dict)]
+    chunks = limits.text_chunks_bounded(path, limits.MAX_TRACE_BYTES, "a profiler trace")
+    stream = JsonStream(chunks, path, limits.MAX_TRACE_VALUE_CHARS)
+    names: dict[str, str] = {}
+    events = []
+    for count, event in enumerate(list_member(stream, "traceEvents", "a Chrome trace object"), start=1):
+        if count > limits.MAX_TRACE_EVENTS:
+            raise limits.LimitError(f"{path}: more than {limits.MAX_TRACE_EVENTS:,} events (the limit for a profiler "
+                                    "trace: profile fewer steps or ranks)")  # fmt: skip
+        if event.__class__ is dict and event.get("ph") == "X" and event.get("ts") is not None:
+            events.append(_kept(event, names))  # a complete event without a time is nowhere in the steps
+    if not events:
+        raise ValueError(f"{path}: not a profiler trace: no timed complete events (ph \"X\" with ts) among its "
+                         "traceEvents")  # fmt: skip
+    return events
+
+
+def _kept(event: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """What the breakdown reads of one event (a missing one None); repeated names and categories share one string."""
+    get = event.get
+    name, cat = get("name", ""), get("cat")
+    if name.__class__ is str:
+        name = name[: limits.MAX_TRACE_NAME_CHARS]  # the same string when it is shorter
+        name = names.setdefault(name, name)
+    if cat.__class__ is str:
+        cat = names.setdefault(cat, cat)
+    kept = {"ph": "X", "cat": cat, "name": name, "ts": get("ts"), "dur": get("dur"), "pid": get("pid"),
+            "tid": get("tid")}  # fmt: skip
+    args = get("args")
+    if args.__class__ is dict and "correlation" in args:
+        kept["args"] = {"correlation": args["correlation"]}
+    return kept
 
 
 def _span(event: dict[str, Any]) -> tuple[float, float]:
@@ -143,7 +168,12 @@ def launch_contexts(events: list[dict[str, Any]]) -> dict[Any, tuple[str, ...]]:
 
 
 def _in_windows(start: float, windows: list[tuple[float, float]]) -> bool:
-    return not windows or any(a <= start < b for a, b in windows)
+    if not windows:
+        return True
+    for a, b in windows:
+        if a <= start < b:
+            return True
+    return False
 
 
 def _summarize(
@@ -206,15 +236,19 @@ def _gpu_rows(events: list[dict[str, Any]], windows: list[tuple[float, float]]) 
     """Kernels, copies and sets that start inside the window, classified with their launch context (the CPU
     stack), else with the GPU-side annotation ranges around them."""
     launched = launch_contexts(events)
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES]
-    gpu = [e for e in gpu if _in_windows(_span(e)[0], windows)]
+    gpu, spans = [], []
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES:
+            span = _span(e)
+            if _in_windows(span[0], windows):
+                gpu.append(e)
+                spans.append(span)
     contexts = [launched.get((e.get("args") or {}).get("correlation"), ()) for e in gpu]
     bare = [i for i, c in enumerate(contexts) if not c]
     for i, around in zip(bare, gpu_annotation_contexts(events, [gpu[i] for i in bare]), strict=True):
         contexts[i] = around
     rows = []
-    for e, context in zip(gpu, contexts, strict=True):
-        start, end = _span(e)
+    for e, context, (start, end) in zip(gpu, contexts, spans, strict=True):
         name = str(e.get("name", ""))
         cls = MEMCPY if e.get("cat") != "kernel" else classify(name, context)
         rows.append((cls, name, start, end, end - start))

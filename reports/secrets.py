@@ -1,21 +1,33 @@
 """The one secret scanner of mbx: detect-secrets' plugins (a maintained set of token formats and keyword rules)
-plus the project's rules for what they miss; used for cards, freeze output, W&B configs and the report.
+plus the project's rules for what they miss; every string mbx refuses (campaign validate, cards, freeze) or writes
+(reports, summary, W&B, status.json's log tail, launch.json) goes through it.
 
-The project's rules: a value after a credential-like name (`WANDB_API_KEY=…`, `HF_TOKEN: …`, `--wandb-key …`,
-`password=hunter2`, with `_`, `-` and `.` as word boundaries), the token formats detect-secrets lacks (`hf_…`,
-`nvapi-…`, `sk-…`), and values under a credential-like key of a document. Not secrets: a NAME without a value
-(`env.pass: [WANDB_API_KEY]`), a reference (`$HF_TOKEN`, `${HF_TOKEN}`), a placeholder (`<your key>`, `***`),
-a number under a key/token name (`EOD_TOKEN=0`), and bare hex (git SHAs, cell-id hashes: only a credential-like
-name before a hex string makes it a key). Findings carry the kind and where, never the value (see `mask`).
+The project's rules: a value after a credential-like name (`WANDB_API_KEY=…`, `HF_TOKEN: …`, `"api_key": "…"`,
+`--wandb-key …`, `password=hunter2`, with `_`, `-` and `.` as word boundaries), the password in a URL
+(`https://user:pass@host`), the token formats detect-secrets lacks (`hf_…`, `nvapi-…`, `sk-…`), and values under
+a credential-like key of a document. Any real value counts under a password name (`-hunter2`, `HUNTER_TWO_2024`).
+Not secrets: a NAME without a value (`env.pass: [WANDB_API_KEY]`), a NAME under a key/token name
+(`token: HF_TOKEN`) or a key path (`steps_key: trainer.params.train_iters`), a reference (`$HF_TOKEN`, `${HF_TOKEN}`), a placeholder (`<your key>`, `***`), the next flag
+after a flag (`--token --next`, `--token -v`), a short number under a key/token name (`EOD_TOKEN=0`; one of 16 or
+more digits is a key), and bare hex (git SHAs, cell-id hashes: only a credential-like name before a hex string
+makes it a key). Findings carry the kind and where, never the value (see `mask`).
+
+Speed: texts are scanned line by line, each distinct line once, and many texts at a time (`scan_many`): every
+detector has a gate, a plain pattern that any line it could flag must contain (a literal such as `://` or `eyJ`,
+a credential word), searched once over all the lines joined; a detector runs only on the lines its gate marked.
 """
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import itertools
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+import string
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 MASK = "<redacted>"
 
@@ -25,13 +37,14 @@ _CREDENTIAL_NAME = re.compile(
     r"(?i)(?:[_.-]key|(?:^|[_.-])(?:(?:api|access|secret|private|auth|client|service|account)key|pwd|credentials?|"
     r"auth)|token|secret|password|passwd|passphrase)$"
 )
-_CREDENTIAL_WORD = re.compile(r"(?i)key|token|secret|passw|passphrase|pwd|credential|auth")  # a cheap pre-check
 _PASSWORD_NAME = re.compile(r"(?i)(?:passw(?:or)?d|passphrase|pwd)$")
-# the start of a name: not after a word character, '-' or '.', nor after '$' / '{' (a reference like ${HF_TOKEN})
-_NAME = r"(?<![\w.$\{-])(?P<name>[A-Za-z_][\w.-]*?)"
+# the start of a name: not after a word character, '-' or '.', nor after '$' / '{' (a reference like ${HF_TOKEN});
+# a name is at most 128 characters (no line of any length makes the search slow)
+_NAME = r"(?<![\w.$\{-])(?P<name>[A-Za-z_][\w.-]{0,127}?)"
 _VALUE = r"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'|(?P<bare>[^\s\"',;)\]}]+))"
-_ASSIGNMENT = re.compile(_NAME + r"\s*(?::=|=|:)[ \t]*" + _VALUE)
-_FLAG = re.compile(r"(?<![\w-])--(?P<name>[A-Za-z][\w-]*)(?:=|[ \t]+)" + _VALUE)
+_ASSIGNMENT = re.compile(_NAME + r"[\"']?\s*(?::=|=|:)[ \t]*" + _VALUE)  # `"api_key": "…"` too
+_FLAG = re.compile(r"(?<![\w-])--(?P<name>[A-Za-z][\w-]{0,127})(?:=|[ \t]+)" + _VALUE)
+_URL_PASSWORD = re.compile(r"://[^\s:/?#@\[\]]+:(?P<password>[^\s/?#@\[\]]+)@")
 _TOKENS = (  # formats detect-secrets 1.5 does not know
     (re.compile(r"(?<![\w-])hf_[A-Za-z0-9]{30,}"), "a Hugging Face token"),
     (re.compile(r"(?<![\w-])nvapi-[A-Za-z0-9_-]{20,}"), "an NGC API key"),
@@ -41,9 +54,14 @@ _TOKENS = (  # formats detect-secrets 1.5 does not know
 _REFERENCE = re.compile(r"^(?:\$\{?\w+\}?|%\(\w+\)s|\{\{.*\}\}|<[^<>]*>|\*+|x{3,}|\.{3}|…|none|null|true|false)$",
                         re.IGNORECASE)  # fmt: skip
 _VARIABLE_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")  # a NAME (HF_TOKEN), not a value
+_KEY_PATH = re.compile(
+    r"^[a-z]+(?:[_.-][a-z]+)*$"
+)  # `steps_key: trainer.params.train_iters`: a name, not a key
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?$", re.IGNORECASE)
+_NEXT_FLAG = re.compile(r"^--[A-Za-z]|^-[A-Za-z]$")  # `--token --next-flag`, `--token -v`: no value given
 MIN_TEXT = 6  # the shortest text that can hold a secret with its name (pwd=x1) or a token
 MIN_KEY_LENGTH = 8  # a value after a key/token/secret name shorter than this is a word, not a credential
+MIN_NUMERIC_KEY = 16  # digits: a number this long under a key/token name is a key (an all-digit API key)
 # detect-secrets plugins not used: IPPublicDetector (addresses are not credentials; version strings match it),
 # HexHighEntropyString (a git SHA is high-entropy hex), KeywordDetector's unquoted rules (prose such as
 # "secrets: passed by name" matches them; the project's rules cover unquoted assignments precisely).
@@ -52,8 +70,74 @@ _HEX = re.compile(r"^[0-9a-fA-F]+$")
 _LETTER = re.compile(r"[A-Za-z]")
 
 
+# Gates of detect-secrets 1.5's regex plugins: texts every match of the plugin contains, found by `str.find` (a
+# `_Fold` text in the lower-cased lines) or a plain pattern (no anchors, no look-around, never a newline), keyed by
+# the fingerprint of the plugin's patterns; a plugin whose patterns changed (another detect-secrets) has no gate
+# and runs on every line.
+class _Fold(str):
+    """A gate text found whatever its case."""
+
+
+def _folded(*words: str) -> tuple[_Fold, ...]:
+    return tuple(_Fold(w) for w in words)
+
+
 @dataclass(frozen=True)
-class Finding:
+class _Low:
+    """A gate pattern searched in the lower-cased lines."""
+
+    pattern: re.Pattern[str]
+
+
+def _low(pattern: str) -> _Low:
+    return _Low(re.compile(pattern))
+
+
+_OPERATOR = r"[\"']?\]? *(?:=|:|:=|=>| +|::) *[\"']?"  # between a keyword and its value, in the plugins below
+Probe = str | re.Pattern[str] | _Low
+_CREDENTIAL_PROBES = _folded("key", "token", "secret", "pass", "pwd", "credential", "auth", "contrase")
+_CREDENTIAL_WORD = re.compile("|".join(_CREDENTIAL_PROBES))  # in lower-cased text
+_PLUGIN_GATES: dict[str, tuple[str, tuple[Probe, ...]]] = {
+    "AWSKeyDetector": ("a3de395ccbea", ("A3T", "ABIA", "ACCA", "AKIA", "ASIA", _Fold("aws"))),
+    "ArtifactoryDetector": ("0c5c39fd5128", (re.compile(r"AKC[a-zA-Z0-9]{10}"), re.compile(r"AP[0-9A-F][a-zA-Z0-9]{8}"))),
+    "AzureStorageKeyDetector": ("9ee83ce9f5d7", ("AccountKey=",)),
+    "BasicAuthDetector": ("8feccd16a017", ("://",)),
+    "CloudantDetector": ("85a2ec165338", (_low(r"cl(?:oudant|ou)?[_-]?(?:api)?(?:key|pw|pass|token)"),
+                                          _Fold("cloudant.com"))),
+    "DiscordBotTokenDetector": ("63144c6b4246", (re.compile(r"\.[a-zA-Z0-9_-]{6}\."),)),
+    "GitHubTokenDetector": ("71f04fb52374", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),
+    "GitLabTokenDetector": ("e4080592beaf", ("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", "GR1348941", "glcbt-",
+                                             "glimt-", "glptt-", "glagent-")),
+    "IbmCloudIamDetector": ("60bd1dd078d5", (_low(r"(?:key|pwd|password|pass|token)" + _OPERATOR + r"[a-z0-9_-]{44}"),)),
+    "IbmCosHmacDetector": ("c28db5195f6c", (_low(r"secret[-_]?(?:access)?[-_]?key" + _OPERATOR + r"[a-f0-9]{48}"),)),
+    "JwtTokenDetector": ("5b431cb0e5b6", ("eyJ",)),
+    "MailchimpDetector": ("5ecaecf8ee35", ("-us",)),
+    "NpmDetector": ("af12b8dcb1ff", (":_authToken=",)),
+    "OpenAIDetector": ("081cb1e70d30", ("T3BlbkFJ",)),
+    "PrivateKeyDetector": ("36155a4d3106", ("BEGIN",)),
+    "PypiTokenDetector": ("b7dc9b5b2e1f", ("pypi-Ag",)),
+    "SendGridDetector": ("aaa7166b7908", ("SG.",)),
+    "SlackDetector": ("87010511eb46", _folded("xox", "hooks.slack.com")),
+    "SoftlayerDetector": ("5097ccd63f05", (_low(r"softlayer|sl[_-]?(?:api)?[_-]?(?:key|pwd|pass|token)"),)),
+    "SquareOAuthDetector": ("e3ab08a5c9f2", ("sq0csp-",)),
+    "StripeDetector": ("e2e384dcf3be", ("k_live_",)),
+    "TelegramBotTokenDetector": ("2e096b281cd1", (re.compile(r":[0-9A-Za-z_-]{35}"),)),
+    "TwilioKeyDetector": ("581d0291eff5", (re.compile(r"AC[a-z0-9]{32}"), re.compile(r"SK[a-z0-9]{32}"))),
+}  # fmt: skip
+# KeywordDetector's patterns: a keyword, then `:`, `=`, `=>`, `==`, `!=` and a quote, or a quoted value compared
+# (`==`) with one, or a quoted value and `;` after one.
+_KEYWORD_ASSIGNMENT = re.compile(
+    r"(?i)(?:key|pass|pwd|secret|contrase)\w*[\]'\"]{0,2}\s*[:=!>]{1,3}\s*[\"'`]"
+)
+_KEYWORD_ALSO = (('"', "'", "`"), (":", "=", ";"))  # ... in a line with a quote and one of these
+# Base64HighEntropyString reads quoted base64 strings; an entropy above its limit (4.5 bits) needs 23 characters.
+_QUOTED_RUNS = (re.compile(r"\"[A-Za-z0-9+/\\_=-]{23}"), re.compile(r"'[A-Za-z0-9+/\\_=-]{23}"))
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+Hit = tuple[str, int, int, str]  # (kind, start, end, the name the value was under or "") within one line
+
+
+class Finding(NamedTuple):
     """A secret in a text: what kind, where (a key path; "" for a lone text), and its span in the text."""
 
     kind: str
@@ -68,125 +152,344 @@ class Finding:
         return f"{self.kind}{shown}"
 
 
+@lru_cache(maxsize=1 << 14)
 def credential_name(name: str) -> bool:
     """Whether `name` (an env variable, a key, a flag without its dashes) names a credential."""
+    if len(name) > 256 or not _CREDENTIAL_WORD.search(name.lower()):
+        return False  # every credential name holds one of these words (and the search for them is quicker)
     return bool(_CREDENTIAL_NAME.search(name.strip().strip("\"'[]")))
 
 
 def secret_value(name: str, value: str) -> bool:
-    """Whether `value` under the credential-like `name` is a secret (not a reference, placeholder, NAME, number
-    or a word too short to be a key; any real value counts for a password)."""
+    """Whether `value` under the credential-like `name` is a secret: not a reference, placeholder or the next flag;
+    under a password name any other value; under a key/token name not a NAME, a key path (lower-case words), a short
+    number or a short word."""
     value = value.strip()
-    if not value or _REFERENCE.match(value) or _VARIABLE_NAME.match(value) or value.startswith("-"):
+    if not value or _REFERENCE.match(value) or _NEXT_FLAG.match(value):
         return False
     if _PASSWORD_NAME.search(name):
         return True
-    return len(value) >= MIN_KEY_LENGTH and not _NUMBER.match(value)
+    if (
+        _VARIABLE_NAME.match(value)
+        or _KEY_PATH.match(value)
+        or (_NUMBER.match(value) and len(value) < MIN_NUMERIC_KEY)
+    ):
+        return False
+    return len(value) >= MIN_KEY_LENGTH
 
 
-@lru_cache(maxsize=1)
-def _plugins() -> tuple[Any, ...]:
-    """detect-secrets' plugins, instantiated once (imported here: the package loads requests, ~0.5 s)."""
-    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
-    from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
-    from detect_secrets.plugins.keyword import KeywordDetector
-
-    classes = get_mapping_from_secret_type_to_class().values()
-    chosen = [c() for c in sorted(classes, key=lambda c: c.__name__) if c.__name__ not in _SKIPPED_PLUGINS]
-    return (*chosen, KeywordDetector(), Base64HighEntropyString())
+# ---- detectors: a gate and what finds the secrets of one line --------------------------------------------------
+@dataclass(frozen=True)
+class _Detector:
+    gate: tuple[Probe, ...] | None  # a line it can flag holds one of these; None: every line
+    find: Callable[[str], Iterable[Hit]]
+    also: tuple[tuple[Probe, ...], ...] = ()  # ... and one of each of these too
 
 
-def _plugin_findings(text: str, where: str) -> Iterator[Finding]:
-    """detect-secrets' findings: its token formats, quoted keyword assignments and quoted high-entropy
-    base64 strings (not pure hex: those are SHAs and hashes)."""
-    quoted = any(q in text for q in "\"'`")
-    keywords = quoted and bool(_CREDENTIAL_WORD.search(text))
-    for plugin in _plugins():
-        name = type(plugin).__name__
-        if name == "KeywordDetector" and not keywords:
-            continue  # its rules need a quoted value after a keyword (and take 100 µs a text)
-        if name == "Base64HighEntropyString" and not quoted:
-            continue  # it reads quoted strings only
-        for value in set(plugin.analyze_string(text)):
-            if not value or _REFERENCE.match(value.strip()):
-                continue
-            if name == "Base64HighEntropyString" and (
-                _HEX.match(value) or plugin.calculate_shannon_entropy(value) <= plugin.entropy_limit
-            ):
-                continue
-            if name == "KeywordDetector" and (_VARIABLE_NAME.match(value) or not value.strip()):
-                continue
-            start = text.find(value)
-            while start >= 0:
-                yield Finding(f"a secret ({plugin.secret_type})", where, start, start + len(value))
-                start = text.find(value, start + len(value))
-
-
-def _rule_findings(text: str, where: str) -> Iterator[Finding]:
-    """The project's rules: credential-like names with a value (assignments and flags) and token formats."""
-    for pattern, kind in _TOKENS:
-        for match in pattern.finditer(text):
-            yield Finding(kind, where, match.start(), match.end())
-    if not _CREDENTIAL_WORD.search(text):
-        return
+def _rule_hits(line: str) -> Iterator[Hit]:
+    """Credential-like names with a value: assignments (`NAME=v`, `name: v`, `"name": "v"`) and flags."""
     for pattern, flag in ((_ASSIGNMENT, False), (_FLAG, True)):
         pos = 0
-        while (match := pattern.search(text, pos)) is not None:
+        while (match := pattern.search(line, pos)) is not None:
             name = match.group("name")
             group = next(g for g in ("dq", "sq", "bare") if match.group(g) is not None)
-            value = match.group(group)
-            if credential_name(name) and secret_value(name, value):
-                yield Finding("a credential", where, match.start(group), match.end(group),
-                              f"--{name}" if flag else name)  # fmt: skip
+            if credential_name(name) and secret_value(name, match.group(group)):
+                yield "a credential", match.start(group), match.end(group), f"--{name}" if flag else name
                 pos = match.end()
             else:  # `stderr: HF_TOKEN=…`: the value of a plain name may hold an assignment itself
                 pos = match.start(group)
 
 
-_TOKEN_RUN = re.compile(r"[A-Za-z0-9_+/=-]{20,}")
+def _url_hits(line: str) -> Iterator[Hit]:
+    for match in _URL_PASSWORD.finditer(line):
+        if not _REFERENCE.match(match.group("password")):
+            yield (
+                "a password in a URL (user:password@host)",
+                match.start("password"),
+                match.end("password"),
+                "",
+            )
 
 
-def may_hold_secret(text: str, key: str = "") -> bool:
-    """A cheap pre-check (no detect-secrets import): False only for texts that no rule or plugin can flag — no
-    credential-like word, no token-like run of 20+ characters mixing letters and digits (bare hex aside)."""
-    if not isinstance(text, str) or len(text) < MIN_TEXT:
+def _token_hits(line: str) -> Iterator[Hit]:
+    for pattern, kind in _TOKENS:
+        for match in pattern.finditer(line):
+            yield kind, match.start(), match.end(), ""
+
+
+def _value_hits(line: str, values: Iterable[str], kind: str) -> Iterator[Hit]:
+    for value in set(values):
+        start = line.find(value) if value else -1
+        while start >= 0:
+            yield kind, start, start + len(value), ""
+            start = line.find(value, start + len(value))
+
+
+def _plugin_detector(plugin: Any) -> _Detector:
+    """One detect-secrets plugin as a detector: its findings less references, NAMEs (keywords) and pure hex or
+    low-entropy strings (base64), with its gate."""
+    name = type(plugin).__name__
+    kind = f"a secret ({plugin.secret_type})"
+    if name == "KeywordDetector":  # its rules need a quoted value after a keyword (and take ~40 µs a line)
+
+        def keyword(line: str) -> Iterator[Hit]:
+            if not (_KEYWORD_ASSIGNMENT.search(line) or "==" in line or ";" in line):
+                return  # none of its patterns can match (they take ~40 µs a line to say so)
+            found = [v for v in plugin.analyze_string(line)
+                     if v.strip() and not _REFERENCE.match(v.strip()) and not _VARIABLE_NAME.match(v)]  # fmt: skip
+            yield from _value_hits(line, found, kind)
+
+        return _Detector(_CREDENTIAL_PROBES, keyword, also=_KEYWORD_ALSO)
+    if name == "Base64HighEntropyString":
+
+        def base64(line: str) -> Iterator[Hit]:
+            found = [v for v in plugin.analyze_string(line) if v and not _REFERENCE.match(v.strip())
+                     and not _HEX.match(v) and plugin.calculate_shannon_entropy(v) > plugin.entropy_limit]  # fmt: skip
+            yield from _value_hits(line, found, kind)
+
+        return _Detector(_QUOTED_RUNS, base64)
+    patterns = repr([(r.pattern, r.flags) for r in getattr(plugin, "denylist", ())])
+    fingerprint, gate = _PLUGIN_GATES.get(name, ("", ()))
+    known = gate and hashlib.sha256(patterns.encode()).hexdigest()[:12] == fingerprint
+
+    def findings(line: str) -> Iterator[Hit]:
+        found = [v for v in plugin.analyze_string(line) if v and not _REFERENCE.match(v.strip())]
+        yield from _value_hits(line, found, kind)
+
+    return _Detector(gate if known else None, findings)
+
+
+_RULES = (  # a token's format says more than the name it is under: first, where both find one value
+    _Detector(("hf_", "nvapi-", "sk-", "github_pat_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"), _token_hits),
+    _Detector(_CREDENTIAL_PROBES, _rule_hits, also=(("=", ":", "--"),)),
+    _Detector(("://",), _url_hits),
+)
+# Without detect-secrets imported: a line its plugins may flag holds one of these (with keyword's `also`).
+_PLUGIN_GATES_UNLOADED = (*((gate, ()) for _, gate in _PLUGIN_GATES.values()), (_CREDENTIAL_PROBES, _KEYWORD_ALSO),
+                          (_QUOTED_RUNS, ()))  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def _plugin_detectors() -> tuple[_Detector, ...]:
+    """detect-secrets' plugins as detectors (imported here, once: the package loads requests, ~0.5 s); none where
+    the package is missing (a compute node's Python masking a log tail: the project's rules alone)."""
+    try:
+        from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+        from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
+        from detect_secrets.plugins.keyword import KeywordDetector
+    except ImportError:
+        return ()
+
+    classes = get_mapping_from_secret_type_to_class().values()
+    plugins = [c() for c in sorted(classes, key=lambda c: c.__name__) if c.__name__ not in _SKIPPED_PLUGINS]
+    return tuple(_plugin_detector(p) for p in (*plugins, KeywordDetector(), Base64HighEntropyString()))
+
+
+GATES_WRITTEN_FOR = "1.5.0"  # the detect-secrets whose plugins _PLUGIN_GATES describes
+
+
+@lru_cache(maxsize=1)
+def _gates_fit_installed_plugins() -> bool:
+    """Whether the installed detect-secrets is the one the gates were written for (read without importing it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("detect-secrets") == GATES_WRITTEN_FOR
+    except PackageNotFoundError:
         return False
-    if key and credential_name(key):
-        return True
-    if _CREDENTIAL_WORD.search(text) and any(credential_name(m.group("name")) for pattern in (_ASSIGNMENT, _FLAG)
-                                             for m in pattern.finditer(text)):  # fmt: skip
-        return True  # prose that merely says "token" (MoE: token dropping) is not scanned
-    return any(_LETTER.search(run) and re.search(r"\d", run) and not _HEX.match(run)
-               for run in _TOKEN_RUN.findall(text))  # fmt: skip
+
+
+# ---- scanning lines, each distinct line once ---------------------------------------------------------------------
+_MEMO: dict[str, tuple[Hit, ...]] = {}  # line -> its hits (a report shows the same labels and ids many times)
+MEMO_LINES = 1 << 16
+# A line longer than WINDOW is scanned as overlapping windows (a secret with its name is far shorter than the
+# overlap): no detector's pattern ever runs over more than WINDOW characters, so no line makes a scan slow.
+WINDOW = 4096
+WINDOW_STEP = 3072
+
+
+def _pieces(text: str) -> Iterator[tuple[int, str]]:
+    """(offset, piece) of every line of `text`, a long line as overlapping windows."""
+    offset = 0
+    for line in text.split("\n") if "\n" in text else (text,):
+        if len(line) <= WINDOW:
+            yield offset, line
+        else:
+            for start in range(0, len(line) - WINDOW_STEP, WINDOW_STEP):
+                yield offset + start, line[start : start + WINDOW]
+        offset += len(line) + 1
+
+
+def _hits_of(texts: Iterable[str]) -> dict[str, tuple[Hit, ...]]:
+    """line -> its hits, for every line of `texts` that holds a secret. Each gate probe is searched once over the
+    distinct texts joined (no probe matches a newline); a detector runs on the lines one of its probes marked,
+    each line once (and a line seen before not again: _MEMO). Texts no gate marks need no detect-secrets import."""
+    texts = texts if isinstance(texts, list) else list(texts)
+    short = [text for text in texts if len(text) <= WINDOW and "\n" not in text]  # the common case: one piece
+    long = [piece for text in texts if len(text) > WINDOW or "\n" in text for _, piece in _pieces(text)]
+    if len(short) + len(long) <= FEW_LINES:  # a page's one value: each line alone, remembered (_line_hits)
+        return {line: hits for line in (*short, *long) if (hits := _line_hits(line))}
+    lines = _Lines(short + long if long else short)
+    plugins = not _gates_fit_installed_plugins() or any(
+        lines.marked(gate, also) for gate, also in _PLUGIN_GATES_UNLOADED
+    )
+    marked: dict[int, list[_Detector]] = {}
+    for detector in (*_RULES, *(_plugin_detectors() if plugins else ())):
+        for index in lines.marked(detector.gate, detector.also):
+            marked.setdefault(index, []).append(detector)
+    known: dict[str, tuple[Hit, ...]] = {}
+    for index, detectors in marked.items():
+        line = lines.lines[index]
+        if not _worth(line):
+            continue
+        hits = _MEMO.get(line)
+        if hits is None:
+            hits = tuple(_merged_hits([hit for detector in detectors for hit in detector.find(line)]))
+            if len(_MEMO) >= MEMO_LINES:
+                _MEMO.clear()
+            _MEMO[line] = hits
+        if hits:
+            known[line] = hits
+    return known
+
+
+FEW_LINES = 16  # fewer lines than this are scanned one by one (the batch's joining costs more)
+
+
+@lru_cache(maxsize=1 << 14)
+def _line_hits(line: str) -> tuple[Hit, ...]:
+    """The hits of one line (at most WINDOW characters, no newline), each gate tested on it directly."""
+    if not _worth(line):
+        return ()
+    lowered = line.lower() if line.isascii() else line.translate(_ASCII_LOWER)
+
+    def holds(probes: tuple[Probe, ...]) -> bool:
+        for probe in probes:
+            if isinstance(probe, _Fold):
+                found = probe in lowered
+            elif isinstance(probe, str):
+                found = probe in line
+            else:
+                found = (
+                    probe.pattern.search(lowered) if isinstance(probe, _Low) else probe.search(line)
+                ) is not None
+            if found:
+                return True
+        return False
+
+    def marked(gate: tuple[Probe, ...] | None, also: tuple[tuple[Probe, ...], ...]) -> bool:
+        return (gate is None or holds(gate)) and all(holds(group) for group in also)
+
+    plugins = not _gates_fit_installed_plugins() or any(marked(g, a) for g, a in _PLUGIN_GATES_UNLOADED)
+    detectors = [d for d in (*_RULES, *(_plugin_detectors() if plugins else ())) if marked(d.gate, d.also)]
+    return tuple(_merged_hits([hit for detector in detectors for hit in detector.find(line)]))
+
+
+class _Lines:
+    """The lines of the distinct texts, joined (and lower-cased) once, with the lines each gate probe marks."""
+
+    def __init__(self, texts: Iterable[str]):
+        self.joined = "\n".join(dict.fromkeys(texts))
+        self.lowered = self.joined.lower() if self.joined.isascii() else self.joined.translate(_ASCII_LOWER)
+        self.lines = self.joined.split("\n")
+        self.starts = list(itertools.accumulate((len(line) + 1 for line in self.lines), initial=0))
+        self._lowered_lines: list[str] = []
+        self._marks: dict[Probe, set[int]] = {}
+
+    def marked(self, gate: tuple[Probe, ...] | None, also: tuple[tuple[Probe, ...], ...] = ()) -> set[int]:
+        """The indexes of the lines holding one of the gate's probes and one of each `also` group's; every line
+        without a gate."""
+        out = set(range(len(self.lines))) if gate is None else self._any(gate)
+        for group in also:
+            out &= self._any(group) if out else set()
+        return out
+
+    def _any(self, probes: tuple[Probe, ...]) -> set[int]:
+        out: set[int] = set()
+        for probe in probes:
+            if probe not in self._marks:
+                self._marks[probe] = self._probe(probe)
+            out |= self._marks[probe]
+        return out
+
+    def _probe(self, probe: Probe) -> set[int]:
+        fold = isinstance(probe, (_Fold, _Low))
+        text = self.lowered if fold else self.joined
+        probe = probe.pattern if isinstance(probe, _Low) else probe
+        if isinstance(probe, str) and len(self.lines) > 64:
+            count = text.count(probe)
+            if count == 0:
+                return set()
+            if count > len(self.lines) // 8:  # in many lines: test each line (cheaper than a find per hit)
+                if fold and not self._lowered_lines:
+                    self._lowered_lines = self.lowered.split("\n")
+                return {
+                    i for i, line in enumerate(self._lowered_lines if fold else self.lines) if probe in line
+                }
+        marks: set[int] = set()
+        pos = 0
+        while True:
+            if isinstance(probe, str):
+                at = text.find(probe, pos)
+            else:
+                match = probe.search(text, pos)
+                at = -1 if match is None else match.start()
+            if at < 0:
+                return marks
+            index = bisect.bisect_right(self.starts, at) - 1
+            marks.add(index)
+            pos = self.starts[index + 1]
+
+
+def _worth(line: str) -> bool:
+    """A line too short or without a letter holds no secret (a lone number is not one without its name)."""
+    return len(line) >= MIN_TEXT and _LETTER.search(line) is not None
+
+
+def _merged_hits(hits: list[Hit]) -> list[Hit]:
+    merged: list[Hit] = []
+    for hit in sorted(hits, key=lambda h: (h[1], -(h[2] - h[1]))):
+        if merged and hit[1] < merged[-1][2]:
+            continue  # inside (or across) one already found: the first, widest says it
+        merged.append(hit)
+    return merged
+
+
+def _text_findings(text: str, where: str, key: str, hits: dict[str, tuple[Hit, ...]]) -> list[Finding]:
+    """The findings of one text from its lines' hits, in order; a whole value under a credential-like key when
+    no line holds one."""
+    found: list[Finding] = []
+    if hits and len(text) <= WINDOW and "\n" not in text:  # one piece (the common case)
+        found = [Finding(kind, where, start, end, name) for kind, start, end, name in hits.get(text, ())]
+    elif hits:
+        spans = [(offset + start, offset + end, kind, name) for offset, piece in _pieces(text)
+                 for kind, start, end, name in hits.get(piece, ())]  # fmt: skip
+        if len(text) > WINDOW:  # windows overlap: a secret may be found twice, or in part
+            spans.sort(key=lambda s: (s[0], -s[1]))
+        last = -1
+        for start, end, kind, name in spans:
+            if start >= last:
+                found.append(Finding(kind, where, start, end, name))
+                last = end
+    if not found and key and credential_name(key) and secret_value(key, text):
+        start = len(text) - len(text.lstrip())
+        found.append(Finding("a value under a credential-like key", where, start, len(text.rstrip()), key))
+    return found
+
+
+def scan_many(items: Iterable[tuple[str, str, str]]) -> list[list[Finding]]:
+    """The findings of each (where, key, text): `key` is the document key the text is the value of, if any. All
+    the texts are scanned together, each distinct line once."""
+    items = [(where, key, text) for where, key, text in items if isinstance(text, str)]
+    hits = _hits_of([text for _, _, text in items])
+    return [_text_findings(text, where, key, hits) for where, key, text in items]
 
 
 def scan_text(text: str, where: str = "", key: str = "") -> list[Finding]:
     """Every secret in `text` (`key`: the document key it is the value of, if any), in order, overlaps merged."""
     if not isinstance(text, str) or not text.strip():
         return []
-    found = [replace(f, where=where) for f in _scan(str(text))]
-    if key and credential_name(key) and secret_value(key, text) and not found:
-        start = len(text) - len(text.lstrip())
-        found.append(Finding("a value under a credential-like key", where, start, len(text.rstrip()), key))
-    return _merged(found)
-
-
-def _merged(found: list[Finding]) -> list[Finding]:
-    merged: list[Finding] = []
-    for f in sorted(found, key=lambda f: (f.start, -(f.end - f.start))):
-        if merged and f.start < merged[-1].end:
-            continue  # inside (or across) one already found: the first, widest says it
-        merged.append(f)
-    return merged
-
-
-@lru_cache(maxsize=8192)
-def _scan(text: str) -> tuple[Finding, ...]:
-    """The findings of one text (cached: a report shows the same labels and ids many times); a text too short
-    or without a letter holds none."""
-    if len(text) < MIN_TEXT or not _LETTER.search(text):
-        return ()
-    return tuple(_merged([*_rule_findings(text, ""), *_plugin_findings(text, "")]))
+    return scan_many([(where, key, text)])[0]
 
 
 def mask(text: str, findings: list[Finding] | None = None) -> str:
@@ -203,6 +506,7 @@ def mask(text: str, findings: list[Finding] | None = None) -> str:
     return "".join([*out, text[last:]])
 
 
+# ---- documents ---------------------------------------------------------------------------------------------------
 _LONE_FLAG = re.compile(r"^--?([A-Za-z][\w-]*)$")
 
 
@@ -216,34 +520,84 @@ def item_keys(items: list[Any] | tuple[Any, ...], key: str) -> list[str]:
     return keys
 
 
-def _walk(node: Any, path: str = "", key: str = "") -> Iterator[tuple[str, str, str]]:
-    """(key path, the key the text is under, text) of every string in a document, mapping keys included."""
+def _under_credential(node: Any, key: str) -> bool:
+    """An integer under a credential-like key (`WANDB_API_KEY: 1234…` unquoted in YAML) is scanned as text."""
+    return isinstance(node, int) and not isinstance(node, bool) and bool(key) and credential_name(key)
+
+
+def strings(document: Any, path: str = "", key: str = "") -> list[tuple[str, str, str]]:
+    """(key path, the key the text is under, text) of every string in a document, mapping keys included (a list's
+    items are under the list's key, an argv's value under the flag before it; an integer under a credential-like
+    key counts as its text): what `scan_tree` scans, and what cards check for accounts and paths."""
+    out: list[tuple[str, str, str]] = []
+    _collect(document, path, key, out)
+    return out
+
+
+def _collect(node: Any, path: str, key: str, out: list[tuple[str, str, str]]) -> None:
     if isinstance(node, dict):
         for k, value in node.items():
-            child = f"{path}.{k}" if path else str(k)
-            yield child, "", str(k)
-            yield from _walk(value, child, str(k))
+            name = str(k)
+            child = f"{path}.{name}" if path else name
+            out.append((child, "", name))
+            if value.__class__ is str:
+                out.append((child, name, value))
+            else:
+                _collect(value, child, name, out)
     elif isinstance(node, (list, tuple)):
         for i, (value, under) in enumerate(zip(node, item_keys(node, key), strict=True)):
-            yield from _walk(value, f"{path}[{i}]", under)
+            if value.__class__ is str:
+                out.append((f"{path}[{i}]", under, value))
+            else:
+                _collect(value, f"{path}[{i}]", under, out)
     elif isinstance(node, str):
-        yield path, key, node
+        out.append((path, key, node))
+    elif _under_credential(node, key):
+        out.append((path, key, str(node)))
 
 
 def scan_tree(document: Any, path: str = "") -> list[Finding]:
     """Every secret in a document (cards, campaigns, configs): in each string, and each value under a
     credential-like key; `where` is the key path."""
-    return [f for where, key, text in _walk(document, path) for f in scan_text(text, where, key)]
+    return scan_and_redact(document, path)[0]
+
+
+def scan_and_redact(document: Any, path: str = "") -> tuple[list[Finding], Any]:
+    """`scan_tree` and, when it finds any, the document masked (`redact_tree`; else the document itself), from one
+    scan."""
+    items = strings(document, path)
+    hits = _hits_of([text for _, _, text in items])
+    found = [f for where, key, text in items
+             if text in hits or (key and credential_name(key)) or len(text) > WINDOW or "\n" in text
+             for f in _text_findings(text, where, key, hits)]  # fmt: skip
+    return found, (_redacted(document, "", hits) if found else document)
 
 
 def redact_tree(document: Any, key: str = "") -> Any:
-    """A copy of `document` with every secret value masked (strings keep their non-secret parts)."""
+    """A copy of `document` with every secret value masked (strings keep their non-secret parts): the one way mbx
+    masks what it writes (W&B, launch.json, status.json's log tail, pages, summaries)."""
+    return _redacted(document, key, _hits_of([text for _, _, text in strings(document, "", key)]))
+
+
+def _redacted(document: Any, key: str, hits: dict[str, tuple[Hit, ...]]) -> Any:
+    if (
+        document.__class__ is str
+        and document not in hits
+        and len(document) <= WINDOW
+        and "\n" not in document
+    ):
+        return (
+            MASK if key and credential_name(key) and secret_value(key, document) else document
+        )  # the common case
     if isinstance(document, dict):
-        return {k: redact_tree(v, str(k)) for k, v in document.items()}
+        return {(mask(k, _text_findings(k, "", "", hits)) if isinstance(k, str) else k): _redacted(v, str(k), hits)
+                for k, v in document.items()}  # fmt: skip
     if isinstance(document, (list, tuple)):
-        return [redact_tree(v, k) for v, k in zip(document, item_keys(document, key), strict=True)]
+        return [_redacted(v, k, hits) for v, k in zip(document, item_keys(document, key), strict=True)]
     if isinstance(document, str):
-        return mask(document, scan_text(document, key=key))
+        return mask(document, _text_findings(document, "", key, hits))
+    if _under_credential(document, key) and _text_findings(str(document), "", key, hits):
+        return MASK
     return document
 
 

@@ -257,7 +257,7 @@ def log_attempt(
         run.define_metric("*", step_metric="step")
         for step, fields in step_history(cell.rows):
             run.log(fields, step=step)
-        run.summary.update(run_summary(cell))
+        run.summary.update(secrets.redact_tree(run_summary(cell)))
 
     init = {"name": name, "job_type": point_job_type(cell), "config": run_config}
     return _log_run(settings, campaign, init, fill, workspace_dir, on_warning)
@@ -283,7 +283,7 @@ def log_outcome(
         summary[f"outcome/{name}"] = part.get("verdict")
         summary[f"outcome/{name}_text"] = part.get("text")
     init = {"name": f"{campaign}/outcome", "job_type": OUTCOME_JOB_TYPE, "config": {"mbx": {"campaign": campaign}}}
-    return _log_run(settings, campaign, init, lambda run: run.summary.update(scrub(summary)), workspace_dir,
+    return _log_run(settings, campaign, init, lambda run: run.summary.update(secrets.redact_tree(scrub(summary))), workspace_dir,
                     on_warning)  # fmt: skip
 
 
@@ -355,13 +355,10 @@ def _init_run(settings: WandbSettings, campaign: str, init: dict[str, Any], work
 
     run_dir = Path(settings.dir) if settings.dir else Path(workspace_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    names = secrets.redact_tree({"project": settings.project, "entity": settings.entity, "group": campaign,
+                                 "name": init["name"], "job_type": init["job_type"], "tags": list(settings.tags)})  # fmt: skip
     return wandb.init(
-        project=settings.project,
-        entity=settings.entity,
-        group=campaign,
-        name=init["name"],
-        job_type=init["job_type"],
-        tags=list(settings.tags),
+        **names,
         config=init["config"],
         mode=settings.mode,
         dir=str(run_dir),

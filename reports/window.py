@@ -62,15 +62,15 @@ def window_rows(rows: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> lis
     if not ordered:
         return []
     first_step = ordered[0]["step"]
-    candidates = [
-        r
-        for r in ordered
-        if r["step"] != first_step
-        and r["step"] > 1
-        and not r.get("skipped")
-        and finite(r.get("step_time_ms"))
-    ]
-    return candidates[-window:] if window > 0 else []
+    if window <= 0:
+        return []
+    chosen = []
+    for r in reversed(ordered):  # from the end: a run of 100,000 steps reads only its last few
+        if r["step"] != first_step and r["step"] > 1 and not r.get("skipped") and finite(r.get("step_time_ms")):
+            chosen.append(r)
+            if len(chosen) == window:
+                break
+    return chosen[::-1]
 
 
 def _mean(values: list[float]) -> float | None:

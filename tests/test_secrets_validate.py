@@ -9,6 +9,10 @@ import sys
 import pytest
 import yaml
 from conftest import ROOT, run_mbx
+from planted_secrets import PLANTED, plant
+
+from orchestrator.errors import ConfigError
+from orchestrator.spec.loader import load_campaign
 
 HEX = "0123456789abcdef0123456789abcdef01234567"
 HF = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
@@ -64,3 +68,27 @@ def test_validate_of_the_quickstart_does_not_load_detect_secrets():
             "print('LOADED' if 'detect_secrets' in sys.modules else 'CLEAN')")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.stdout.strip().endswith("CLEAN"), out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name", [name for name, (where, _) in PLANTED.items() if where])
+def test_each_planted_secret_is_refused_alone(tmp_path, name):
+    """Each form the scanner missed, in each field validate skipped (issue 32), refused on its own: its key path
+    named, its value never shown (the walk in test_secrets_walk.py runs the CLI on all of them at once)."""
+    base = {"name": "sec", "trainer": {"kind": "command", "command": ["python", "train.py", "--x", "1"],
+                                       "log_format": "megatron-lm"}}  # fmt: skip
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(plant(base, [name]), sort_keys=False))
+    with pytest.raises(ConfigError) as refused:
+        load_campaign(path)
+    where, value = PLANTED[name]
+    assert f"{where}: contains" in str(refused.value) and value not in str(refused.value)
+
+
+def test_a_planted_secret_is_masked_in_the_schema_messages_too(tmp_path):
+    """A field that is both wrong and secret (an unquoted all-digit key where a string belongs): the schema's message
+    quotes the masked value."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: sec\nenv:\n  values:\n    WANDB_API_KEY: {'1234567890' * 4}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_campaign(path)
+    assert "env.values.WANDB_API_KEY: contains" in str(refused.value) and "1234567890" * 4 not in str(refused.value)

@@ -26,7 +26,8 @@ launchers/node/rank.py calls `run()` in-process on rank 0)::
 
 Exit status: 0 when the child exited 0, its code when positive, 128 + N when killed by signal N, 78 when the
 GPU check refused the point.
-Standard library only (plus trainer/rundir.py from the checkout).
+Standard library only (plus trainer/rundir.py and reports/secrets.py from the checkout; the scanner's
+detect-secrets plugins where that package is installed, its own rules everywhere).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.node import fingerprint
+from reports import secrets
 from trainer import rundir
 
 KILL_AFTER_S = 30.0  # after SIGTERM at the time limit
@@ -72,14 +74,15 @@ def refuse(run_dir: Path, log: Path | None, reason: str, started: float) -> int:
 
 
 def tail(path: Path | None, lines: int = 20) -> str:
-    """The last lines of a log file ('' when there is none)."""
+    """The last lines of a log file ('' when there is none), any secret in them masked (reports/secrets.py: a
+    trainer may print one; status.json and what is made of it must not repeat it)."""
     if path is None or not path.exists():
         return ""
     with path.open("rb") as handle:
         handle.seek(0, os.SEEK_END)
         handle.seek(max(0, handle.tell() - 8192))
         text = handle.read().decode("utf-8", "replace")
-    return "\n".join(text.splitlines()[-lines:])
+    return secrets.mask("\n".join(text.splitlines()[-lines:]))
 
 
 def settle(run_dir: Path, log: Path | None, reason: str | None = None, also: str | None = None) -> rundir.Resolution:

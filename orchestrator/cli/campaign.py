@@ -67,6 +67,7 @@ def validate(
 
     campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells)
+    _check_like_plan(campaign, points, file)
     if workspace is not None:
         from orchestrator.flow.runner import check_baseline
 
@@ -89,6 +90,50 @@ def auto_gpu(gpu: str | None) -> Any:
     if isinstance(found, Card):
         typer.echo(f"--gpu auto: this machine's GPU is {found} (nvidia-smi)", err=True)
     return found
+
+
+def _named_gpus(campaign: Any) -> list[tuple[str, Any]]:
+    """(key path, name) of resources.gpu and of each swept resources.gpu value."""
+    from orchestrator.spec.loader import sweep_entries
+
+    named = [("resources.gpu", campaign.resources.gpu)] if campaign.resources.gpu is not None else []
+    for where, key, values in sweep_entries(campaign):
+        if key == "resources.gpu":
+            several = len(values) > 1 or where.startswith(("sweep.axes.", "sweep.zip["))
+            named += [(f"{where}[{i}]" if several else where, v) for i, v in enumerate(values)]
+    return named
+
+
+def _check_like_plan(campaign: Any, points: list[Any], file: Any) -> None:
+    """What `mbx campaign plan` refuses without --gpu or --strict, refused by validate too: an unknown GPU name,
+    every point infeasible (its layout, or its estimate on the GPU it names or against the search's peak-memory
+    constraint). The memory model loads only where a GPU or a constraint makes it count."""
+    search = campaign.sweep.search
+    constrained = search is not None and search.constraints.peak_memory_gib_max is not None
+    if not (_named_gpus(campaign) or constrained or (points and all(p.infeasible for p in points))):
+        return  # no GPU, no constraint, a feasible layout: nothing plan checks is left (quickstart's case)
+    from orchestrator.run.feasibility import check_points, limits_of
+
+    _check_gpu_names(campaign, file)
+    check_points(points, None, False, str(file), limits_of(campaign))
+
+
+def _check_gpu_names(campaign: Any, file: Any) -> None:
+    """resources.gpu and each swept resources.gpu value is a GPU the estimates know (plan refuses another)."""
+    from orchestrator.errors import ConfigError
+    from orchestrator.run.feasibility import gpu_name
+
+    named = _named_gpus(campaign)
+    problems = []
+    for where, name in named:
+        if name is None:  # a swept null: the point's own GPU is none, as plan reads it
+            continue
+        try:
+            gpu_name(str(name))
+        except ConfigError as err:
+            problems += [f"{where}: {p.removeprefix('gpu: ')}" for p in err.problems]
+    if problems:
+        raise ConfigError(problems, file=str(file))
 
 
 @app.command()
@@ -118,9 +163,11 @@ def plan(
     from orchestrator.flow.lifecycle import Options, load
     from orchestrator.run.feasibility import check_points, limits_of
     from orchestrator.run.plan_view import plan_text
+    from orchestrator.spec.software import local_source_notes
     from orchestrator.spec.sweep import swept_keys
 
     campaign, points = load(file, Options(max_cells=max_cells, strict=strict))  # as run loads it (parity sides too)
+    _check_gpu_names(campaign, file)
     assessment = check_points(points, auto_gpu(gpu), strict, str(file), limits_of(campaign))
     if workspace is not None:
         from orchestrator.flow.runner import check_baseline
@@ -142,8 +189,10 @@ def plan(
             for p in points
         ]
         typer.echo(json.dumps(payload, indent=2))
-        return
-    typer.echo(plan_text(campaign.name, points, swept_keys(campaign), assessment))
+    else:
+        typer.echo(plan_text(campaign.name, points, swept_keys(campaign), assessment))
+    for note in local_source_notes(campaign.software):  # what runs beyond the trainer, named as such
+        typer.secho(f"note: {note}", fg="yellow", err=as_json)
 
 
 @app.command()

@@ -32,7 +32,6 @@ def profile() -> None:
 
 def read_one(path: Path) -> TraceBreakdown:
     """The breakdown of a run dir's trace or of a trace file; ConfigError naming the path otherwise."""
-    from reports.limits import LimitError
     from reports.profile_trace import breakdown_of, load_events  # numpy: not for `mbx --help`
     from reports.profile_view import trace_breakdown, trace_file
 
@@ -43,10 +42,9 @@ def read_one(path: Path) -> TraceBreakdown:
     elif path.is_file():
         try:
             found = breakdown_of(load_events(path), source=str(path))
-        except LimitError as err:
-            raise ConfigError([str(err)]) from None
-        except (OSError, ValueError, EOFError) as err:
-            raise ConfigError([f"{path}: not a readable Chrome trace ({err})"]) from None
+        except (OSError, ValueError, EOFError) as err:  # the reader's own messages (LimitError too) name the file
+            said = isinstance(err, ValueError) and str(err).startswith(f"{path}: ")
+            raise ConfigError([str(err) if said else f"{path}: not a readable Chrome trace ({err})"]) from None
     else:
         raise ConfigError([f"{path}: no such file or directory"])
     if found is None:

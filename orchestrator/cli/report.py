@@ -61,6 +61,10 @@ def report(
     if out is not None and (out.is_symlink() or out.exists()) and not out.is_dir():
         raise UsageError(f"the report cannot be written in {out}: it is not a directory; choose a folder with "
                          f"--out, then run `mbx report {name} --workspace {workspace}`")  # fmt: skip
+    if out is None:  # the site goes into the campaign's folder: a link there is refused, not written through
+        from orchestrator.run.workspace_links import refuse_links
+
+        refuse_links(Path(workspace).expanduser().resolve() / name)
     view = runner.view(workspace, name)
     page = runner.write_report(workspace, view, out)
     summary = (page.parent / "summary.md").read_text(encoding="utf-8")
@@ -88,8 +92,8 @@ def _wandb_report(workspace: Path, view: CampaignView, summary: str, folder: Pat
     with Store(workspace, create=False) as store:
         spec = (store.campaign(view.name) or {}).get("spec") or {}
     settings = WandbSettings.model_validate(spec.get("wandb") or {})
-    built = build_report(view, settings, summary)
     if settings.mode == "online" and os.environ.get("WANDB_API_KEY"):
+        built = build_report(view, settings, summary)
         try:
             built.save()
         except Exception as err:  # noqa: BLE001 - network or permission: say so, keep the page
@@ -98,6 +102,8 @@ def _wandb_report(workspace: Path, view: CampaignView, summary: str, folder: Pat
         return
     from orchestrator.run.outfile import write_out
 
+    # the spec written offline names no entity: wandb-workspaces asks the W&B server about a named one
+    built = build_report(view, settings.model_copy(update={"entity": None}), summary)
     target = folder / "wandb-report.json"
     write_out(target, json.dumps(report_spec(built), indent=1) + "\n", label="W&B report spec")
     why = "wandb.mode is " + settings.mode if settings.mode != "online" else "WANDB_API_KEY is not set"

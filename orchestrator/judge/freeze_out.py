@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator import trainers
 from orchestrator.errors import ConfigError, RunError, UsageError
 from orchestrator.judge.freeze import Frozen
-from orchestrator.run.outfile import write_out
+from orchestrator.run.outfile import check_target, write_out
 from orchestrator.spec.sweep import canonical_json
 from orchestrator.spec.yamlio import dump_yaml
 from reports import card as cards
@@ -172,6 +172,9 @@ def write_frozen(frozen: Frozen, out: Path, repeats: int = 3, margin: float | No
     refuse_secrets({"campaign.yaml": campaign, "frozen.json": record, "FROZEN.md": files["FROZEN.md"]})
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file, give a directory")
+    if out.is_dir():  # every target checked before any is written: whole or nothing
+        for name in files:
+            check_target(out / name, "--out")
     out.mkdir(parents=True, exist_ok=True)
     check = out / f".campaign.yaml.check-{os.getpid()}"
     _write(check, files["campaign.yaml"])

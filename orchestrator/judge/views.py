@@ -13,6 +13,7 @@ from orchestrator.run.regate import gates_of, judge_campaign
 from orchestrator.run.store import AttemptRow, CellRow, Store
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.sweep import swept_keys
+from reports import secrets
 from reports.gates import GateResult
 from reports.views import CampaignView, CellView, group_points
 from trainer import rundir
@@ -49,6 +50,18 @@ def cell_view(
     return view
 
 
+def masked(views: list[CellView]) -> list[CellView]:
+    """The views with every secret in a label, a swept value (under its key), a failure reason or a fingerprint
+    masked (reports.secrets, all the cells' texts scanned at once): every page, summary and W&B run is made from
+    these, so a secret that reached the store (a campaign stored before mbx refused it, a trainer's own words in a
+    reason) is not published."""
+    shown = secrets.redact_tree([[v.label, v.params, v.reason, v.fingerprint, v.damaged] for v in views])
+    for view, (label, params, reason, fingerprint, damaged) in zip(views, shown, strict=True):
+        view.label, view.params, view.reason = label, params, reason
+        view.fingerprint, view.damaged = fingerprint, damaged
+    return views
+
+
 def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignView:
     """Everything the report writers need about one campaign, from the store and run dirs; every verdict
     (per cell and per point, from all its repeats) derived from the stored results and the campaign's gates."""
@@ -63,6 +76,7 @@ def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignVi
         view = cell_view(store, name, cell, latest.get(cell.cell_id), with_rows)
         view.gate = judged.gates.get(cell.cell_id, view.gate)
         cells.append(view)
+    masked(cells)
     point_gates = {p.point_id: p.gate for p in judged.points}
     gates = campaign.gates.model_dump(exclude_none=True)
     measured = {c.summary.gpu_memory_gib for c in cells if c.summary is not None}
@@ -70,7 +84,7 @@ def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignVi
         gates["gpu_memory_gib"] = measured.pop()  # the GPU every run recorded on its node: what the gate used
     return CampaignView(
         name=name,
-        description=campaign.description,
+        description=secrets.mask(campaign.description),
         axes=swept_keys(campaign),
         cells=cells,
         gates=gates,

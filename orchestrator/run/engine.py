@@ -15,6 +15,7 @@ from orchestrator import trainers
 from orchestrator.errors import RunError
 from orchestrator.run.baseline import baseline_for
 from orchestrator.run.collect import Collected, collect_attempt
+from orchestrator.run.disk import DiskFull
 from orchestrator.run.feasibility import limits_of, on_card
 from orchestrator.run.fingerprint import login_fingerprint
 from orchestrator.run.inflight import InFlight, Pending
@@ -147,8 +148,8 @@ class Engine:
         message, leaving every attempt as last recorded for `mbx campaign resume`."""
         try:
             return self._run(cells)
-        except sqlite3.OperationalError as err:
-            if "full" not in str(err):
+        except (sqlite3.OperationalError, DiskFull) as err:
+            if not isinstance(err, DiskFull) and "full" not in str(err):
                 raise
             raise RunError(
                 f"the run store {self.store.path} could not be written: {err} (ENOSPC: no space left on device); "
@@ -271,8 +272,9 @@ class Engine:
         from reports.secrets import redact_tree  # detect-secrets loads on the first attempt only
 
         info = dict(job_info or {})
-        command = redact_tree(info.pop("argv", None))  # a secret typed into an argv never lands in a file
-        rundir.write_launch(spec.run_dir, rundir.launch_record(
+        command = info.pop("argv", None)
+        # masked whole: a secret in an argv, a label or the launcher's info never lands in the file
+        rundir.write_launch(spec.run_dir, redact_tree(rundir.launch_record(
             launcher=self.launcher.name, campaign=spec.campaign, cell_id=spec.cell_id, attempt=spec.attempt,
             job_id=job_id, command=command, nodes=spec.resources.nodes,
             ranks_per_node=spec.resources.gpus_per_node, env_set=sorted(spec.env),
@@ -281,7 +283,7 @@ class Engine:
             **({"software": found} if (found := software_record(spec.env)) else {}),
             **({"jit_caches": caches} if (caches := jit_cache_plan(spec)) else {}),
             **({"job_info": info} if info else {}),
-        ))  # fmt: skip
+        )))  # fmt: skip
 
     # following a running attempt -------------------------------------------------------------------------
     def _ended_by_files(self, flight: InFlight, state: JobState) -> bool:

@@ -9,18 +9,79 @@ from pathlib import Path
 from typing import IO, ClassVar
 
 from orchestrator.errors import RunError
+from orchestrator.run.disk import FULL_ERRNOS, full_disk_error
+from orchestrator.run.workspace_links import refuse_links
 
 LOCK_FILE = ".lock"  # <workspace>/<campaign>/.lock (one orchestrator) and <workspace>/.lock (rebuild vs campaigns)
 
 
-def _holder(handle: IO[str]) -> str:
-    handle.seek(0)
-    return handle.read().strip() or "another process"
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _lock_holders(path: Path) -> list[int]:
+    """The pids /proc/locks names as holding a flock on `path` (Linux; [] elsewhere or when it cannot be read)."""
+    try:
+        found = path.stat()
+        wanted = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}"
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    pids = []
+    for line in lines:
+        fields = line.split()
+        if "->" not in fields and len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == wanted:
+            pid = int(fields[4]) if fields[4].lstrip("-").isdigit() else -1
+            if pid > 0 and pid != os.getpid() and _alive(pid):
+                pids.append(pid)
+    return pids
+
+
+def _command_of(pid: int) -> str:
+    """`mbx campaign run x.yaml` for an mbx process (its argv after `-m orchestrator` or the mbx script)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return ""
+    argv = [a for a in argv if a]
+    for i, word in enumerate(argv):
+        if word == "orchestrator" and i and argv[i - 1] == "-m" or word.endswith("/mbx") or word == "mbx":
+            return " ".join(["mbx", *argv[i + 1 :]])[:200]
+    return " ".join(argv)[:200]
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock now: the live process /proc/locks names, with what signed the file when that is the same
+    process (`mbx store rebuild pid 123 (mbx store rebuild -w ws)`); else the signature when its pid still runs;
+    else "another process" (never a pid that has ended)."""
+    try:
+        signature = path.read_text(errors="replace").strip()[:200]
+    except OSError:
+        signature = ""
+    what, _, signed = signature.rpartition(" pid ")
+    signed_pid = int(signed) if signed.isdigit() else None
+    for pid in _lock_holders(path):
+        command = _command_of(pid)
+        return f"{what if pid == signed_pid and what else 'process'} pid {pid}" + (f" ({command})" if command else "")
+    if signed_pid is not None and _alive(signed_pid):
+        return signature
+    return "another process"
 
 
 def _flock(path: Path, mode: int) -> IO[str] | None:
     """`path` opened and flocked (`mode` without LOCK_NB); None when another open file holds it."""
-    handle = path.open("a+")
+    try:
+        handle = path.open("a+")
+    except OSError as err:
+        if err.errno in FULL_ERRNOS:
+            raise full_disk_error(path, "mbx could not make its lock file") from None
+        raise
     try:
         fcntl.flock(handle, mode | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -30,16 +91,25 @@ def _flock(path: Path, mode: int) -> IO[str] | None:
 
 
 def _sign(handle: IO[str], what: str) -> None:
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{what} pid {os.getpid()}")
-    handle.flush()
+    """Write who holds the lock into it (`mbx pid N`), for the message of whoever is refused."""
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{what} pid {os.getpid()}")
+        handle.flush()
+    except OSError as err:
+        if err.errno in FULL_ERRNOS:
+            raise full_disk_error(Path(handle.name), "mbx could not sign its lock") from None
+        raise
 
 
 def _release(handles: list[IO[str]]) -> None:
     for handle in reversed(handles):
         fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
+        try:
+            handle.close()
+        except OSError:  # a signature a full disk did not take: nothing else is lost
+            pass
 
 
 class CampaignLock:
@@ -65,22 +135,30 @@ class CampaignLock:
         return self
 
     def _acquire(self) -> list[IO[str]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        refuse_links(self.path.parent)  # the campaign's, its cells' and attempts' folders: no link written through
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            if err.errno in FULL_ERRNOS:
+                raise full_disk_error(self.path.parent, "mbx could not make the campaign's folder") from None
+            raise
         handle = _flock(self.path, fcntl.LOCK_EX)
         if handle is None:
-            with self.path.open() as busy:
-                holder = _holder(busy)
+            holder = _holder(self.path)
             raise RunError(
                 f"campaign {self.path.parent.name!r} is already being run by {holder} (lock {self.path}); "
                 "wait for it, or stop it with `mbx campaign cancel`"
             )
-        _sign(handle, "mbx")
         workspace_lock = self.path.parent.parent / LOCK_FILE
-        shared = _flock(workspace_lock, fcntl.LOCK_SH)
+        try:
+            _sign(handle, "mbx")
+            shared = _flock(workspace_lock, fcntl.LOCK_SH)
+        except BaseException:
+            _release([handle])
+            raise
         if shared is None:
             _release([handle])
-            with workspace_lock.open() as busy:
-                holder = _holder(busy)
+            holder = _holder(workspace_lock)
             raise RunError(
                 f"workspace {workspace_lock.parent} is locked by {holder} (lock {workspace_lock}): no campaign "
                 "may start while its run store is rebuilt; wait for `mbx store rebuild` to finish"
@@ -120,11 +198,12 @@ class WorkspaceLock:
                     raise self._busy(path)
                 if handle is not None:
                     self._handles.append(handle)
+            for handle in self._handles:  # each lock names the rebuild while it holds it (not the run before)
+                _sign(handle, "mbx store rebuild")
         except BaseException:
             _release(self._handles)
             self._handles = []
             raise
-        _sign(whole, "mbx store rebuild")
         return self
 
     def _busy(self, path: Path) -> RunError:
@@ -136,14 +215,13 @@ class WorkspaceLock:
             if probe is not None:
                 _release([probe])
                 continue
-            with lock.open() as busy:
-                holder = _holder(busy)
+            holder = _holder(lock)
             return RunError(
                 f"campaign {lock.parent.name!r} is being run by {holder} (lock {lock}): the run store of "
                 f"{self.workspace} cannot be rebuilt while a campaign runs; wait for it, or stop it with "
                 f"`mbx campaign cancel {lock.parent.name}`"
             )
-        return RunError(f"workspace {self.workspace} is in use by another mbx command (lock {path}); wait for it")
+        return RunError(f"workspace {self.workspace} is in use by {_holder(path)} (lock {path}); wait for it")
 
     def __exit__(self, *exc: object) -> None:
         _release(self._handles)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import RunError, StoreDamaged, StoreTooNew, UsageError
+from orchestrator.run.disk import DiskFull, is_full
 from trainer import rundir
 
 if TYPE_CHECKING:
@@ -276,13 +277,22 @@ def _campaign(row: sqlite3.Row) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _connect_read_only(path: Path) -> sqlite3.Connection:
-    """`path` opened with SQLite's `mode=ro` URI: a write raises, and no file is made when it is missing."""
+def _connect_read_only(path: Path, immutable: bool = False) -> sqlite3.Connection:
+    """`path` opened with SQLite's `mode=ro` URI: a write raises, and no file is made when it is missing.
+    `immutable`: without the -shm file WAL mode needs (on a full disk, where it cannot be made; only when no -wal
+    file holds writes the main file lacks)."""
     from urllib.parse import quote
 
-    db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
+    flags = "mode=ro&immutable=1" if immutable else "mode=ro"
+    db = sqlite3.connect(f"file:{quote(str(path))}?{flags}", uri=True, timeout=30.0, isolation_level=None)
     db.row_factory = sqlite3.Row
     return db
+
+
+def _no_pending_writes(path: Path) -> bool:
+    """Whether the main file holds every write: no -wal file, or an empty one (then no -shm file is needed)."""
+    wal = Path(f"{path}-wal")
+    return not wal.exists() or wal.stat().st_size == 0
 
 
 def integrity_problem(db: sqlite3.Connection) -> str | None:
@@ -376,11 +386,26 @@ class Store:
         self.workspace = check_workspace(workspace, create and not read_only, file)
         self.path = self.workspace / file
         self.read_only = read_only
+        self.full_disk = False  # opened read-only because its disk is full: derived data is not stored again
         try:
-            if read_only:
-                self._db = _connect_read_only(self.path)
-            else:
-                self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self._connect()
+        except (sqlite3.OperationalError, OSError) as err:
+            if not is_full(err, self.path):
+                raise RunError(f"{self.path}: cannot open the run store ({err})") from None
+            if create or read_only:
+                raise DiskFull(self.path, f"mbx could not open the run store{'' if read_only else ' to write it'}"
+                               ) from None  # fmt: skip
+            self.read_only = self.full_disk = True  # a command that only reads works on a full disk
+            try:
+                self._connect()
+            except (sqlite3.OperationalError, OSError):
+                raise DiskFull(self.path, "mbx could not open the run store, even to read it") from None
+
+    def _connect(self) -> None:
+        """Open and check the file (read-only, or read-write with the schema brought up to date)."""
+        try:
+            self._db = _connect_read_only(self.path) if self.read_only else sqlite3.connect(
+                self.path, timeout=30.0, isolation_level=None)  # fmt: skip
         except sqlite3.Error as err:
             raise RunError(f"{self.path}: cannot open the run store ({err})") from None
         self._db.row_factory = sqlite3.Row
@@ -389,7 +414,12 @@ class Store:
                 self._open()
         except sqlite3.OperationalError as err:
             self._db.close()
-            raise RunError(f"{self.path}: cannot open the run store ({err})") from None
+            if self.read_only and is_full(err, self.path) and _no_pending_writes(self.path):
+                self._db = _connect_read_only(self.path, immutable=True)  # no -shm can be made, none is needed
+                self._db.row_factory = sqlite3.Row
+                self._open_read_only()
+                return
+            raise
         except BaseException:
             self._db.close()
             raise
@@ -466,16 +496,24 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        if self.full_disk:
+            raise DiskFull(self.path, "mbx could not write the run store")
         if self.read_only:
             raise RuntimeError(f"{self.path} is open read-only: a dry run or a plan writes nothing")
         with self._guard():
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except (sqlite3.OperationalError, OSError) as err:
+                if is_full(err, self.path):
+                    raise DiskFull(self.path, "mbx could not write the run store (nothing of this write was "
+                                   "kept)") from err  # fmt: skip
                 raise
-            self._db.execute("COMMIT")
 
     def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._guard():
@@ -685,7 +723,10 @@ class Store:
         self, campaign: str, gates: dict[tuple[str, int], dict[str, Any]], spec: dict[str, Any] | None = None
     ) -> None:
         """Re-judged results (`mbx campaign regate`): each (cell id, attempt)'s gate result and verdict, and
-        the campaign's spec when its gates changed (with campaign.json), in one transaction."""
+        the campaign's spec when its gates changed (with campaign.json), in one transaction. On a store opened
+        read-only for a full disk, verdicts alone are not stored again (they are derived; readers re-derive them)."""
+        if self.full_disk and spec is None:
+            return
         with self._transaction() as db:
             for (cell_id, attempt), gate in gates.items():
                 db.execute(
@@ -700,7 +741,9 @@ class Store:
     # parity verdicts (additive table) ------------------------------------------------------------------
     def record_parity(self, campaign: str, verdicts: list[dict[str, Any]]) -> None:
         """A campaign's parity pair verdicts (each a dict with `pair_id` and `verdict`), replacing the stored
-        ones, in one transaction."""
+        ones, in one transaction (not on a store opened read-only for a full disk: `mbx report` derives them again)."""
+        if self.full_disk:
+            return
         now = time.time()
         with self._transaction() as db:
             db.execute("DELETE FROM parity WHERE campaign=?", (campaign,))

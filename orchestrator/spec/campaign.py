@@ -251,7 +251,25 @@ class Env(_Strict):
         "reserved names as for values are refused.",
     )
 
+    allow_code_loading: list[str] = Field(
+        default_factory=list,
+        description="Names that change which code runs (PYTHONPATH, LD_PRELOAD, LD_LIBRARY_PATH, PYTHONSTARTUP, "
+        "...: orchestrator/spec/reserved_env.py CODE_LOADING) that this campaign sets, sweeps or passes on purpose; "
+        "any of them not listed here is refused.",
+    )
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("allow_code_loading")
+    @classmethod
+    def _code_loading_names(cls, names: list[str]) -> list[str]:
+        from orchestrator.spec.reserved_env import CODE_LOADING
+
+        for name in names:
+            if name not in CODE_LOADING:
+                raise ValueError(f"{name!r} does not change which code runs, nothing to allow; the names that do: "
+                                 f"{', '.join(CODE_LOADING)}")  # fmt: skip
+        return names
 
     @field_validator("values", "pass_names")
     @classmethod

@@ -133,18 +133,22 @@ def sweep_entries(campaign: Campaign) -> list[tuple[str, str, list[Any]]]:
 def trust_problems(campaign: Campaign) -> list[str]:
     """What a campaign may not set and what render would refuse, found before anything runs: environment names
     mbx reserves (orchestrator/spec/reserved_env.py) in env.values, env.pass and `env.NAME` sweep keys, and values
-    launchers/safety.py refuses (a control character in a swept container.image, a NUL in any value)."""
+    launchers/safety.py refuses (a control character in a swept container.image, a NUL in any value); names that
+    change which code runs unless env.allow_code_loading lists them."""
     from launchers.safety import nul_problem
+    from orchestrator.spec.reserved_env import code_loading_problem
 
+    allowed = campaign.env.allow_code_loading
     problems = []
     for name, value in campaign.env.values.items():
-        if problem := env_key_problem(name) or nul_problem(value):
+        if problem := env_key_problem(name) or code_loading_problem(name, allowed) or nul_problem(value):
             problems.append(f"env.values.{name}: {problem}")
     for index, name in enumerate(campaign.env.pass_names):
-        if problem := env_key_problem(name):
+        if problem := env_key_problem(name) or code_loading_problem(name, allowed):
             problems.append(f"env.pass[{index}]: {problem}")
     for where, key, values in sweep_entries(campaign):
-        if problem := key_problem(key):
+        loads_code = key.startswith("env.") and code_loading_problem(key[len("env.") :], allowed)
+        if problem := key_problem(key) or loads_code:
             problems.append(f"{where}: {problem}")
             continue
         several = where.startswith(("sweep.axes.", "sweep.zip[", "parity.toggle."))
@@ -155,32 +159,20 @@ def trust_problems(campaign: Campaign) -> list[str]:
     return problems
 
 
-def secret_problems(campaign: Campaign) -> list[str]:
-    """`key.path: contains a credential (NAME=<redacted>): ...` for a secret value typed into the places that reach
-    a process, a run dir or a report: env values (set and swept), a command trainer's argv and params, the
-    description. Secrets are passed by name (`env.pass`); the scanner is reports/secrets.py."""
-    from reports.secrets import may_hold_secret, scan_text
+SECRET_HINT = (
+    "pass secrets by name with env.pass (their values are read from the submitting environment), never in the file"
+)
 
-    texts: list[tuple[str, str, str]] = [(f"env.values.{k}", k, v) for k, v in campaign.env.values.items()]
-    texts.append(("description", "", campaign.description or ""))
-    trainer = campaign.trainer
-    if getattr(trainer, "kind", None) == "command":
-        texts += [(f"trainer.command[{i}]", "", word) for i, word in enumerate(trainer.command)]
-        texts += [(f"trainer.params.{k}", k, v) for k, v in trainer.params.items() if isinstance(v, str)]
-        words = trainer.command
-        texts += [(f"trainer.command[{i + 1}]", words[i].lstrip("-"), w) for i, w in enumerate(words[1:])
-                  if words[i].startswith("--")]  # fmt: skip
-    for where, key, values in sweep_entries(campaign):
-        name = key.rsplit(".", 1)[-1]
-        several = where.startswith(("sweep.axes.", "sweep.zip[", "parity.toggle."))
-        texts += [(f"{where}[{i}]" if several else where, name, v) for i, v in enumerate(values[:1000])
-                  if isinstance(v, str)]  # fmt: skip
-    problems = []
-    for where, key, text in texts:
-        if may_hold_secret(text, key) and (found := scan_text(text, where, key)):
-            problems.append(f"{where}: contains {found[0].describe()}: pass secrets by name with env.pass "
-                            "(their values are read from the submitting environment), never in the file")
-    return list(dict.fromkeys(problems))
+
+def secret_problems(data: Any) -> tuple[list[str], Any]:
+    """`key.path: contains a credential (NAME=<redacted>): ...` for a secret value anywhere in the file (env, argv,
+    params, sweeps, tags, entity, cluster, launchers, container, pip args, descriptions), one line per key path,
+    the value never shown; and the file's data with them masked (the schema's messages quote values). The scanner
+    is reports/secrets.py, the one every output of mbx goes through."""
+    from reports.secrets import scan_and_redact
+
+    found, masked = scan_and_redact(data)
+    return list(dict.fromkeys(f"{f.where or '(top level)'}: contains {f.describe()}: {SECRET_HINT}" for f in found)), masked
 
 
 def nul_problems(data: Any, path: str = "") -> list[str]:
@@ -202,11 +194,12 @@ def load_campaign(path: Path) -> Campaign:
         raise ConfigError(
             "a campaign file must be a YAML mapping (name:, trainer:, sweep:, ...)", file=str(path)
         )
+    secrets, data = secret_problems(data)  # the schema's messages quote values: they see the file masked
     try:
         campaign = Campaign.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(validation_problems(err), file=str(path)) from None
-    problems = launcher_problems(campaign) + trust_problems(campaign) + secret_problems(campaign)
+        raise ConfigError(secrets + validation_problems(err), file=str(path)) from None
+    problems = secrets + launcher_problems(campaign) + trust_problems(campaign)
     if "\\u0000" in json.dumps(data, default=str):  # cheap (C) test first: the walk only locates them
         covered = ("env.", "sweep.axes.", "sweep.zip[", "sweep.cells[")  # trust_problems located those
         problems += [p for p in nul_problems(data) if not p.startswith(covered)]

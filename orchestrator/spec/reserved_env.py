@@ -18,9 +18,14 @@ Reserved, and why:
   TORCH_EXTENSIONS_DIR, ...): the trainer points them at rank-local folders and the node side removes
   inherited values; a shared value is exactly the race they avoid. Choose the root with `cache_dir`.
 
-Not reserved: PYTHONPATH (mbx prepends its checkout and the software worktrees/overlays; a campaign's value is
-kept after them), OMP_NUM_THREADS and PYTHONUNBUFFERED (mbx sets them only when the campaign does not),
-XDG_CACHE_HOME and everything else.
+Names that change which code runs (CODE_LOADING: PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, PYTHONUSERBASE,
+PYTHONBREAKPOINT, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, DYLD_*, BASH_ENV, ENV) are allowed only when the campaign
+lists them in `env.allow_code_loading`: a campaign from someone else cannot slip a library or a module path into
+the trainer unnoticed. mbx prepends its checkout and the software worktrees/overlays to PYTHONPATH; an allowed
+campaign value is kept after them.
+
+Not reserved: OMP_NUM_THREADS and PYTHONUNBUFFERED (mbx sets them only when the campaign does not), XDG_CACHE_HOME
+and everything else.
 """
 
 from __future__ import annotations
@@ -58,3 +63,28 @@ def name_problem(name: str) -> str | None:
     """`'NAME' is reserved: why` for a reserved name (None: a campaign may set it)."""
     why = reserved_reason(name)
     return f"{name!r} is reserved: {why}; a campaign cannot set, sweep or pass it" if why else None
+
+
+CODE_LOADING: dict[str, str] = {
+    "PYTHONPATH": "Python imports modules from its folders first",
+    "PYTHONHOME": "Python loads its standard library from there",
+    "PYTHONSTARTUP": "Python runs that file at an interactive start",
+    "PYTHONUSERBASE": "Python imports the user site-packages under it",
+    "PYTHONBREAKPOINT": "Python imports and calls that function at breakpoint()",
+    "LD_PRELOAD": "the dynamic loader loads that library into every process",
+    "LD_LIBRARY_PATH": "the dynamic loader takes shared libraries from its folders first",
+    "LD_AUDIT": "the dynamic loader runs that library's hooks in every process",
+    "DYLD_INSERT_LIBRARIES": "the macOS loader loads that library into every process",
+    "DYLD_LIBRARY_PATH": "the macOS loader takes libraries from its folders first",
+    "BASH_ENV": "bash runs that file before every script",
+    "ENV": "sh runs that file at every interactive start",
+}
+ALLOW_KEY = "env.allow_code_loading"
+
+
+def code_loading_problem(name: str, allowed: list[str] | tuple[str, ...]) -> str | None:
+    """`'LD_PRELOAD' changes which code runs (...)` for a name of CODE_LOADING the campaign did not allow."""
+    if name not in CODE_LOADING or name in allowed:
+        return None
+    return (f"{name!r} changes which code runs ({CODE_LOADING[name]}); a campaign sets, sweeps or passes it only "
+            f"on purpose: list it in {ALLOW_KEY}")  # fmt: skip

@@ -178,6 +178,28 @@ def check_pip_args(args: list[Any]) -> list[str]:
     return out
 
 
+LOCAL_SOURCES = ("--find-links", "-f", "--no-index", "--no-build-isolation")
+
+
+def local_source_notes(software: Software) -> list[str]:
+    """What a plan says of pip options that install from local sources (allowed, but a source package found there
+    runs its own build script, setup.py or a build backend, where the overlay is built: the login node)."""
+    args = software.pip_args
+    links = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--find-links", "-f")]
+    links += [a.partition("=")[2] for a in args if a.startswith("--find-links=")]
+    local = [d for d in links if not re.match(r"^[a-z][a-z0-9+.-]*://", d)]
+    notes = []
+    if local or "--no-index" in args:
+        where = ", ".join(local) if local else "--no-index"
+        notes.append(f"software.pip_args install from local sources ({where}): a source package there runs its own "
+                     "build script (setup.py, a build backend) with your permissions where the overlay is built (the "
+                     "login node); use wheels you trust, or drop the option")  # fmt: skip
+    if "--no-build-isolation" in args:
+        notes.append("software.pip_args: --no-build-isolation builds with the packages of the environment that runs "
+                     "pip, not a clean one")  # fmt: skip
+    return notes
+
+
 # ---- sweep keys ------------------------------------------------------------------------------------------
 def is_software_key(key: str) -> bool:
     """Whether a sweep key addresses the software or container namespace (handled here for every kind)."""

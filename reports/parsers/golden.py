@@ -149,8 +149,8 @@ def _read_lm(data: dict[str, Any], series: dict[str, dict[str, Any]]) -> GoldenV
         target, extra_key, scale = LM_METRICS.get(metric, (None, metric, 1.0))
         points[metric] = missing[metric] = 0
         for step, raw in pairs:
-            value = _value(raw)
-            if value is None:
+            value = float(raw) if raw.__class__ is float or raw.__class__ is int else _value(raw)
+            if value is None or not math.isfinite(value):
                 missing[metric] += 1
                 continue
             points[metric] += 1

@@ -1,0 +1,88 @@
+"""The 17 planted secrets of issue 32: the forms the scanner missed (a value starting with `-`, an ALL_CAPS password,
+an all-digit 40-character key, `user:pass@host`, JSON `"api_key": "…"`) in every field of a campaign that validate
+skipped (tags, entity, cluster, launchers, container, pip args, description, params, argv, env, sweeps), and one a
+trainer prints into its own log. Each value is unique, so a grep for it finds only that secret."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+HEX_TAG = "fedcba9876543210fedcba9876543210fedcba98"  # 40 hex: a W&B API key's shape
+
+# name -> (key path validate names, the raw value that must never reach a file mbx writes)
+PLANTED: dict[str, tuple[str, str]] = {
+    "dash_env": ("env.values.DB_PASSWORD", "-hunter2hunter"),
+    "dash_argv": ("trainer.command[4]", "-cmdPassw0rdX"),
+    "dash_sweep": ("sweep.axes.env.SWEEP_PASSWORD[0]", "-sweepPass1"),
+    "caps_password": ("env.values.ADMIN_PASSWORD", "HUNTER_TWO_2024"),
+    "digits_key": ("env.values.WANDB_API_KEY", "1234567890" * 4),
+    "tag_key": ("wandb.tags[0]", HEX_TAG),
+    "tag_password": ("wandb.tags[1]", "hunter3tag"),
+    "entity": ("wandb.entity", "entTok3nValue77"),
+    "cluster": ("cluster.sbatch_extra.comment", "clusterPw77x"),
+    "srun_args": ("launchers.submitit.srun_args[0]", "hf_srunAbcdefghijklmnopqrstuvwxyz0123"),
+    "image_url": ("container.image", "imgPassw0rd1"),
+    "pip_url": ("software.pip_args[1]", "pipPassw0rd2"),
+    "json_description": ("description", "jsonApiKey0123456789"),
+    "param": ("trainer.params.hf_token", "paramTok3nValue99"),
+    "aws_note": ("env.values.NOTE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+    "cell": ("sweep.cells[0].env.CELL_TOKEN", "cellTok3nValue55xyz"),
+    "log": ("", "hf_logAbcdefghijklmnopqrstuvwxyz012345"),  # printed by the trainer, in no campaign field
+}
+VALUES = [value for _, value in PLANTED.values()]
+LOG_LINE = f"warning: HF_TOKEN={PLANTED['log'][1]} was set in the environment"
+
+
+def plant(campaign: dict[str, Any], which: list[str] | None = None) -> dict[str, Any]:
+    """A copy of a command-trainer campaign with the planted values (all, or `which`) in their fields."""
+    data = copy.deepcopy(campaign)
+    value = {name: v for name, (_, v) in PLANTED.items()}
+    chosen = set(PLANTED if which is None else which) - {"log"}
+    env = data.setdefault("env", {}).setdefault("values", {})
+    trainer = data["trainer"]
+    if "dash_env" in chosen:
+        env["DB_PASSWORD"] = value["dash_env"]
+    if "caps_password" in chosen:
+        env["ADMIN_PASSWORD"] = value["caps_password"]
+    if "digits_key" in chosen:
+        env["WANDB_API_KEY"] = value["digits_key"]
+    if "aws_note" in chosen:
+        env["NOTE"] = f"AWS_SECRET_ACCESS_KEY={value['aws_note']}"
+    if "dash_argv" in chosen:
+        trainer["command"] = [
+            *trainer["command"][:3],
+            "--db-password",
+            value["dash_argv"],
+            *trainer["command"][3:],
+        ]
+    if "param" in chosen:
+        trainer.setdefault("params", {})["hf_token"] = value["param"]
+    sweep = data.setdefault("sweep", {})
+    if "dash_sweep" in chosen:
+        sweep.setdefault("axes", {})["env.SWEEP_PASSWORD"] = [value["dash_sweep"]]
+    if "cell" in chosen:
+        sweep.setdefault("cells", []).append({"env.CELL_TOKEN": value["cell"]})
+    wandb = data.setdefault("wandb", {})
+    if "tag_key" in chosen or "tag_password" in chosen:
+        wandb["tags"] = [f"WANDB_API_KEY={value['tag_key']}", f"password={value['tag_password']}"]
+    if "entity" in chosen:
+        wandb["entity"] = f"team-token={value['entity']}"
+    if "cluster" in chosen:
+        data.setdefault("cluster", {}).setdefault("sbatch_extra", {})["comment"] = (
+            f"password={value['cluster']}"
+        )
+    if "srun_args" in chosen:
+        data.setdefault("launchers", {})["submitit"] = {
+            "srun_args": [f"--export=ALL,HF_TOKEN={value['srun_args']}"]
+        }
+    if "image_url" in chosen:
+        data.setdefault("container", {})["image"] = (
+            f"docker://alice:{value['image_url']}@registry.example.com/t:1"
+        )
+    if "pip_url" in chosen:
+        data.setdefault("software", {})["pip_args"] = ["--index-url",
+                                                       f"https://bob:{value['pip_url']}@pypi.example.com/simple"]  # fmt: skip
+    if "json_description" in chosen:
+        data["description"] = f'settings {{"api_key": "{value["json_description"]}"}} for the run'
+    return data

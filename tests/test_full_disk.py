@@ -1,0 +1,108 @@
+"""A full disk is a clear error, never an internal one (issue 32): on a workspace whose small tmpfs is full, the
+commands that only read (status, list, freeze -o elsewhere, golden export, regate without changes) work from
+the store opened read-only; those that must write (run, store rebuild, the report's page) end with one line naming
+the file system, how full it is and what to free; once space is freed the store is whole. And a refused lock
+names the process that holds it now, never the pid of a run that ended long ago."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import FAKE_MEGATRON, MEGATRON_LOG, ROOT, run_mbx, wait_for
+from test_faults import fill, small_disk
+
+from orchestrator.errors import RunError
+from orchestrator.run.lock import LOCK_FILE, CampaignLock
+
+
+def _one_line(result: subprocess.CompletedProcess, *needles: str) -> None:
+    """Exit 1, no traceback, one `error:` line holding every needle."""
+    assert result.returncode == 1, (result.returncode, result.stdout[-1500:], result.stderr[-1500:])
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr, result.stderr[-1500:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-1500:]
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, Path]]:
+    """(workspace on a full tmpfs, the campaign file, a folder elsewhere) after one completed campaign."""
+    root = tmp_path_factory.mktemp("fulldisk")
+    campaign = root / "c.yaml"
+    campaign.write_text(yaml.safe_dump({
+        "name": "fd",
+        "trainer": {"kind": "command", "log_format": "megatron-lm",
+                    "command": ["python", str(FAKE_MEGATRON), "--replay", str(MEGATRON_LOG), "--sleep-s", "0"]},
+    }))  # fmt: skip
+    with small_disk(root / "disk") as disk:
+        workspace = disk / "ws"
+        done = run_mbx("campaign", "run", str(campaign), "-w", str(workspace), "--no-wandb", "--no-report")
+        assert done.returncode == 0, done.stderr[-2000:]
+        filler = fill(disk)
+        yield workspace, campaign, root
+        filler.unlink()
+
+
+def test_reading_commands_work_on_a_full_disk(full):
+    workspace, _, root = full
+    cell = next(p.name for p in (workspace / "fd").iterdir() if p.name.endswith("-r0"))
+    for args in (["campaign", "status", "fd"], ["campaign", "list"], ["campaign", "regate", "fd"],
+                 ["golden", "export", "fd", "--point", cell], ["freeze", "fd", "-o", str(root / "frozen")]):  # fmt: skip
+        result = run_mbx(*args, "-w", str(workspace))
+        assert result.returncode == 0, (args, result.stderr[-2000:])
+    assert (root / "frozen" / "FROZEN.md").is_file()
+
+
+def test_writing_commands_say_the_disk_is_full_in_one_line(full):
+    workspace, campaign, _ = full
+    mount = str(workspace.parent)
+    _one_line(run_mbx("campaign", "run", str(campaign), "-w", str(workspace), "--no-wandb"),
+              f"the file system at {mount}", "is full", "free space there")  # fmt: skip
+    _one_line(run_mbx("store", "rebuild", "-w", str(workspace)), f"the file system at {mount}", "is full")
+    _one_line(run_mbx("report", "fd", "-m", "-w", str(workspace)), "No space left on device", "free space")
+    db = sqlite3.connect(
+        f"file:{workspace / 'mbx.sqlite'}?mode=ro&immutable=1", uri=True
+    )  # no -shm on a full disk
+    try:
+        assert list(db.execute("PRAGMA integrity_check")) == [("ok",)]
+        assert [state for (state,) in db.execute("SELECT state FROM attempts")] == ["completed"]
+    finally:
+        db.close()
+
+
+HOLD_WORKSPACE = """
+import sys, time
+from orchestrator.run.lock import WorkspaceLock
+with WorkspaceLock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_refused_lock_names_the_rebuild_that_holds_it_not_an_ended_run(tmp_path):
+    """The campaign's lock file still names the run that ended (`mbx pid 999999`); a store rebuild holds it now.
+    A run refused during the rebuild names the rebuild's live process."""
+    workspace = tmp_path / "ws"
+    (workspace / "camp").mkdir(parents=True)
+    (workspace / "camp" / LOCK_FILE).write_text("mbx pid 999999")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_WORKSPACE, str(workspace)], stdout=subprocess.PIPE,
+                              text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    try:
+        wait_for(lambda: holder.stdout.readline().strip() == "held", "the rebuild's lock", holder)
+        with pytest.raises(RunError) as refused:
+            with CampaignLock(workspace / "camp"):
+                pass
+        assert f"pid {holder.pid}" in str(refused.value) and "999999" not in str(refused.value), refused.value
+        assert "mbx store rebuild" in str(refused.value)
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=30)

@@ -1,0 +1,57 @@
+"""A campaign file is code; what it makes run beyond its trainer is said (issue 32): an `env` name that changes
+which code runs (PYTHONPATH, LD_PRELOAD, PYTHONSTARTUP, ...) is refused at validate unless the campaign lists it in
+`env.allow_code_loading`, wherever it is set, swept or passed; pip options that install from local sources are
+named as such in the plan."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from orchestrator.errors import ConfigError
+from orchestrator.spec.loader import load_campaign
+from orchestrator.spec.reserved_env import CODE_LOADING
+
+
+def _load(tmp_path, env: dict | None = None, sweep: dict | None = None):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"name": "c", "env": env or {}, "sweep": sweep or {}}))
+    return load_campaign(path)
+
+
+@pytest.mark.parametrize("name", ["PYTHONPATH", "LD_PRELOAD", "PYTHONSTARTUP", "LD_LIBRARY_PATH", "BASH_ENV"])
+@pytest.mark.parametrize("where", ["values", "pass", "axes", "cells"])
+def test_a_code_loading_name_needs_the_opt_in(tmp_path, name, where):
+    env = {"values": {name: "/opt/x"}} if where == "values" else {"pass": [name]} if where == "pass" else {}
+    sweep = {"axes": {f"env.{name}": ["/a", "/b"]}} if where == "axes" else {}
+    sweep = {"cells": [{f"env.{name}": "/a"}]} if where == "cells" else sweep
+    with pytest.raises(ConfigError) as refused:
+        _load(tmp_path, env, sweep)
+    assert f"{name!r} changes which code runs" in str(refused.value) and "env.allow_code_loading" in str(
+        refused.value
+    )
+    allowed = _load(tmp_path, {**env, "allow_code_loading": [name]}, sweep)
+    assert allowed.env.allow_code_loading == [name]
+
+
+def test_only_code_loading_names_can_be_allowed(tmp_path):
+    with pytest.raises(ConfigError, match="'HOME' does not change which code runs"):
+        _load(tmp_path, {"allow_code_loading": ["HOME"]})
+    assert {"PYTHONPATH", "LD_PRELOAD", "PYTHONSTARTUP"} <= set(CODE_LOADING)
+
+
+def test_the_plan_names_pip_options_that_build_from_local_sources(mbx, tmp_path):
+    path = tmp_path / "c.yaml"
+    (tmp_path / "wheels").mkdir()
+    path.write_text(yaml.safe_dump({"name": "c", "software": {
+        "pip_args": ["--no-index", "--find-links", "wheels/", "--no-build-isolation"]}}))  # fmt: skip
+    result = mbx("campaign", "plan", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "note: software.pip_args install from local sources (wheels/): a source package there runs its own " \
+           "build script" in result.stdout  # fmt: skip
+    assert "--no-build-isolation builds with the packages of the environment that runs pip" in result.stdout
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(
+        yaml.safe_dump({"name": "c", "software": {"pip_args": ["--index-url", "https://pypi.org/simple"]}})
+    )
+    assert "note:" not in mbx("campaign", "plan", str(plain)).stdout

@@ -1,0 +1,75 @@
+"""Whole or nothing, and never through a link (issue 32): `freeze -o` checks every target before it writes any
+(one symbolic link among them wrote 2 of the 4 files before refusing), and a symbolic link where mbx writes a
+campaign (its folder, a cell's, an attempt's, the report's) is refused naming it: nothing is written through it
+into the folder it points to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import FAKE_MEGATRON, MEGATRON_LOG, run_mbx
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(workspace, campaign file) after one completed command-trainer campaign."""
+    root = tmp_path_factory.mktemp("links")
+    campaign = root / "c.yaml"
+    campaign.write_text(yaml.safe_dump({
+        "name": "ln",
+        "trainer": {"kind": "command", "log_format": "megatron-lm",
+                    "command": ["python", str(FAKE_MEGATRON), "--replay", str(MEGATRON_LOG), "--sleep-s", "0"]},
+        "sweep": {"axes": {"params.seed": [1, 2]}},
+    }))  # fmt: skip
+    workspace = root / "ws"
+    result = run_mbx("campaign", "run", str(campaign), "-w", str(workspace), "--no-wandb", "--no-report")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return workspace, campaign
+
+
+def test_freeze_checks_every_target_before_writing_any(done, tmp_path):
+    workspace, _ = done
+    out = tmp_path / "frozen"
+    out.mkdir()
+    (tmp_path / "elsewhere").write_text("keep")
+    (out / "frozen.json").symlink_to(tmp_path / "elsewhere")  # the last file freeze writes
+    cell = next(p.name for p in (workspace / "ln").iterdir() if p.name.endswith("-r0"))
+    result = run_mbx("freeze", "ln", "-w", str(workspace), "-o", str(out), "--point", cell)
+    assert result.returncode == 2 and "frozen.json: is a symbolic link" in result.stderr, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["frozen.json"], "nothing written beside the link"
+    assert (tmp_path / "elsewhere").read_text() == "keep"
+
+
+def test_a_linked_cell_folder_is_refused_and_not_written_through(done, tmp_path):
+    workspace, campaign = done
+    cell = next(p for p in (workspace / "ln").iterdir() if p.name.endswith("-r0"))
+    target = tmp_path / "target"
+    cell.rename(target)
+    cell.symlink_to(target)
+    try:
+        before = sorted(p.name for p in target.iterdir())
+        for args in (("campaign", "run", str(campaign)), ("campaign", "resume", "ln"), ("report", "ln")):
+            result = run_mbx(*args, "-w", str(workspace), "--no-wandb" if args[0] == "campaign" else "-m")
+            assert result.returncode == 2, (args, result.stderr[-2000:])
+            assert (
+                f"{cell}: a symbolic link (to {target})" in result.stderr and "Traceback" not in result.stderr
+            )
+        assert sorted(p.name for p in target.iterdir()) == before
+    finally:
+        cell.unlink()
+        target.rename(cell)
+
+
+def test_a_linked_report_folder_is_refused(done, tmp_path):
+    workspace, _ = done
+    report = workspace / "ln" / "report"
+    (tmp_path / "site").mkdir()
+    report.symlink_to(tmp_path / "site")
+    try:
+        result = run_mbx("report", "ln", "-w", str(workspace))
+        assert result.returncode == 2 and f"{report}: a symbolic link" in result.stderr, result.stderr[-2000:]
+        assert list((tmp_path / "site").iterdir()) == []
+    finally:
+        report.unlink()
