@@ -41,24 +41,28 @@ BRIDGE_WHEELS = [
     # Bridge and its own stack
     "megatron-bridge==0.6.2", "megatron-energon==7.4.1", "nvidia-modelopt==0.47.0",
     "nvidia-resiliency-ext==0.7.0", "hydra-core==1.3.8", "omegaconf==2.3.0",  # hydra 1.3 needs omegaconf < 2.4
-    # imported at module level on the pretraining path (Bridge data/, energon, HF datasets, diffusers, tensorboard)
-    "datasets==5.2.0", "pyarrow==26.0.1", "pandas==3.1.1", "python-dateutil==2.9.0.post0", "dill==0.4.1",
-    "multiprocess==0.70.19", "xxhash==4.1.0", "diffusers==0.42.1", "tensorboard==2.21.0", "absl-py==2.5.1",
-    "markdown==3.11.3", "werkzeug==3.1.9", "grpcio==1.85.4", "tensorboard-data-server==0.7.2",
+    # imported at module level on the pretraining path (Bridge data/, energon, HF datasets, diffusers)
+    "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", "diffusers==0.42.1",
     "multi-storage-client==1.3.1", "rapidyaml==0.15.2", "webdataset==1.0.2", "braceexpand==0.1.7",
     "filetype==1.2.0", "xattr==1.3.1", "cffi==2.1.1", "wcmatch==10.1", "bracex==3.2.4", "lark==1.3.1",
     "jmespath==1.1.0", "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1", "referencing==0.37.0",
-    "rpds-py==2026.9.1", "attrs==26.1.0", "prettytable==3.19.0", "wcwidth==0.9.5", "pulp==3.3.2",
-    "einops==0.8.2", "psutil==7.2.2", "defusedxml==0.7.1", "deprecation==2.1.0", "pillow==13.0.0",
-    "opentelemetry-api==1.45.2", "opentelemetry-sdk==1.45.2", "opentelemetry-semantic-conventions==0.66b2",
-    "opentelemetry-exporter-otlp-proto-http==1.45.2", "opentelemetry-exporter-otlp-proto-common==1.45.2",
-    "opentelemetry-proto==1.45.2", "googleapis-common-protos==1.76.0", "protobuf==7.36.2",
-    "requests==2.34.2", "urllib3==2.8.0", "charset-normalizer==3.5.3", "idna==3.21", "certifi==2026.10.19.post1",
-    "six==1.17.0", "toml==0.10.2", "more-itertools==11.2.1", "platformdirs==4.14.9",
+    "rpds-py==2026.9.1", "prettytable==3.19.0", "wcwidth==0.9.5", "pulp==3.3.2", "defusedxml==0.7.1",
+    "deprecation==2.1.0", "opentelemetry-api==1.45.2", "opentelemetry-sdk==1.45.2",
+    "opentelemetry-semantic-conventions==0.66b2", "opentelemetry-exporter-otlp-proto-http==1.45.2",
+    "opentelemetry-exporter-otlp-proto-common==1.45.2", "opentelemetry-proto==1.45.2",
+    "googleapis-common-protos==1.76.0", "toml==0.10.2", "more-itertools==11.2.1", "platformdirs==4.14.9",
     # mbx itself on the node (the image has typer, rich, jinja2, pyyaml, numpy, scipy)
     "wandb==0.31.0", "cwevals==0.0.1b1", "sentry-sdk==2.76.0", "gitpython==3.2.1", "gitdb==4.0.12",
-    "smmap==5.0.3", "plotly==7.1.0", "narwhals==2.29.0", "submitit==1.5.4", "cloudpickle==3.1.3",
-    "detect-secrets==1.5.0",
+    "smmap==5.0.3", "plotly==7.1.0", "submitit==1.5.4", "detect-secrets==1.5.0",
+]  # fmt: skip
+# Also imported on that path, but the device image already had them on 2026-12-06
+# (benchmarks/data/gpu_image_pip_list_2026-12-06.txt); `prepare --with-image-packages` carries them too.
+IMAGE_PACKAGES = [
+    "pyarrow==26.0.1", "pandas==3.1.1", "python-dateutil==2.9.0.post0", "xxhash==4.1.0", "tensorboard==2.21.0",
+    "absl-py==2.5.1", "markdown==3.11.3", "werkzeug==3.1.9", "grpcio==1.85.4", "tensorboard-data-server==0.7.2",
+    "attrs==26.1.0", "einops==0.8.2", "psutil==7.2.2", "pillow==13.0.0", "protobuf==7.36.2", "requests==2.34.2",
+    "urllib3==2.8.0", "charset-normalizer==3.5.3", "idna==3.21", "certifi==2026.10.19.post1", "six==1.17.0",
+    "narwhals==2.29.0", "cloudpickle==3.1.3",
 ]  # fmt: skip
 SDIST_WHEELS = ["antlr4-python3-runtime==4.9.3"]  # hydra's parser runtime: an sdist only (pure Python)
 IMPORT_CHECK = (
@@ -122,7 +126,8 @@ def prepare(args: argparse.Namespace) -> None:
     if not big:
         te_bringup.pip_download([te_bringup.BIG_WHEEL], cache)
         big = sorted(cache.glob(f"transformer_engine_cu13-{te_bringup.TE_VERSION}-*.whl"))
-    pip_download([*te_bringup.SMALL_WHEELS, *BRIDGE_WHEELS], wheels)
+    extra = IMAGE_PACKAGES if args.with_image_packages else []
+    pip_download([*te_bringup.SMALL_WHEELS, *BRIDGE_WHEELS, *extra], wheels)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), *SDIST_WHEELS],
                    check=True)  # fmt: skip
     te_bringup.fetch_torch_extension_source(stage)
@@ -139,10 +144,15 @@ def prepare(args: argparse.Namespace) -> None:
     for name in names:
         (dest / name.replace(PART_PREFIX, te_bringup.PART_PREFIX)).rename(dest / name)
     manifest = {"bundle_sha256": te_bringup.sha256(stage / BUNDLE), "parts": names, "te_wheel": big[0].name}
+    if args.prebuilt_ext:  # carried with the manifest in the install call
+        (dest / PREBUILT_EXT).write_bytes(Path(args.prebuilt_ext).read_bytes())
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     rel = os.path.relpath(dest, args.repo.resolve())
     calls = [{"carry": [f"{rel}/{name}"], "command": f"mkdir -p /root/bridge-parts && cp {rel}/{name} "
-              "/root/bridge-parts/"} for name in names]  # fmt: skip
+              "/root/bridge-parts/"} for name in names[:-1]]  # fmt: skip
+    last = [f"{rel}/{names[-1]}", f"{rel}/{MANIFEST}", *([f"{rel}/{PREBUILT_EXT}"] if args.prebuilt_ext else [])]
+    calls.append({"carry": last, "command": f"cp {rel}/{names[-1]} /root/bridge-parts/ && "
+                  "bash benchmarks/bridge_session.sh go"})  # fmt: skip
     print(json.dumps({"manifest": manifest, "device_calls": calls}, indent=1))
 
 
@@ -173,6 +183,7 @@ def install(args: argparse.Namespace) -> None:
            "--no-cache-dir", "--upgrade", "--target", str(target)]  # fmt: skip
     subprocess.run([*pip, str(work / "te" / manifest["te_wheel"]), *map(str, wheels)], check=True)
     print(json.dumps({"installed": [w.name for w in wheels], "already_there": have}, indent=1))
+    write_dataset_makefile(target)
     prebuilt = args.manifest_dir / PREBUILT_EXT
     if prebuilt.exists():
         with tarfile.open(prebuilt) as tar:
@@ -186,6 +197,22 @@ def install(args: argparse.Namespace) -> None:
     print(check.stdout.strip() or check.stderr.strip()[-3000:])
     if check.returncode:
         raise SystemExit(check.returncode)
+
+
+DATASET_MAKEFILE = """\
+# Written by mbx's benchmarks/bridge_bringup.py: megatron-core's wheel ships the dataset index helper prebuilt
+# (helpers_cpp*.so) but not the Makefile that Megatron's start-up (compile_helpers) runs `make` on.
+default:
+\t@ls helpers_cpp*.so > /dev/null
+"""
+
+
+def write_dataset_makefile(target: Path) -> None:
+    """Megatron runs `make -C megatron/core/datasets` at start-up (seen failing on 2026-12-06: "No targets
+    specified and no makefile found"); with the helper prebuilt in the wheel, a Makefile that checks it is enough."""
+    folder = target / "megatron" / "core" / "datasets"
+    if folder.is_dir() and not (folder / "Makefile").exists() and list(folder.glob("helpers_cpp*.so")):
+        (folder / "Makefile").write_text(DATASET_MAKEFILE)
 
 
 def build_te_extension(work: Path, target: Path, args: argparse.Namespace) -> None:
@@ -216,6 +243,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repo", type=Path, default=Path("."), help="the checkout the device calls send")
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "te-wheel-cache")
     p.add_argument("--part-mib", type=int, default=55, help="part size; a call carries ≤ 64 MiB with the tree")
+    p.add_argument("--with-image-packages", action="store_true",
+                   help="also carry what the device image already had (pyarrow, pandas, tensorboard, ...)")
+    p.add_argument("--prebuilt-ext", type=Path, default=None,
+                   help="a te_torch_ext.tgz an earlier install left in $OUT (skips the ~2 min extension build)")
     i = sub.add_parser("install", help="there: join, install what the image lacks, build TE's extension, import")
     i.add_argument("--parts", type=Path, default=Path("/root/bridge-parts"))
     i.add_argument("--manifest-dir", type=Path, default=Path(".whl/bridge"))

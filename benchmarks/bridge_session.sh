@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 33 on one GPU machine (H100 80 GB or H200), one step per device call, calls back to back (the machine and
 # everything under /root go back ~30 s after a call). Before `install`, each part of `benchmarks/bridge_bringup.py
-# prepare` is copied to /root/bridge-parts by its own call.
+# prepare` is copied to /root/bridge-parts by its own call (`prepare` prints those calls; 7 parts of 55 MiB on
+# 2026-12-06, each call ~4 s once the machine is up; the last one runs `go`). The first install leaves the built TE
+# extension in $OUT/te_torch_ext.tgz: `prepare --prebuilt-ext FILE` carries it to the next lease (−2 min).
 #
 #   bash benchmarks/bridge_session.sh go        # install, then start the sweep in the background and wait ≤ 420 s
 #   bash benchmarks/bridge_session.sh install   # join, install what the image lacks, build TE's extension, import

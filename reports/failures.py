@@ -33,6 +33,12 @@ TAIL = 64 << 20
 WEAK_TAIL = 1 << 20
 MAX_LINE = 240
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# A line that reads as an error when no signature knows it: a logging record at ERROR/CRITICAL/FATAL
+# (`ERROR:megatron.core.datasets.utils:Failed to compile ...`, `[E ...]`) or a Python exception's last line.
+ERROR_LINE = re.compile(
+    rb"(?m)^[^\n]{0,80}?\b(?:ERROR|CRITICAL|FATAL)\b[:\] ][^\n]*|^(?:[\w.]+\.)?\w*(?:Error|Exception): [^\n]+"
+)
+ERROR_NEEDLES = (b"ERROR", b"CRITICAL", b"FATAL", b"Error: ", b"Exception: ")
 # Megatron's `iteration N/M |` and the bundled trainer's `step N/M |` progress lines.
 _ITERATION = re.compile(rb"(?:iteration|^step|\nstep)\s+(\d+)\s*/\s*(\d+)\s*\|")
 
@@ -123,6 +129,12 @@ SIGNATURES: tuple[Signature, ...] = (
         rb"\b(?:ModuleNotFoundError|ImportError): ",
     ),
     _sig("invalid configuration", "config", b"validation error", rb"\d+ validation errors? for "),
+    _sig(  # Megatron's start-up runs `make` in megatron/core/datasets (a wheel install has no Makefile there)
+        "Megatron could not build its dataset helpers",
+        "config",
+        b"Failed to compile the C++ dataset helper functions",
+        startup_only=True,
+    ),
     _sig(
         "error before the first iteration",
         "config",
@@ -225,6 +237,7 @@ class LogScan:
     last_step: int | None = None
     planned_steps: int | None = None
     files: list[str] = field(default_factory=list)
+    error_line: Evidence | None = None  # the first line that reads as an error, for a failure no signature names
 
 
 def classify_failure(
@@ -294,14 +307,12 @@ def classify_failure(
             "unknown", f"the process made no progress after step {progress} and was killed by the caller"
         )
     bad = [c for c in codes if c not in (0, None)]
+    said = "; its first error line" if scan.error_line is not None else ""
     if bad:
-        return result(
-            "unknown",
-            f"exit code {_describe_code(bad[0])} with no known failure message in {len(scan.files)} log(s)",
-        )
-    return result(
-        "unknown", f"ended at step {progress} with no known failure message in {len(scan.files)} log(s)"
-    )
+        why = f"exit code {_describe_code(bad[0])} with no known failure message in {len(scan.files)} log(s)"
+        return result("unknown", why + said, scan.error_line)
+    why = f"ended at step {progress} with no known failure message in {len(scan.files)} log(s)"
+    return result("unknown", why + said, scan.error_line)
 
 
 def scan_logs(logs: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -> LogScan:
@@ -356,6 +367,10 @@ def _scan_file(path: Path, name: str, scan: LogScan) -> None:
 
 
 def _scan_chunk(chunk: bytes, name: str, base_line: int, scan: LogScan, weak_from: int | None) -> None:
+    if scan.error_line is None and any(n in chunk for n in ERROR_NEEDLES):
+        m = ERROR_LINE.search(chunk)
+        if m is not None:
+            scan.error_line = _evidence(chunk, m.start(), name, base_line, "error line")
     for sig in SIGNATURES:
         found = scan.evidence.setdefault(sig.name, [])
         if found and found[-1].file == name:

@@ -169,3 +169,24 @@ def test_big_logs_are_searched_at_both_ends_with_exact_line_numbers(tmp_path: Pa
         name for name, found in failures.scan_logs([log]).evidence.items() if found
     }
     assert result.last_step == 5
+
+
+def test_the_real_bridge_start_failure_is_named(tmp_path: Path) -> None:
+    """Megatron-Bridge 0.6.2 on an H100 (tests/data/bridge-0.6.2/): `make` of the dataset helpers failed at start-up.
+    It is a configuration problem of the environment, said with its line, not "no known failure message"."""
+    log = Path(__file__).parent / "data" / "bridge-0.6.2" / "h100_qwen3_start_failed_compile_helpers.log"
+    found = classify_failure([log], exit_codes=[1])
+    assert found.failure_class == "config" and not found.retryable
+    assert "dataset helpers" in found.reason and "Failed to compile the C++ dataset helper functions" in found.reason
+
+
+def test_an_unknown_failure_quotes_its_first_error_line(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.log"
+    log.write_text("starting\nINFO: all good\nERROR:some.module:the widget could not be frobnicated\n"
+                   "Traceback (most recent call last):\nSystemExit: 1\n")  # fmt: skip
+    found = classify_failure([log], exit_codes=[1])
+    assert found.failure_class == "unknown"
+    assert found.reason.endswith("its first error line (" + f"{log}:3): ERROR:some.module:the widget could not be frobnicated")
+    quiet = tmp_path / "quiet.log"
+    quiet.write_text("starting\n")
+    assert "first error line" not in classify_failure([quiet], exit_codes=[1]).reason
