@@ -274,8 +274,8 @@ def check_card(
     notes = []
     if not chosen.get("thresholds"):
         chosen = cards.add_thresholds(chosen, margin)
-        notes.append(f"{path} has no structured thresholds: gating at its measured values with a {margin:.0%} "
-                     "margin (--margin)")  # fmt: skip
+        notes.append(f"{path} has no structured thresholds: gating at its measured values with a "
+                     f"{margin * 100:.4g}% margin (--margin)")  # fmt: skip
     spec, skipped = cards.gate_spec(chosen)
     notes += skipped
     if spec == GateSpec():
