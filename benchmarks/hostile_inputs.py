@@ -1,7 +1,7 @@
 """Each input mbx reads, made hostile at its limit (reports/limits.py), through the real CLI: wall and CPU seconds and
 the peak memory (max RSS) of the process. Issue 32's targets: every one <= 2 s and <= 1 GB.
 
-    .venv/bin/python benchmarks/hostile_inputs.py [--only NAME ...] [--keep DIR]
+    .venv/bin/python benchmarks/hostile_inputs.py [--only NAME ...] [--keep DIR] [--mbx PATH]
 
 Each case writes its input into a temporary folder (or --keep DIR), runs `mbx ...` once to warm the file cache and
 once measured (a fresh process: imports count), and prints one Markdown row: the case, the input's size, the
@@ -116,6 +116,18 @@ def trace_events(folder: Path):
     return ["profile", "show", str(path)], path
 
 
+@case(f"trace: {limits.MAX_TRACE_EVENTS // 2:,} profiled steps, as many kernels (profile show)")
+def trace_steps(folder: Path):
+    half = limits.MAX_TRACE_EVENTS // 2  # each kernel was tested against every step window (issue 32 review)
+    steps = (json.dumps({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
+                         "ts": i * 10, "dur": 5}) for i in range(half))  # fmt: skip
+    kernels = (json.dumps({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": half * 10 + 1000 + i,
+                           "dur": 1}) for i in range(half))  # fmt: skip
+    path = folder / "steps.json"
+    path.write_text('{"traceEvents": [' + ", ".join([*steps, *kernels]) + "]}")
+    return ["profile", "show", str(path)], path
+
+
 @case("trace: one kernel name of 4 MB, the event-size limit (profile show)")
 def trace_long_name(folder: Path):
     path = folder / "long.json"
@@ -164,10 +176,10 @@ def log_long_lines(folder: Path):
     return ["ingest", "bench", str(path), "-w", str(folder / "ws")], path
 
 
-def measure(argv: list[str]) -> tuple[int, float, float, float, str]:
+def measure(argv: list[str], mbx: Path = MBX) -> tuple[int, float, float, float, str]:
     """(exit code, wall s, CPU s, peak RSS MB, last stderr line) of one fresh `mbx` process."""
     start = time.perf_counter()
-    proc = subprocess.Popen([str(MBX), *argv], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([str(mbx), *argv], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     stderr = proc.stderr.read() if proc.stderr else b""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
@@ -185,6 +197,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="cases whose name holds one of these words")
     parser.add_argument("--keep", type=Path, default=None, help="write the inputs here (default: a temp dir)")
+    parser.add_argument("--mbx", type=Path, default=MBX, help="the mbx to time (another checkout's: before)")
     args = parser.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="mbx-hostile-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -196,8 +209,8 @@ def main() -> None:
         if args.only and not any(word in name for word in args.only):
             continue
         argv, path = make(folder)
-        measure(argv)  # warm-up: the file cache
-        code, wall, cpu, rss, last = measure(argv)
+        measure(argv, args.mbx)  # warm-up: the file cache
+        code, wall, cpu, rss, last = measure(argv, args.mbx)
         ok = "yes" if wall <= 2 and rss <= 1024 else "NO"
         print(f"| {name} | {path.stat().st_size / 1e6:.1f} | {code} | {wall:.2f} | {cpu:.2f} | {rss:.0f} | {ok} |",
               flush=True)  # fmt: skip
