@@ -3,12 +3,14 @@ by default)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import struct
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +298,27 @@ def _log_run(settings: WandbSettings, campaign: str, init: dict[str, Any], fill:
     what = init["name"]
     if _online_recently_failed(settings, what, on_warning):
         return None
+    with _quiet_logging_errors():
+        return _logged_run(settings, campaign, init, fill, workspace_dir, on_warning)
+
+
+@contextmanager
+def _quiet_logging_errors() -> Iterator[None]:
+    """While wandb runs here, a log record its handlers cannot write (debug.log on a full disk) is dropped, not a
+    "--- Logging error ---" traceback on stderr per record (20 of them on one full-disk resume): the failure is
+    said once, by the warning of `_logged_run` (or the caller's full-disk line)."""
+    before = logging.raiseExceptions
+    logging.raiseExceptions = False
+    try:
+        yield
+    finally:
+        logging.raiseExceptions = before
+
+
+def _logged_run(settings: WandbSettings, campaign: str, init: dict[str, Any], fill: Callable[[Any], None],
+                workspace_dir: Path, on_warning: Callable[[str], None] | None) -> str | None:  # fmt: skip
+    """`_log_run`'s work: start, fill, finish and (offline) wait for the run file; a failure is one warning."""
+    what = init["name"]
     run = None
     stage = "start"
     try:

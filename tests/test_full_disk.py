@@ -7,6 +7,7 @@ names the process that holds it now, never the pid of a run that ended long ago.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -68,7 +69,9 @@ def test_writing_commands_say_the_disk_is_full_in_one_line(full):
     _one_line(run_mbx("campaign", "run", str(campaign), "-w", str(workspace), "--no-wandb"),
               f"the file system at {mount}", "is full", "free space there")  # fmt: skip
     _one_line(run_mbx("store", "rebuild", "-w", str(workspace)), f"the file system at {mount}", "is full")
-    _one_line(run_mbx("report", "fd", "-m", "-w", str(workspace)), "No space left on device", "free space")
+    report = run_mbx("report", "fd", "-m", "-w", str(workspace))  # the summary still printed, the page said unwritten
+    _one_line(report, f"the file system at {mount}", "the report was not written", "free space there")
+    assert report.stdout.startswith("## mbx campaign `fd`"), report.stdout[:500]
     db = sqlite3.connect(
         f"file:{workspace / 'mbx.sqlite'}?mode=ro&immutable=1", uri=True
     )  # no -shm on a full disk
@@ -77,6 +80,50 @@ def test_writing_commands_say_the_disk_is_full_in_one_line(full):
         assert [state for (state,) in db.execute("SELECT state FROM attempts")] == ["completed"]
     finally:
         db.close()
+
+
+def test_resume_on_a_full_disk_is_one_line_without_wandb_tracebacks(full):
+    """wandb's own log handlers failed per record ("--- Logging error ---", 20 tracebacks, 1,199 stderr lines)
+    and the resume exited 0 with two warnings; now the verdicts, then one line naming the file system, exit 1."""
+    workspace, _, _ = full
+    result = run_mbx("campaign", "resume", "fd", "-w", str(workspace), env={"WANDB_MODE": "offline"})
+    assert "Logging error" not in result.stderr and "warning:" not in result.stderr, result.stderr[-3000:]
+    _one_line(result, f"the file system at {workspace.parent}", "the report (`mbx report fd` writes it) and the "
+              "W&B outcome run were not written (every result is stored)")  # fmt: skip
+    assert "PASS" in result.stdout, result.stdout[-1500:]
+
+
+def test_freeze_and_golden_export_on_a_full_disk_exit_1_and_leave_nothing(full):
+    """Exit 2 (bad input) before, naming a temporary `.campaign.yaml.check-<pid>`, and an empty folder left."""
+    workspace, _, _ = full
+    mount = str(workspace.parent)
+    cell = next(p.name for p in (workspace / "fd").iterdir() if p.name.endswith("-r0"))
+    frozen = workspace.parent / "frozen"
+    result = run_mbx("freeze", "fd", "--point", cell.removesuffix("-r0"), "-o", str(frozen), "-w", str(workspace))
+    _one_line(result, f"the file system at {mount} holding {frozen} is full", "mbx freeze wrote nothing",
+              "--out on another disk")  # fmt: skip
+    assert ".check-" not in result.stderr and not frozen.exists()
+    out = workspace.parent / "golden.json"
+    result = run_mbx("golden", "export", "fd", "--point", cell, "-o", str(out), "-w", str(workspace))
+    _one_line(result, f"the file system at {mount} holding {out} is full", f"--out {out} was not written")
+    assert not out.exists() and not [p for p in workspace.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_report_cut_short_by_the_disk_names_the_file_it_was_writing(full):
+    """With 600 KB free the page's assets do not fit: the line named plotly.min.js's source in mbx's package."""
+    workspace, _, _ = full
+    disk = workspace.parent
+    (disk / "filler").unlink()
+    room = os.statvfs(disk)
+    (disk / "filler").write_bytes(b"\0" * (room.f_bavail * room.f_frsize - 600 * 1024))
+    try:
+        result = run_mbx("report", "fd", "-o", str(disk / "site"), "-w", str(workspace))
+        _one_line(result, f"the file system at {disk} holding {disk / 'site'}", "the report was not written")
+        assert str(ROOT) not in result.stderr and ".tmp" not in result.stderr, result.stderr
+    finally:
+        (disk / "filler").unlink()
+        shutil.rmtree(disk / "site", ignore_errors=True)
+        fill(disk)
 
 
 HOLD_WORKSPACE = """

@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+_TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{8}\.tmp$")
+
+
+def destination(path: str | os.PathLike[str]) -> Path:
+    """The file a temporary `.<name>.<random>.tmp` stands for (an error names the temporary file: messages name
+    this one); any other path as it is."""
+    path = Path(path)
+    found = _TEMP_NAME.match(path.name)
+    return path.with_name(found.group(1)) if found else path
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:

@@ -50,13 +50,14 @@ def report(
     campaign's baseline) and summary.md, the Markdown summary in a performance PR's shape.
 
     --out/-o is the site's folder [default: WORKSPACE/NAME/report]. --markdown/-m prints the summary on
-    stdout and the page's path on stderr; --json prints the page's and the summary's paths as JSON.
+    stdout and the page's path on stderr (on a full disk the summary still, and one error line: exit 1); --json
+    prints the page's and the summary's paths as JSON.
 
     Example: mbx report moe-dispatch --markdown > pr.md   (the page's path goes to stderr)
     """
     from rich.text import Text
 
-    from orchestrator.errors import UsageError
+    from orchestrator.errors import RunError, UsageError
     from orchestrator.flow import runner
 
     if out is not None and (out.is_symlink() or out.exists()) and not out.is_dir():
@@ -67,7 +68,12 @@ def report(
 
         refuse_links(Path(workspace).expanduser().resolve() / name)
     view = runner.view(workspace, name)
-    page = runner.write_report(workspace, view, out)
+    try:
+        page = runner.write_report(workspace, view, out)
+    except RunError:  # a full disk: the summary is still printed, the error line says the page was not written
+        if markdown:
+            typer.echo(runner.report_summary(workspace, view), nl=False)
+        raise
     summary = (page.parent / "summary.md").read_text(encoding="utf-8")
     if markdown:
         typer.echo(summary, nl=False)

@@ -35,6 +35,7 @@ from orchestrator.judge.closing import print_closing, run_outcome
 from orchestrator.judge.outcome import Outcome as Judged
 from orchestrator.judge.views import campaign_view, cell_view
 from orchestrator.run.baseline import baseline_summaries
+from orchestrator.run.disk import DiskFull, nearly_full
 from orchestrator.run.engine import Engine, Event, Outcome, adoptable
 from orchestrator.run.feasibility import (
     Assessment,
@@ -287,26 +288,37 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
     print_changes(regated.changes, "re-judged with the current gates")
     regated.parity = record_parity(store, campaign)
     judged = run_outcome(outcome, points, regated.parity, infeasible)
+    unwritten: list[str] = []  # what a full disk kept from being written: one error line after the verdicts
     if plan.options.make_report:
         try:
             page = write_report(store.workspace, campaign_view(store, campaign.name), None, judged)
             console.print(Text(f"report: {page}"))
+        except DiskFull:
+            unwritten.append(f"the report (`mbx report {campaign.name}` writes it)")
         except MbxError as err:  # every cell is stored: the verdicts below still stand
             err_console.print(Text(f"warning: {err}"), soft_wrap=True)
     if plan.options.log_wandb and campaign.wandb.mode != "disabled":
-        log_outcome(store.workspace, campaign, judged)
+        if not log_outcome(store.workspace, campaign, judged, quiet_when_full=True):
+            unwritten.append("the W&B outcome run")
     print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible)
+    if unwritten:  # every result is stored; the verdicts above stand, the outputs are missing: exit 1
+        were = "were" if len(unwritten) > 1 else "was"
+        raise DiskFull(store.workspace, f"{' and '.join(unwritten)} {were} not written (every result is stored)")
     return Finished(outcome, points, regated.parity, judged)
 
 
-def log_outcome(workspace: Path, campaign: Campaign, judged: Judged) -> None:
-    """The campaign's outcome as a W&B run of its group (reports/wandb_log.py); a failure is one warning."""
+def log_outcome(workspace: Path, campaign: Campaign, judged: Judged, quiet_when_full: bool = False) -> bool:
+    """The campaign's outcome as a W&B run of its group (reports/wandb_log.py); a failure is one warning. With
+    `quiet_when_full`, a failure on a full disk is no warning but False: the caller says so in its one line."""
     from reports.wandb_log import log_outcome as log
 
     warnings: list[str] = []
     log(campaign.wandb, campaign.name, judged.to_dict(), workspace, on_warning=warnings.append)
+    if warnings and quiet_when_full and nearly_full(Path(campaign.wandb.dir or workspace)):
+        return False
     for warning in warnings:
         err_console.print(Text(f"warning: {warning}"))
+    return True
 
 
 def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Regated:

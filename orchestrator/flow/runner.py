@@ -17,12 +17,14 @@ from orchestrator.judge.outcome import Outcome as Judged
 from orchestrator.judge.outcome import parity_failures, view_outcome
 from orchestrator.judge.views import campaign_view, parity_verdicts
 from orchestrator.run.baseline import baseline_summaries
+from orchestrator.run.disk import DiskFull, is_full
 from orchestrator.run.engine import Event, Outcome
 from orchestrator.run.progress import ProgressReporter
 from orchestrator.run.regate import PointVerdict
 from orchestrator.run.store import ACTIVE_STATES, Store, check_workspace, manifest_path, read_only
 from orchestrator.spec.campaign import Campaign
 from reports.views import CampaignView
+from trainer import atomic
 
 if TYPE_CHECKING:
     from reports.site_data import SiteExtras
@@ -160,6 +162,13 @@ def write_report(workspace: Path, campaign: CampaignView, out: Path | None, judg
         raise report_error(err, out_dir, campaign.name, workspace) from None
 
 
+def report_summary(workspace: Path, campaign: CampaignView) -> str:
+    """summary.md's text without writing anything: `mbx report -m` prints it when the page cannot be written."""
+    from reports.markdown import markdown_summary
+
+    return markdown_summary(campaign, report_extras(Path(workspace), campaign, None))
+
+
 def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None) -> SiteExtras:
     """What the site shows beside the view, from what the store knows (read-only): the campaign's outcome (the
     closing line's word), the winner and the rejected points by the verdicts (orchestrator/judge/freeze.py;
@@ -214,9 +223,12 @@ _WRONG_PLACE = (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.E
 
 def report_error(err: OSError, out_dir: Path, name: str, workspace: Path) -> MbxError:
     """The one line saying why the report could not be written where, and how to write it again."""
-    where = err.filename or out_dir
+    # a copy's (shutil) filename is its source, filename2 the copy; an atomic write's, its temporary file
+    where = atomic.destination(err.filename2 or err.filename or out_dir)
     again = f"`mbx report {name} --workspace {Path(workspace).expanduser().resolve()}`"
-    if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    if is_full(err, Path(where)):
+        return DiskFull(Path(where), "the report was not written", f"write it again with {again}")
+    if err.errno == errno.EFBIG:
         return RunError(f"the report was not written: {where}: {err.strerror}; free space on the disk holding "
                         f"{out_dir}, then write it again with {again}")  # fmt: skip
     if err.errno in _WRONG_PLACE:

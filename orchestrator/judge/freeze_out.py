@@ -3,6 +3,7 @@ gates, FROZEN.md in the shape of a performance PR, and frozen.json."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -12,6 +13,7 @@ from typing import Any
 from orchestrator import trainers
 from orchestrator.errors import ConfigError, RunError, UsageError
 from orchestrator.judge.freeze import Frozen
+from orchestrator.run.disk import DiskFull
 from orchestrator.run.outfile import check_target, write_out
 from orchestrator.spec.sweep import canonical_json
 from orchestrator.spec.yamlio import dump_yaml
@@ -175,17 +177,33 @@ def write_frozen(frozen: Frozen, out: Path, repeats: int = 3, margin: float | No
     if out.is_dir():  # every target checked before any is written: whole or nothing
         for name in files:
             check_target(out / name, "--out")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    check = out / f".campaign.yaml.check-{os.getpid()}"
-    _write(check, files["campaign.yaml"])
+    written: list[Path] = []
     try:
-        load_campaign(check)
-    except ConfigError as err:
-        raise RunError(f"the frozen campaign would not validate (a bug in mbx freeze): {err}") from None
-    finally:
-        check.unlink(missing_ok=True)
-    written = []
-    for name, text in files.items():
-        _write(out / name, text)
-        written.append(out / name)
+        check = out / f".campaign.yaml.check-{os.getpid()}"
+        _write(check, files["campaign.yaml"])
+        try:
+            load_campaign(check)
+        except ConfigError as err:
+            raise RunError(f"the frozen campaign would not validate (a bug in mbx freeze): {err}") from None
+        finally:
+            check.unlink(missing_ok=True)
+        for name, text in files.items():
+            _write(out / name, text)
+            written.append(out / name)
+    except DiskFull:  # the folder, not a temporary file, named; a folder this call made is removed again
+        if created:
+            _undo(out, written)
+        kept = ", ".join(path.name for path in written)
+        done = f"mbx freeze replaced only {kept}" if written and not created else "mbx freeze wrote nothing"
+        raise DiskFull(out, done, elsewhere="--out") from None
     return written
+
+
+def _undo(out: Path, written: list[Path]) -> None:
+    """Remove the files this freeze wrote into the folder `out` it made, then the folder (when empty)."""
+    for path in written:
+        path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        out.rmdir()

@@ -46,9 +46,12 @@ def is_full(err: BaseException, path: Path) -> bool:
     return False
 
 
-def full_disk_error(path: Path, doing: str) -> RunError:
+def full_disk_error(
+    path: Path, doing: str, again: str = "run the command again", elsewhere: str = "--workspace"
+) -> RunError:
     """`the file system at /x holding /x/ws/.lock is full (12 KiB free of 8 MiB): mbx could not take the lock; free
-    space there ... then run the command again`."""
+    space there ... then run the command again` (`again`: what to do once there is room; `elsewhere`: the option
+    that puts the files on another disk)."""
     from reports.limits import size_text
 
     mount = mount_point(path)
@@ -59,12 +62,14 @@ def full_disk_error(path: Path, doing: str) -> RunError:
         room = ""
     return RunError(f"the file system at {mount} holding {path} is full{room} (ENOSPC): {doing}; free space there "
                     "(old attempts' checkpoint/ folders, profile traces, report sites, wandb/ runs, other files) or "
-                    "use a --workspace on another disk, then run the command again")  # fmt: skip
+                    f"use a {elsewhere} on another disk, then {again}")  # fmt: skip
 
 
 class DiskFull(RunError):
     """The disk holding `path` is full: the one line of `full_disk_error`."""
 
-    def __init__(self, path: Path, doing: str):
+    def __init__(
+        self, path: Path, doing: str, again: str = "run the command again", elsewhere: str = "--workspace"
+    ):
         self.path = Path(path)
-        super().__init__(str(full_disk_error(self.path, doing)))
+        super().__init__(str(full_disk_error(self.path, doing, again, elsewhere)))

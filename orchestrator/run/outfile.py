@@ -5,7 +5,7 @@ the path cannot take it.
 (/dev/full, /dev/null), a FIFO, a socket or a directory is refused and left as it is; a symbolic link is
 refused unless the caller lets it be followed (then its target must itself be absent or a regular file, and
 the target is written, the link kept). A missing or unwritable folder is one line, exit 2, and no temporary
-file is left behind.
+file is left behind; a full disk is one line naming the file system, exit 1 (orchestrator/run/disk.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 from orchestrator.errors import UsageError
+from orchestrator.run.disk import DiskFull, is_full
 from trainer import atomic
 
 _KINDS = (
@@ -72,4 +73,7 @@ def write_out(out: Path, text: str, label: str = "--out", follow_symlinks: bool 
             handle.flush()
             check_target(target, label)  # replaced by a device or link meanwhile: refuse still
     except OSError as err:
+        if is_full(err, target):  # no bad input: exit 1, the file system named
+            done = f"{label} {out} was not written (nothing half-written is left)"
+            raise DiskFull(out, done, elsewhere=label) from None
         raise UsageError(f"{label} {out}: cannot be written ({err.strerror or err})") from None
