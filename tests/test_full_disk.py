@@ -69,7 +69,9 @@ def test_writing_commands_say_the_disk_is_full_in_one_line(full):
     _one_line(run_mbx("campaign", "run", str(campaign), "-w", str(workspace), "--no-wandb"),
               f"the file system at {mount}", "is full", "free space there")  # fmt: skip
     _one_line(run_mbx("store", "rebuild", "-w", str(workspace)), f"the file system at {mount}", "is full")
-    report = run_mbx("report", "fd", "-m", "-w", str(workspace))  # the summary still printed, the page said unwritten
+    report = run_mbx(
+        "report", "fd", "-m", "-w", str(workspace)
+    )  # the summary still printed, the page said unwritten
     _one_line(report, f"the file system at {mount}", "the report was not written", "free space there")
     assert report.stdout.startswith("## mbx campaign `fd`"), report.stdout[:500]
     db = sqlite3.connect(
@@ -99,7 +101,9 @@ def test_freeze_and_golden_export_on_a_full_disk_exit_1_and_leave_nothing(full):
     mount = str(workspace.parent)
     cell = next(p.name for p in (workspace / "fd").iterdir() if p.name.endswith("-r0"))
     frozen = workspace.parent / "frozen"
-    result = run_mbx("freeze", "fd", "--point", cell.removesuffix("-r0"), "-o", str(frozen), "-w", str(workspace))
+    result = run_mbx(
+        "freeze", "fd", "--point", cell.removesuffix("-r0"), "-o", str(frozen), "-w", str(workspace)
+    )
     _one_line(result, f"the file system at {mount} holding {frozen} is full", "mbx freeze wrote nothing",
               "--out on another disk")  # fmt: skip
     assert ".check-" not in result.stderr and not frozen.exists()

@@ -38,6 +38,7 @@ def test_freeze_checks_every_target_before_writing_any(done, tmp_path):
     cell = next(p.name for p in (workspace / "ln").iterdir() if p.name.endswith("-r0"))
     result = run_mbx("freeze", "ln", "-w", str(workspace), "-o", str(out), "--point", cell)
     assert result.returncode == 2 and "frozen.json: is a symbolic link" in result.stderr, result.stderr
+    assert "--follow-symlinks" not in result.stderr  # only golden export has that option
     assert sorted(p.name for p in out.iterdir()) == ["frozen.json"], "nothing written beside the link"
     assert (tmp_path / "elsewhere").read_text() == "keep"
 
@@ -71,5 +72,40 @@ def test_a_linked_report_folder_is_refused(done, tmp_path):
         result = run_mbx("report", "ln", "-w", str(workspace))
         assert result.returncode == 2 and f"{report}: a symbolic link" in result.stderr, result.stderr[-2000:]
         assert list((tmp_path / "site").iterdir()) == []
+        # the advice was "give --workspace the folder it points to" (a report folder is no workspace)
+        assert (
+            f"`mbx report ln --out {tmp_path / 'site'}`" in result.stderr
+            and "--workspace" not in result.stderr
+        )
     finally:
         report.unlink()
+
+
+@pytest.mark.parametrize("entry", ["mbx.sqlite", "wandb"])
+def test_a_linked_store_or_wandb_folder_is_refused_and_not_written_through(done, tmp_path, entry):
+    """The run store and W&B's offline runs were written through a link silently (the store grew elsewhere, the
+    runs landed in the link's target); they are refused as a linked campaign folder is, naming what to do."""
+    workspace, campaign = done
+    place = workspace / entry
+    target = tmp_path / "elsewhere"
+    if place.exists():
+        place.rename(target)
+    else:
+        target.mkdir()
+    place.symlink_to(target)
+    try:
+        before = (
+            target.stat().st_mtime_ns,
+            sorted(p.name for p in target.iterdir()) if target.is_dir() else [],
+        )
+        for args in (("campaign", "run", str(campaign)), ("campaign", "resume", "ln"), ("store", "rebuild")):
+            result = run_mbx(*args, "-w", str(workspace))
+            assert result.returncode == 2, (args, result.stderr[-2000:])
+            assert f"{place}: a symbolic link (to {target}) where" in result.stderr, result.stderr[-2000:]
+            assert "move the link away" in result.stderr and "Traceback" not in result.stderr
+        after = target.stat().st_mtime_ns, sorted(p.name for p in target.iterdir()) if target.is_dir() else []
+        assert after == before
+    finally:
+        place.unlink()
+        if entry == "mbx.sqlite":
+            target.rename(place)

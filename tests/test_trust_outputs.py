@@ -84,8 +84,11 @@ def test_write_out_follows_a_link_only_when_asked(tmp_path):
     target.write_text("old\n")
     link = tmp_path / "link.json"
     link.symlink_to(target)
-    with pytest.raises(UsageError, match="is a symbolic link"):
-        write_out(link, "new\n")
+    with pytest.raises(UsageError, match="is a symbolic link") as refused:
+        write_out(link, "new\n")  # freeze -o, card export -o: no --follow-symlinks to suggest
+    assert "--follow-symlinks" not in str(refused.value)
+    with pytest.raises(UsageError, match="or --follow-symlinks to write the file"):
+        write_out(link, "new\n", follow_symlinks=False)  # golden export: the option is there
     assert target.read_text() == "old\n"
     write_out(link, "new\n", follow_symlinks=True)
     assert link.is_symlink() and target.read_text() == "new\n"  # the link kept, its target written

@@ -10,7 +10,7 @@ from typing import IO, ClassVar
 
 from orchestrator.errors import RunError
 from orchestrator.run.disk import FULL_ERRNOS, full_disk_error
-from orchestrator.run.workspace_links import refuse_links
+from orchestrator.run.workspace_links import refuse_links, refuse_workspace_links
 
 LOCK_FILE = ".lock"  # <workspace>/<campaign>/.lock (one orchestrator) and <workspace>/.lock (rebuild vs campaigns)
 
@@ -186,6 +186,7 @@ class WorkspaceLock:
         self._handles: list[IO[str]] = []
 
     def __enter__(self) -> WorkspaceLock:
+        refuse_workspace_links(self.workspace)  # the store it rebuilds is no link written through
         path = self.workspace / LOCK_FILE
         whole = _flock(path, fcntl.LOCK_EX)
         if whole is None:

@@ -31,9 +31,10 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def check_target(out: Path, label: str = "--out", follow_symlinks: bool = False) -> Path:
+def check_target(out: Path, label: str = "--out", follow_symlinks: bool | None = None) -> Path:
     """The path to write for `out` (its target when a followed link); UsageError for anything but an absent
-    path or a regular file, for a link not to be followed, and for a missing parent folder."""
+    path or a regular file, for a link not to be followed, and for a missing parent folder. `follow_symlinks`
+    None: the command has no --follow-symlinks (a link is refused, and no such option is suggested)."""
     out = Path(out)
     try:
         info = os.lstat(out)
@@ -45,8 +46,9 @@ def check_target(out: Path, label: str = "--out", follow_symlinks: bool = False)
         raise UsageError(f"{label} {out}: not a usable path ({err})") from None
     if info is not None and stat.S_ISLNK(info.st_mode):
         if not follow_symlinks:
+            option = "" if follow_symlinks is None else ", or --follow-symlinks to write the file it points to"
             raise UsageError(f"{label} {out}: is a symbolic link; mbx does not replace links (give the target's "
-                             "path, or --follow-symlinks to write the file it points to)")  # fmt: skip
+                             f"path{option})")  # fmt: skip
         target = Path(os.path.realpath(out))
         if target == out or os.path.islink(target):
             raise UsageError(f"{label} {out}: the symbolic link does not resolve (a loop): give another path")
@@ -63,7 +65,7 @@ def check_target(out: Path, label: str = "--out", follow_symlinks: bool = False)
     return out
 
 
-def write_out(out: Path, text: str, label: str = "--out", follow_symlinks: bool = False) -> None:
+def write_out(out: Path, text: str, label: str = "--out", follow_symlinks: bool | None = None) -> None:
     """Write `text` to `out` whole or not at all (trainer.atomic), after `check_target`; an unwritable path →
     UsageError naming `label` and the path (nothing half-written is left)."""
     target = check_target(Path(out), label, follow_symlinks)

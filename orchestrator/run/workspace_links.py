@@ -1,5 +1,6 @@
 """The workspace's folders are real directories: a symbolic link where mbx writes (a campaign's folder, a cell's,
-an attempt's, the report's) is refused, naming it and where it points; mbx never writes through one."""
+an attempt's, the report's, the run store mbx.sqlite, W&B's wandb/) is refused, naming it, where it points and
+what to do instead; mbx never writes through one."""
 
 from __future__ import annotations
 
@@ -33,10 +34,45 @@ def links_in_campaign(campaign_dir: Path) -> list[Path]:
     return found
 
 
+# Files and folders of the workspace itself that mbx writes: a link there is refused as a campaign's folder is.
+WORKSPACE_ENTRIES = {
+    "mbx.sqlite": "the workspace's run store; mbx does not write through links inside the workspace: move the "
+    "link away and put the store itself there (or give --workspace the folder that holds it with its campaigns)",
+    "wandb": "W&B's offline runs of the workspace; mbx does not write through links inside the workspace: move the "
+    "link away (to keep the runs on another disk, set the campaign's wandb.dir: they go under <wandb.dir>/wandb/)",
+}
+
+
+def links_in_workspace(workspace: Path) -> list[Path]:
+    """The run store (mbx.sqlite) and W&B folder (wandb/) of `workspace` where they are symbolic links."""
+    return [Path(workspace) / name for name in WORKSPACE_ENTRIES if (Path(workspace) / name).is_symlink()]
+
+
 def refuse_links(campaign_dir: Path) -> None:
-    """UsageError naming each link (and its target) in the folders mbx writes for a campaign."""
-    found = links_in_campaign(campaign_dir)
-    if found:
-        raise UsageError([f"{link}: a symbolic link (to {os.readlink(link)}) where mbx writes the campaign; mbx does "
-                          "not write through links inside the workspace: put a real directory in its place (move "
-                          "the link away), or give --workspace the folder it points to" for link in found])  # fmt: skip
+    """UsageError naming each link (and its target) in the folders mbx writes for a campaign, and in the
+    workspace's own store and W&B folder."""
+    campaign_dir = Path(campaign_dir)
+    problems = [_refusal(link, campaign_dir.name) for link in links_in_campaign(campaign_dir)]
+    problems += [_refusal(link) for link in links_in_workspace(campaign_dir.parent)]
+    if problems:
+        raise UsageError(problems)
+
+
+def refuse_workspace_links(workspace: Path) -> None:
+    """UsageError naming the workspace's store or W&B folder where it is a link (`mbx store rebuild`)."""
+    problems = [_refusal(link) for link in links_in_workspace(workspace)]
+    if problems:
+        raise UsageError(problems)
+
+
+def _refusal(link: Path, campaign: str | None = None) -> str:
+    """`<link>: a symbolic link (to <target>) where ...`, with what to do for that place."""
+    start = f"{link}: a symbolic link (to {os.readlink(link)}) where "
+    if campaign is None:
+        return start + WORKSPACE_ENTRIES[link.name]
+    if link.name == "report" and link.parent.name == campaign:  # the report can go anywhere with --out
+        return (start + "mbx writes the campaign's report; mbx does not write through links inside the workspace: "
+                f"move the link away, or write the report there with `mbx report {campaign} --out "
+                f"{os.path.realpath(link)}`")  # fmt: skip
+    return (start + "mbx writes the campaign; mbx does not write through links inside the workspace: move the link "
+            "away and put a real directory in its place (the folder it points to, moved back)")  # fmt: skip
