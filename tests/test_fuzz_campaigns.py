@@ -327,3 +327,9 @@ def test_an_unknown_gpu_is_refused_at_validate_as_plan_refuses_it(tmp_path: Path
     for command in ("validate", "plan"):
         code, _, err = run_cli("campaign", command, str(file))
         assert code == 2 and f"{file}: resources.gpu: unknown GPU {gpu!r}" in err, (command, err)
+    # run said `gpu: unknown GPU` (no file, no key); with --gpu it ran a file validate refuses: refused the same
+    workspace = tmp_path / "ws"
+    for extra in ([], ["--gpu", "H100-80GB"]):
+        code, _, err = run_cli("campaign", "run", str(file), "-w", str(workspace), "--dry-run", *extra)
+        assert code == 2 and f"{file}: resources.gpu: unknown GPU {gpu!r}" in err, (extra, err)
+    assert not workspace.exists()

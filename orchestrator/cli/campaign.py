@@ -276,6 +276,7 @@ def run(
     options = lifecycle.Options(workspace, launcher, parallel, gpu, strict, max_cells, make_report=report,
                                 log_wandb=wandb)  # fmt: skip
     campaign, points = lifecycle.load(file, options)  # parity sides as sweep factors
+    _check_gpu_names(campaign, file)  # as validate and plan: the file's GPU names, whatever --gpu says
     if campaign.sweep.search is not None:  # a budgeted search: orchestrator/flow/search_run.py
         from orchestrator.flow.search_run import run_search
 

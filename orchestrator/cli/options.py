@@ -124,7 +124,8 @@ GpuOpt = Annotated[
         "--gpu",
         help="Target GPU (H200, H100-80GB, GB200, B200, A100-80GB, ... or a size like 80GiB; `auto`: this "
         "machine's GPU, read with nvidia-smi): points whose memory estimate does not fit are infeasible and "
-        "skipped [default: the campaign's resources.gpu].",
+        "skipped [default: the campaign's resources.gpu]. It replaces a valid resources.gpu; a file whose "
+        "resources.gpu is unknown is refused as `campaign validate` refuses it (fix the file).",
         show_default=False,
     ),
 ]
