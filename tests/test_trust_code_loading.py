@@ -34,6 +34,17 @@ def test_a_code_loading_name_needs_the_opt_in(tmp_path, name, where):
     assert allowed.env.allow_code_loading == [name]
 
 
+@pytest.mark.parametrize(
+    "name", ["CUDA_INJECTION64_PATH", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "GCONV_PATH", "PYTHONWARNINGS"]
+)
+def test_loader_and_plugin_names_need_the_opt_in_too(tmp_path, name):
+    """Each loads a library or module it names (the CUDA driver, NCCL, glibc's iconv, Python's warning filters):
+    they validated without the opt-in (issue 32's review)."""
+    with pytest.raises(ConfigError, match=f"'{name}' changes which code runs"):
+        _load(tmp_path, {"values": {name: "/tmp/x.so"}})
+    assert _load(tmp_path, {"values": {name: "/tmp/x.so"}, "allow_code_loading": [name]}).env.allow_code_loading
+
+
 def test_only_code_loading_names_can_be_allowed(tmp_path):
     with pytest.raises(ConfigError, match="'HOME' does not change which code runs"):
         _load(tmp_path, {"allow_code_loading": ["HOME"]})

@@ -19,8 +19,9 @@ Reserved, and why:
   inherited values; a shared value is exactly the race they avoid. Choose the root with `cache_dir`.
 
 Names that change which code runs (CODE_LOADING: PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, PYTHONUSERBASE,
-PYTHONBREAKPOINT, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, DYLD_*, BASH_ENV, ENV) are allowed only when the campaign
-lists them in `env.allow_code_loading`: a campaign from someone else cannot slip a library or a module path into
+PYTHONBREAKPOINT, PYTHONWARNINGS, PYTHONPLATLIBDIR, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, DYLD_*, BASH_ENV, ENV,
+GCONV_PATH, CUDA_INJECTION64_PATH/32, NCCL_NET_PLUGIN, NCCL_TUNER_PLUGIN, NCCL_PROFILER_PLUGIN: each loads a
+library, a module or a script it names) are allowed only when the campaign lists them in `env.allow_code_loading`: a campaign from someone else cannot slip a library or a module path into
 the trainer unnoticed. mbx prepends its checkout and the software worktrees/overlays to PYTHONPATH; an allowed
 campaign value is kept after them.
 
@@ -78,6 +79,14 @@ CODE_LOADING: dict[str, str] = {
     "DYLD_LIBRARY_PATH": "the macOS loader takes libraries from its folders first",
     "BASH_ENV": "bash runs that file before every script",
     "ENV": "sh runs that file at every interactive start",
+    "PYTHONWARNINGS": "Python imports the module a warning filter's category names",
+    "PYTHONPLATLIBDIR": "Python loads its platform-specific standard library from there",
+    "GCONV_PATH": "glibc's iconv loads character-conversion modules from its folders",
+    "CUDA_INJECTION64_PATH": "the CUDA driver loads that library into every CUDA process",
+    "CUDA_INJECTION32_PATH": "the CUDA driver loads that library into every 32-bit CUDA process",
+    "NCCL_NET_PLUGIN": "NCCL loads that network plugin library",
+    "NCCL_TUNER_PLUGIN": "NCCL loads that tuner plugin library",
+    "NCCL_PROFILER_PLUGIN": "NCCL loads that profiler plugin library",
 }
 ALLOW_KEY = "env.allow_code_loading"
 
