@@ -42,7 +42,9 @@ def test_loader_and_plugin_names_need_the_opt_in_too(tmp_path, name):
     they validated without the opt-in (issue 32's review)."""
     with pytest.raises(ConfigError, match=f"'{name}' changes which code runs"):
         _load(tmp_path, {"values": {name: "/tmp/x.so"}})
-    assert _load(tmp_path, {"values": {name: "/tmp/x.so"}, "allow_code_loading": [name]}).env.allow_code_loading
+    assert _load(
+        tmp_path, {"values": {name: "/tmp/x.so"}, "allow_code_loading": [name]}
+    ).env.allow_code_loading
 
 
 def test_only_code_loading_names_can_be_allowed(tmp_path):
@@ -66,3 +68,25 @@ def test_the_plan_names_pip_options_that_build_from_local_sources(mbx, tmp_path)
         yaml.safe_dump({"name": "c", "software": {"pip_args": ["--index-url", "https://pypi.org/simple"]}})
     )
     assert "note:" not in mbx("campaign", "plan", str(plain)).stdout
+
+
+@pytest.mark.parametrize(
+    "pip_args",
+    [["--find-links=file:///srv/wheels"], ["-f", "file:///srv/wheels"], ["--index-url", "file:///srv/index"],
+     ["--extra-index-url=File:///srv/index"], ["-i", "FILE:///srv/index"], ["--find-links", "FILE:///srv/wheels"]],
+)  # fmt: skip
+def test_file_urls_are_local_sources_in_any_case(pip_args):
+    """`--find-links=file:///…`, `-f file:///…` and `--index-url file:///…` got no note ('://' was taken for
+    remote); the scheme is case-insensitive (issue 32's review)."""
+    from orchestrator.spec.software import Software, local_source_notes
+
+    notes = local_source_notes(Software(pip_args=pip_args))
+    assert len(notes) == 1 and "install from local sources (" in notes[0] and "/srv/" in notes[0], notes
+    assert local_source_notes(Software(pip_args=["--index-url", "HTTPS://pypi.org/simple"])) == []
+
+
+def test_a_file_url_in_capitals_is_not_taken_for_a_relative_folder(tmp_path):
+    from orchestrator.spec.software import Software, _pip_args
+
+    args = _pip_args(Software(pip_args=["-f", "FILE:///srv/wheels", "-f", "wheels"]), tmp_path / "c.yaml")
+    assert args == ["-f", "FILE:///srv/wheels", "-f", str(tmp_path / "wheels")]

@@ -179,15 +179,27 @@ def check_pip_args(args: list[Any]) -> list[str]:
 
 
 LOCAL_SOURCES = ("--find-links", "-f", "--no-index", "--no-build-isolation")
+# the options that name where pip looks for packages
+LOCATION_OPTIONS = ("--find-links", "-f", "--index-url", "-i", "--extra-index-url")
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)  # URL schemes are case-insensitive (FILE://)
+
+
+def _locations(args: list[str]) -> list[str]:
+    """The values of pip's location options, given as `--opt VALUE` or `--opt=VALUE`."""
+    found = [args[i + 1] for i, a in enumerate(args[:-1]) if a in LOCATION_OPTIONS]
+    return found + [a.partition("=")[2] for a in args if a.partition("=")[0] in LOCATION_OPTIONS and "=" in a]
+
+
+def is_local_location(location: str) -> bool:
+    """A directory or a file:// URL (any case), where pip may find source packages; not http(s)."""
+    return not _SCHEME.match(location) or location.lower().startswith("file://")
 
 
 def local_source_notes(software: Software) -> list[str]:
     """What a plan says of pip options that install from local sources (allowed, but a source package found there
     runs its own build script, setup.py or a build backend, where the overlay is built: the login node)."""
     args = software.pip_args
-    links = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--find-links", "-f")]
-    links += [a.partition("=")[2] for a in args if a.startswith("--find-links=")]
-    local = [d for d in links if not re.match(r"^[a-z][a-z0-9+.-]*://", d)]
+    local = [d for d in _locations(args) if is_local_location(d)]  # a folder or file:// of any option
     notes = []
     if local or "--no-index" in args:
         where = ", ".join(local) if local else "--no-index"
@@ -246,7 +258,7 @@ def _pip_args(software: Software, campaign_file: Path | None) -> list[str]:
     root = campaign_file.resolve().parent if campaign_file else Path.cwd()
     args, links = [], False
     for arg in software.pip_args:
-        if links and not re.match(r"^[a-z]+://", arg):
+        if links and not _SCHEME.match(arg):  # a file:// (or FILE://) URL is kept as written
             arg = str((root / arg).resolve())
         args.append(arg)
         links = arg in ("--find-links", "-f")
