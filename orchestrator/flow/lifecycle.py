@@ -288,22 +288,23 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
     print_changes(regated.changes, "re-judged with the current gates")
     regated.parity = record_parity(store, campaign)
     judged = run_outcome(outcome, points, regated.parity, infeasible)
-    unwritten: list[str] = []  # what a full disk kept from being written: one error line after the verdicts
+    unwritten: dict[str, Path] = {}  # what a full disk kept from being written, and where: one line at the end
     if plan.options.make_report:
         try:
             page = write_report(store.workspace, campaign_view(store, campaign.name), None, judged)
             console.print(Text(f"report: {page}"))
-        except DiskFull:
-            unwritten.append(f"the report (`mbx report {campaign.name}` writes it)")
+        except DiskFull as err:
+            unwritten[f"the report (`mbx report {campaign.name}` writes it)"] = err.path
         except MbxError as err:  # every cell is stored: the verdicts below still stand
             err_console.print(Text(f"warning: {err}"), soft_wrap=True)
     if plan.options.log_wandb and campaign.wandb.mode != "disabled":
         if not log_outcome(store.workspace, campaign, judged, quiet_when_full=True):
-            unwritten.append("the W&B outcome run")
+            unwritten["the W&B outcome run"] = Path(campaign.wandb.dir or store.workspace) / "wandb"
     print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible)
     if unwritten:  # every result is stored; the verdicts above stand, the outputs are missing: exit 1
         were = "were" if len(unwritten) > 1 else "was"
-        raise DiskFull(store.workspace, f"{' and '.join(unwritten)} {were} not written (every result is stored)")
+        raise DiskFull(next(iter(unwritten.values())), f"{' and '.join(unwritten)} {were} not written (every "
+                       "result is stored)")  # fmt: skip
     return Finished(outcome, points, regated.parity, judged)
 
 
