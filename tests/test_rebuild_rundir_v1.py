@@ -78,3 +78,21 @@ def test_rebuild_from_v1_run_dirs_alone(mbx, v1_workspace: Path) -> None:
                                                                       want["job_id"])  # fmt: skip
         facts = ("steps", "first_loss", "last_loss", "peak_alloc_gib")  # the window is the default one now
         assert {k: got["summary"][k] for k in facts} == {k: want["summary"][k] for k in facts}
+
+
+def test_a_record_a_newer_mbx_wrote_is_refused_by_rebuild_and_status(mbx, v1_workspace: Path) -> None:
+    """A status.json of a newer format: `store rebuild` and `campaign status` stop with exit 2 naming the file and
+    its version (no traceback); the store in place and the record stay as they were."""
+    assert mbx("store", "rebuild", "--workspace", str(v1_workspace)).returncode == 0
+    store = (v1_workspace / STORE_FILE).read_bytes()
+    status = v1_workspace / "tiny" / "7fab3c2a3f-r0" / "1" / "status.json"
+    newer = b'{"mbx_format": 99, "state": "completed", "written_by": "trainer", "new_key": 1}'
+    status.write_bytes(newer)
+    said = f"error: {status}: written by a newer mbx (v99); this mbx reads run-dir formats v1 to v"
+    for command in (("store", "rebuild"), ("campaign", "status", "tiny"), ("report", "tiny")):
+        done = mbx(*command, "--workspace", str(v1_workspace))
+        assert done.returncode == 2, (command, done.stdout + done.stderr)
+        shown = " ".join(done.stderr.split())
+        assert said in shown and "Traceback" not in done.stderr, (command, done.stderr)
+    assert status.read_bytes() == newer and (v1_workspace / STORE_FILE).read_bytes() == store
+    assert not list(v1_workspace.glob(f"{STORE_FILE}.*")), "no half-built or kept-aside store"

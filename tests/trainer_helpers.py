@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from trainer import rundir
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the in-process unit tests import trainer.* from the checkout
     sys.path.insert(0, str(ROOT))
@@ -181,7 +183,7 @@ def run_torchrun(out: Path, recipe: dict, nproc: int, env: dict[str, str] | None
 
 
 def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rundir.read_metrics(out)
 
 
 def status(out: Path) -> dict:
