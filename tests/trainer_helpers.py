@@ -4,7 +4,6 @@ spawned gloo world (`train_on_ranks`), reading run dirs."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import socket
 import subprocess
@@ -186,8 +185,8 @@ def metrics(out: Path) -> list[dict]:
     return rundir.read_metrics(out)
 
 
-def status(out: Path) -> dict:
-    return json.loads((out / "status.json").read_text())
+def status(out: Path) -> dict | None:
+    return rundir.read_status(out)
 
 
 def losses(out: Path) -> list[float | None]:
