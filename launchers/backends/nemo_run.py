@@ -309,10 +309,9 @@ class NemoRunLauncher(SlurmLauncher):
         layout = PackLayout(table.parent)
         for number, chunk in enumerate(self._packs(specs)):
             req = job_request(chunk, self.profile, self.settings, self.workspace)
+            # the runner starts the points' srun steps from outside the container: pack_python with an image
+            argv = runner_argv(runner_python(self.profile, self.settings, req.container_image), layout.file, number)
             req = dataclasses.replace(req, time_min=pack_minutes(chunk, self.settings), container_image=None)
-            argv = runner_argv(
-                runner_python(self.profile, self.settings, req.container_image), layout.file, number
-            )
             script = run.Script(path=shlex.quote(argv[2]), args=[shlex.quote(a) for a in argv[3:]],
                                 entrypoint=shlex.join(argv[:2]))  # fmt: skip
             name = safe_name(f"pack{number}-{chunk[0].cell_id}-a{chunk[0].attempt}")
