@@ -21,6 +21,7 @@ from launchers.base import LaunchSpec, Rendered, Submitted
 from launchers.command import here_python, node_entry_argv, node_python
 from launchers.registry import register
 from launchers.safety import check_plain, plain_problem, shell_word
+from launchers.scheduler import Scheduler, SchedulerState
 from launchers.slurm.launcher import SlurmLauncher
 from launchers.slurm.pack import (
     OVERLAP_ARGS,
@@ -34,7 +35,6 @@ from launchers.slurm.pack import (
     runner_argv,
     runner_python,
 )
-from launchers.slurm.query import Scheduler, SchedulerState
 from launchers.slurm.render import (
     JobRequest,
     batch_key,

@@ -33,6 +33,7 @@ from launchers.base import JobState, LaunchSpec, Rendered, Submitted
 from launchers.command import node_entry_argv, node_python
 from launchers.registry import register
 from launchers.safety import check_value, refuse_control
+from launchers.scheduler import Scheduler, SchedulerState
 from launchers.slurm.launcher import SlurmLauncher
 from launchers.slurm.pack import (
     PACK_FILE,
@@ -47,7 +48,7 @@ from launchers.slurm.pack import (
     runner_python,
     scheduler_id,
 )
-from launchers.slurm.query import Scheduler, SchedulerState, SlurmQuery
+from launchers.slurm.query import SlurmQuery
 from launchers.slurm.render import (
     TASKS_FILE,
     JobRequest,
