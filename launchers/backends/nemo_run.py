@@ -333,7 +333,7 @@ class NemoRunLauncher(SlurmLauncher):
             minutes = [pack_minutes(chunk, self.settings) for chunk in cut]
             notes.append(describe(cut, None if None in minutes else max(m or 0 for m in minutes)))
         table = self._table(specs)
-        files = {table: task_table(specs, self.profile, self.settings, python)}
+        files = {table: task_table(specs, self.profile, self.settings.stop_margin_s, python)}
         if self.settings.pack > 1:
             files[PackLayout(table.parent).file] = self.pack_text(specs, table)
         if local:

@@ -262,7 +262,7 @@ class SubmititLauncher(SlurmLauncher):
         folder = batch_dir(self.workspace, group[0], batch_key(group))
         request = job_request(group, self.profile, self.settings, self.workspace)
         python = node_python(self.profile)
-        files = {folder / TASKS_FILE: task_table(group, self.profile, self.settings, python)}
+        files = {folder / TASKS_FILE: task_table(group, self.profile, self.settings.stop_margin_s, python)}
         notes: list[str] = []
         count = len(group)
         if self.settings.pack > 1:
