@@ -137,7 +137,7 @@ class ScheduledLauncher(Launcher):
     scheduler. A subclass makes its scheduler (`make_scheduler`); one whose jobs may be parts of a scheduler's job
     says so through `scheduler_id` and `part`."""
 
-    settle_s: float = 5.0  # how long the node may take to write its files after the scheduler says the job ended
+    settle_s: float = 5.0  # how long the node may take to write its files once the scheduler says it ended
     gone_after_s: float = 120.0  # a job the scheduler no longer knows, with no status file, fails after this
 
     def __init__(self, settings: Any, workspace: Path, profile: Any = None):

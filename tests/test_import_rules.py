@@ -112,6 +112,32 @@ def test_launchers_import_no_torch_no_orchestrator_and_two_trainer_modules() -> 
     assert violations("launchers", allowed) == []
 
 
+def test_a_launcher_backend_is_one_module_of_hooks() -> None:
+    """ARCHITECTURE.md, "Where a new part goes": a launcher backend is one module of launchers/backends/ that no
+    other module imports (the registry loads it by name) and that imports no other backend; a Slurm backend leaves
+    the common path to the Slurm base: it imports neither the packing (launchers.slurm.pack) nor the node side, and
+    writes hooks only (render and launch are the base's template methods)."""
+    from launchers import registry
+    from launchers.slurm.launcher import SlurmLauncher
+
+    backends = {name for name in modules() if name.startswith("launchers.backends.")}
+    base_only = ("launchers.slurm.pack", "launchers.node")
+    out = []
+    for name, path in modules().items():
+        for imported, line in imported_names(name, path):
+            target = own_module(imported) if imported.split(".")[0] in PACKAGES else None
+            where = f"{path.relative_to(ROOT)}:{line} imports {target}"
+            if target in backends and target != name:
+                out.append(f"{where}, another backend")
+            if name in backends and target and target.startswith(base_only):
+                out.append(f"{where} (the Slurm base's packing, or the node side)")
+    for backend in registry.backends().values():
+        if issubclass(backend, SlurmLauncher):
+            out += [f"{backend.__module__}.{backend.__name__} overrides {method}"
+                    for method in ("render", "launch") if method in vars(backend)]  # fmt: skip
+    assert out == []
+
+
 def test_no_module_imports_an_underscore_module_of_another_mbx_package() -> None:
     found = []
     for name, path in modules().items():

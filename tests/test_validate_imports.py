@@ -53,7 +53,7 @@ def test_a_named_backends_settings_are_still_checked_and_only_its_module_loads(t
     file.write_text(text.replace("  local:\n    parallel: 2", "  submitit:\n    partiton: gpu"))
     code, out, modules = validate(file)
     assert code == 2, out
-    assert "launcher: no such launcher 'locl'; known: local, nemo-run, submitit" in out
+    assert "launcher: no such launcher 'locl'; known: local, nemo-run, nemo-run-local, submitit" in out
     assert "launchers.submitit.partiton: unknown key" in out
     assert sorted(modules & set(BACKENDS)) == ["launchers.backends.submitit_slurm"]
     assert "Traceback" not in out

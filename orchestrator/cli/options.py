@@ -89,7 +89,7 @@ LauncherOpt = Annotated[
     typer.Option(
         "--launcher",
         "-l",
-        help="Backend: local, submitit, nemo-run [default: the campaign's].",
+        help="Backend: local, submitit, nemo-run, nemo-run-local [default: the campaign's].",
         show_default=False,
     ),
 ]

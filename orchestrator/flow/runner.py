@@ -74,7 +74,7 @@ def make_launcher(campaign: Campaign, name: str, workspace: Path, parallel: int 
         raise ConfigError([f"launchers.{name}.{line}" for line in validation_problems(err)]) from None
     profile = SlurmProfile(cluster=campaign.cluster, container=campaign.container, git_sha=project_git_sha())
     try:
-        return backend(settings, workspace, profile)
+        return backend.create(settings, workspace, profile)
     except (ValueError, RuntimeError) as err:  # e.g. a newline in cluster.partition, NeMo-Run not installed
         raise ConfigError([f"launchers.{name}: {err}"]) from None
 

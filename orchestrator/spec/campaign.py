@@ -342,8 +342,8 @@ class Campaign(_Strict):
     launcher: str = Field(
         "local",
         description=(
-            "Backend: local | submitit | nemo-run (CLI --launcher wins; `mbx campaign run FILE --dry-run` shows "
-            "what it would submit)."
+            "Backend: local | submitit | nemo-run | nemo-run-local (CLI --launcher wins; "
+            "`mbx campaign run FILE --dry-run` shows what it would submit)."
         ),
     )
     launchers: dict[str, dict[str, Any]] = Field(
