@@ -149,11 +149,10 @@ class NemoRunLauncher(SlurmLauncher):
         super().__init__(settings, workspace, profile)
         if self.settings.executor == "local":
             raise ValueError(
-                "executor 'local' is the nemo-run-local backend: NemoRunLauncher.create makes it"
+                "executor 'local' is the nemo-run-local backend (made by NemoRunLauncher.create)"
             )
-        check_plain(
-            "--workspace", self.workspace, UNQUOTED
-        )  # experiment dirs: `mkdir -p DIR`, `srun --output`
+        # experiment dirs: `mkdir -p DIR`, `srun --output DIR`
+        check_plain("--workspace", self.workspace, UNQUOTED)
 
     def scheduler_command(self, argv: list[str]) -> Any:
         if self.settings.tunnel != "ssh":
