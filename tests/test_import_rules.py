@@ -1,7 +1,7 @@
-"""The import rules of ARCHITECTURE.md, checked on the source (every import statement, function-level ones
-included) and on the login-node CLI as it runs: no upward arrows, no cycles, no private names of other packages,
-and no heavy library (scipy, numpy, wandb, optuna, torch, plotly, jinja2) loaded by `mbx --help`,
-`mbx campaign validate` or `mbx campaign plan`."""
+"""The import rules of ARCHITECTURE.md, checked on the source (every import statement, function-level ones and
+those under `if TYPE_CHECKING:` included) and on the login-node CLI as it runs: no upward arrows, no cycles, no
+private names of other packages, and no heavy library (scipy, numpy, wandb, optuna, torch, plotly, jinja2) loaded
+by `mbx --help`, `mbx campaign validate` or `mbx campaign plan`."""
 
 from __future__ import annotations
 
@@ -54,17 +54,17 @@ def own_module(name: str) -> str | None:
     return name or None
 
 
+def arrows_of(name: str, path: Path) -> set[tuple[str, int]]:
+    """{(imported mbx module, line)} of one module: every import statement counts, a function-level one and one
+    under `if TYPE_CHECKING:` (a type the checker needs is a dependency too) alike."""
+    targets = {(own_module(n), line) for n, line in imported_names(name, path) if n.split(".")[0] in PACKAGES}
+    return {(t, line) for t, line in targets if t and t != name}
+
+
 @cache
 def arrows() -> dict[str, set[tuple[str, int]]]:
-    """module → {(imported mbx module, line)}, function-level imports included (those under `if TYPE_CHECKING:`
-    never run and are left out)."""
-    found: dict[str, set[tuple[str, int]]] = {}
-    for name, path in modules().items():
-        runs = {node.lineno for node in runtime_imports(path)}
-        targets = {(own_module(n), line) for n, line in imported_names(name, path)
-                   if n.split(".")[0] in PACKAGES and line in runs}  # fmt: skip
-        found[name] = {(t, line) for t, line in targets if t and t != name}
-    return found
+    """module → {(imported mbx module, line)}, function-level and typing-only imports included."""
+    return {name: arrows_of(name, path) for name, path in modules().items()}
 
 
 def violations(package: str, allowed) -> list[str]:
@@ -124,7 +124,8 @@ def test_no_module_imports_an_underscore_module_of_another_mbx_package() -> None
 
 
 def cycles() -> list[list[str]]:
-    """Strongly connected groups of more than one module (Tarjan), function-level imports counted."""
+    """Strongly connected groups of more than one module (Tarjan), function-level and typing-only imports
+    counted."""
     graph = {name: {t for t, _ in targets} for name, targets in arrows().items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -153,8 +154,18 @@ def cycles() -> list[list[str]]:
     return groups
 
 
-def test_no_import_cycles_counting_function_level_imports() -> None:
+def test_no_import_cycles_counting_function_level_and_typing_imports() -> None:
     assert cycles() == []
+
+
+def test_typing_only_and_function_level_imports_are_arrows(tmp_path: Path) -> None:
+    """An import under `if TYPE_CHECKING:` is an arrow like any other: the layer order and the cycle check see it."""
+    path = tmp_path / "kind.py"
+    path.write_text("from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from orchestrator.run.store import Store\n"
+                    "def f():\n    from orchestrator.spec import campaign\n")
+    found = arrows_of("orchestrator.trainers.kind", path)
+    assert found == {("orchestrator.run.store", 3), ("orchestrator.spec.campaign", 5)}
 
 
 def test_no_private_names_of_other_libraries() -> None:
@@ -204,44 +215,33 @@ def test_login_commands_load_no_heavy_library(args: tuple[str, ...]) -> None:
     assert loaded(*args) == []
 
 
-# orchestrator/ by role, lowest first (ARCHITECTURE.md): a package imports only from its own layer and below.
-LAYERS = ("orchestrator.errors", "orchestrator.owned_dirs", "orchestrator.spec", "orchestrator.trainers",
-          "orchestrator.run", "orchestrator.judge", "orchestrator.flow", "orchestrator.cli", "orchestrator.__main__")  # fmt: skip
+# orchestrator/ by role, lowest first (ARCHITECTURE.md): a package imports only from its own layer and below, typing
+# imports included.
+LAYERS = ("orchestrator.errors", "orchestrator.owned_dirs", "orchestrator.rows", "orchestrator.spec",
+          "orchestrator.trainers", "orchestrator.run", "orchestrator.judge", "orchestrator.flow", "orchestrator.cli",
+          "orchestrator.__main__")  # fmt: skip
 
 
 def layer_of(module: str) -> int | None:
     return next((i for i, top in enumerate(LAYERS) if module == top or module.startswith(top + ".")), None)
 
 
-def runtime_imports(path: Path) -> Iterator[ast.AST]:
-    """Import statements that run (those under `if TYPE_CHECKING:` only name types for the checker)."""
-    tree = ast.parse(path.read_text(), str(path))
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING"
-                   for n in ast.walk(node)}  # fmt: skip
-    yield from (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in typing_only)
-
-
 def test_the_orchestrator_top_level_holds_only_its_role_packages() -> None:
     top = {p.name for p in (ROOT / "orchestrator").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
-    assert top == {"__init__.py", "__main__.py", "errors.py", "owned_dirs.py", "spec", "trainers", "run", "judge",
-                   "flow", "cli"}  # fmt: skip
+    assert top == {"__init__.py", "__main__.py", "errors.py", "owned_dirs.py", "rows.py", "spec", "trainers", "run",
+                   "judge", "flow", "cli"}  # fmt: skip
 
 
 def test_no_orchestrator_package_imports_a_higher_one() -> None:
+    """Typing-only imports included: a module that names a higher layer's type depends on that layer."""
     upward = []
-    for name, path in modules().items():
+    for name, targets in arrows().items():
         mine = layer_of(name)
-        if mine is None:
-            continue
-        for node in runtime_imports(path):
-            targets = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                       [f"{node.module}.{a.name}" for a in node.names] if node.module else [])  # fmt: skip
-            for target in targets:
-                theirs = layer_of(own_module(target) or "") if target.startswith("orchestrator") else None
-                if theirs is not None and theirs > mine:
-                    upward.append(f"{path.relative_to(ROOT)}:{node.lineno} ({LAYERS[mine]}) imports {target}")
-    assert upward == []
+        for target, line in targets if mine is not None else ():
+            theirs = layer_of(target)
+            if theirs is not None and theirs > mine:
+                upward.append(f"{modules()[name].relative_to(ROOT)}:{line} ({LAYERS[mine]}) imports {target}")
+    assert sorted(upward) == []
 
 
 def test_no_trainer_kind_branches_outside_the_trainer_kinds() -> None:

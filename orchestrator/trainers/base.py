@@ -29,7 +29,7 @@ from orchestrator.spec.sweep import Point, PointProblems, ResolvedPoint, expand_
 from trainer import rundir
 
 if TYPE_CHECKING:
-    from orchestrator.run.store import AttemptRow, CellRow
+    from orchestrator.rows import AttemptRow, CellRow
     from trainer.memory import MemoryEstimate
 
 

@@ -25,7 +25,7 @@ Validated = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]
 
 if TYPE_CHECKING:
     from launchers.base import LaunchSpec
-    from orchestrator.run.store import AttemptRow, CellRow
+    from orchestrator.rows import AttemptRow, CellRow
     from trainer.memory import MemoryEstimate
 
 

@@ -23,7 +23,7 @@ from orchestrator.trainers.base import Follower, TrainerKind, software_env, work
 from trainer import rundir
 
 if TYPE_CHECKING:
-    from orchestrator.run.store import AttemptRow, CellRow
+    from orchestrator.rows import AttemptRow, CellRow
     from reports.parsers.follow import LogFollower
     from trainer.memory import MemoryEstimate
 
