@@ -53,7 +53,7 @@ def portable_margin(values: Sequence[float], given: float | None = None) -> tupl
     """(margin, how it was derived): `given` if set; else the half-width of a 99% prediction interval for one
     more run's value from the repeats (Student t, scipy) relative to their mean, at least 1%; one repeat: 3%."""
     if given is not None:
-        return given, f"given ({given:.1%})"
+        return given, f"given ({given * 100:.4g}%)"
     finite = [float(v) for v in values if math.isfinite(v)]
     if len(finite) < 2:
         return SINGLE_RUN_MARGIN, f"one repeat gives no noise estimate: default {SINGLE_RUN_MARGIN:.0%}"
@@ -116,7 +116,7 @@ def add_thresholds(item: dict[str, Any], margin: float) -> dict[str, Any]:
     metrics = {k: [float(v)] for k, v in (item.get("metrics") or {}).items() if _number(v)}
     derived = thresholds(metrics, margin)
     for threshold in derived.values():
-        threshold["basis"] = f"the card's measured value with a {margin:.1%} margin (--margin)"
+        threshold["basis"] = f"the card's measured value with a {margin * 100:.4g}% margin (--margin)"
     return {**item, "thresholds": derived}
 
 

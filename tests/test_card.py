@@ -115,6 +115,19 @@ def test_export_validate_check_round_trip(mbx, tmp_path: Path, cache_env: dict[s
     # one repeat is judged on its value (no interval): the run meets its own portable gates (3% margin)
     assert own.returncode == 0 and "PASS" in own.stdout, own.stdout + own.stderr
 
+    # --margin is a percent (before 2026-12-06 a fraction): 7 is 7%, in the card as the fraction 0.07
+    wide = mbx("card", "export", "cardrun", "-p", point, "-w", str(workspace), "--margin", "7", "--json")
+    wide_gate = json.loads(wide.stdout)["items"]["pretrain_performance"]
+    (wide_gate,) = (b["thresholds"]["last_10_steps_model_tflops_per_gpu_avg"] for b in wide_gate.values())
+    assert wide_gate["margin"] == 0.07 and wide_gate["basis"] == "given (7%)", wide.stderr
+    assert wide_gate["min"] == pytest.approx(wide_gate["measured"] * 0.93, rel=1e-3)
+    prose = tmp_path / "prose.card.yaml"  # a card without structured thresholds is gated with --margin
+    prose.write_text(yaml.safe_dump({**card, "items": {"pretrain_performance": {
+        gpu: {k: v for k, v in b.items() if k != "thresholds"} for gpu, b in card["items"]["pretrain_performance"].items()
+    }}}))  # fmt: skip
+    gated = mbx("card", "check", "cardrun", str(prose), "-w", str(workspace), "--margin", "10%")
+    assert gated.returncode == 0 and "gating at its measured values with a 10% margin" in gated.stderr, gated.stderr
+
     def check_with(scale: float) -> object:
         for name, threshold in body["thresholds"].items():
             key = "min" if "min" in threshold else "max"

@@ -1,7 +1,9 @@
-"""The one CLI grammar (issue 22), checked on the real Typer app, every command: one sub-app per noun, the same
-short flag for the same thing everywhere, --workspace/-w wherever a workspace is read, --json on every command
-that prints a result (parsed for real on a few), an example in every help, --min-effect one type (a percent),
-and the MBX_DEBUG hint only where there is a traceback to show."""
+"""The one CLI grammar (issues 22 and 34), checked on the real Typer app, every command: one sub-app per noun,
+the same short flag for the same thing everywhere, one meaning (one help text) per option name, --workspace/-w
+wherever a workspace is read and only for it (the baseline check is --check-baseline), --out/-o the path of what
+is written (FILE or DIR), --json on every command that prints a result (parsed for real on a few), an example
+in every help, --min-effect and --margin percents, old spellings working with a note, and the MBX_DEBUG hint
+only where there is a traceback to show."""
 
 from __future__ import annotations
 
@@ -99,6 +101,77 @@ def test_min_effect_is_one_option_a_percent_everywhere() -> None:
     assert set(found) == {"compare", "bisect", "freeze"}
     assert {o.metavar for o in found.values()} == {"PERCENT"}
     assert all("in percent" in (o.help or "") for o in found.values())
+
+
+def test_one_option_name_one_meaning_one_help_text() -> None:
+    """What differs between commands is the default (`[default: (...)]`) and --out's FILE/DIR, never the help; a
+    hidden option is an old spelling, said so."""
+    helps: dict[str, dict[str, str]] = {}
+    for words, command in ALL.items():
+        for option in options(command):
+            name = next(o for o in option.opts if o.startswith("--"))
+            if option.hidden:
+                assert (option.help or "").startswith("Before 20"), f"{words} {name}: a hidden old spelling"
+            else:
+                helps.setdefault(name, {})[words] = option.help or ""
+    meanings = {name: set(by.values()) for name, by in helps.items()}
+    assert not {name: by for name, by in helps.items() if len(meanings[name]) > 1}
+    assert len([name for name, by in helps.items() if len(by) > 1]) >= 15  # shared names, not one-off ones
+
+
+def test_out_is_the_path_of_what_is_written_file_or_dir() -> None:
+    found = {w: o for w, c in ALL.items() for o in options(c) if "--out" in o.opts}
+    assert {w: o.metavar for w, o in found.items()} == {
+        "freeze": "DIR", "report": "DIR", "card export": "FILE", "golden export": "FILE"}  # fmt: skip
+    assert all(o.show_default for o in found.values())  # each says where its output goes without --out
+
+
+def test_margin_is_a_percent_everywhere(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    found = {w: o for w, c in ALL.items() for o in options(c) if "--margin" in o.opts}
+    assert set(found) == {"freeze", "card export", "card check"}
+    assert {o.metavar for o in found.values()} == {"PERCENT"}
+    assert all("in percent" in (o.help or "") for o in found.values())
+    card = str(tmp_path / "missing.card.yaml")
+    code, _, err = mbx(capsys, "card", "check", "c", card, "-w", str(tmp_path), "--margin", "60")
+    assert code == 2 and err.strip() == "error: --margin 60: 60 is not a percent in [0, 50]"
+    code, _, err = mbx(capsys, "card", "check", "c", card, "-w", str(tmp_path), "--margin", "3x")
+    assert code == 2 and "--margin 3x: '3x' is not a number (a percent" in err
+    code, _, err = mbx(capsys, "card", "check", "c", card, "-w", str(tmp_path), "--margin", "0.05")  # old: 5%
+    assert code == 2 and "note: --margin 0.05 is 0.05% (a percent: 3 is 3%; before 2026-12-06 it was a fraction)" in err
+
+
+def _with_missing_baseline(tmp_path: Path) -> Path:
+    path = tmp_path / "rel.yaml"
+    path.write_text(QUICKSTART.read_text(encoding="utf-8") + "\nbaseline: nowhere\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("action", ["validate", "plan"])
+def test_workspace_is_only_the_workspace_and_check_baseline_checks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    path, ws = str(_with_missing_baseline(tmp_path)), str(tmp_path / "ws")
+    monkeypatch.setenv("MBX_WORKSPACE", ws)  # the workspace, as for every command: no check without asking
+    code, _, err = mbx(capsys, "campaign", action, path, "--json")
+    assert code == 0 and "baseline" not in err, err
+    code, _, err = mbx(capsys, "campaign", action, path, "--check-baseline", "--json")
+    assert code == 2 and f"baseline: no campaign named 'nowhere' in workspace {Path(ws).resolve()}" in err
+    monkeypatch.delenv("MBX_WORKSPACE")
+    code, _, err = mbx(capsys, "campaign", action, path, "-w", ws, "--json")  # the spelling before 2026-12-06
+    assert code == 2 and "no campaign named 'nowhere'" in err
+    assert "note: --workspace/-w alone checks the baseline as before 2026-12-06; write --check-baseline" in err
+
+
+def test_freeze_repeats_is_frozen_repeats_the_old_spelling_with_a_note(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ws = str(tmp_path / "ws")
+    code, _, err = mbx(capsys, "freeze", "nothing", "-w", ws, "--repeats", "5")
+    assert code == 2 and "note: freeze --repeats is now --frozen-repeats" in err and "no workspace at" in err
+    code, _, err = mbx(capsys, "freeze", "nothing", "-w", ws, "--repeats", "5", "--frozen-repeats", "4")
+    assert code == 2 and err.strip() == (
+        "error: --repeats and --frozen-repeats: give --frozen-repeats only (--repeats is its old name)"
+    )
 
 
 def test_json_output_parses(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import TINY_MOE_RECIPE
 
@@ -86,6 +88,19 @@ def test_freeze_a_real_campaign(mbx, write_campaign, tmp_path: Path, cache_env) 
     assert "3 repeat(s)" in text and "95% CI" in text and "skipped=0, NaN=0" in text
     record = json.loads((out / "frozen.json").read_text())
     assert {r["kind"] for r in record["rejected"]} == {"slower", "failed"}
+
+    # --frozen-repeats and --margin (a percent) shape the frozen campaign; freeze's old --repeats still works
+    args = ("freeze", "tofreeze", "--by", "step_time", "-w", str(workspace))
+    shaped = mbx(*args, "-o", str(tmp_path / "shaped"), "--frozen-repeats", "2", "--margin", "4")
+    assert shaped.returncode == 0, shaped.stderr
+    wide = yaml.safe_load((tmp_path / "shaped" / "campaign.yaml").read_text())
+    measured = re.search(r"step_time_ms_max = [\d.]+ \(measured ([\d.]+), margin 4%: given \(4%\)\)",
+                         (tmp_path / "shaped" / "FROZEN.md").read_text())  # fmt: skip
+    assert wide["sweep"] == {"repeats": 2} and measured is not None
+    assert wide["gates"]["step_time_ms_max"] == pytest.approx(float(measured.group(1)) * 1.04, rel=1e-3)
+    old = mbx(*args, "-o", str(tmp_path / "old"), "--repeats", "5")
+    assert old.returncode == 0 and "note: freeze --repeats is now --frozen-repeats" in old.stderr, old.stderr
+    assert yaml.safe_load((tmp_path / "old" / "campaign.yaml").read_text())["sweep"] == {"repeats": 5}
 
     refused = mbx(
         "freeze", "tofreeze", "--point", "seq_length=32, precision=fp8", "--workspace", str(workspace)

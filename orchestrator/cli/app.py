@@ -81,9 +81,10 @@ def root() -> None:
 
     \b
     Grammar: mbx NOUN [ACTION] CAMPAIGN [OPTIONS]; one meaning per option everywhere:
-    --workspace/-w (or MBX_WORKSPACE), --point/-p, --out/-o, --file/-f, --launcher/-l,
-    --parallel/-j, --markdown/-m, --min-effect (a percent), and --json on every command
-    that prints a result. Exit codes: 0 ok, 1 failed, 2 bad input, 3 inconclusive.
+    --workspace/-w (or MBX_WORKSPACE), --point/-p, --out/-o (the path written: FILE,
+    or DIR for several files), --file/-f, --launcher/-l, --parallel/-j, --markdown/-m,
+    --min-effect and --margin (percents), and --json on every command that prints a
+    result. Exit codes: 0 ok, 1 failed, 2 bad input, 3 inconclusive.
 
     Example: mbx campaign run campaigns/quickstart.yaml
     """

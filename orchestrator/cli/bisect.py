@@ -18,6 +18,8 @@ from orchestrator.cli.options import (
     MinEffectOpt,
     ParallelOpt,
     WorkspaceOpt,
+    metric_option,
+    repeats_option,
 )
 from orchestrator.cli.terminal import console, err, noun_app
 
@@ -42,16 +44,11 @@ ValuesOpt = Annotated[
     str | None,
     typer.Option("--values", help="Comma-separated values of --key in order, good first, bad last."),
 ]
-RepeatsOpt = Annotated[
-    int | None,
-    typer.Option("--repeats", min=2, help="Repeats per version (default: sweep.repeats if set, else 3)."),
-]
+RepeatsOpt = repeats_option("sweep.repeats if the file sets it, else 3", minimum=2)
 BudgetOpt = Annotated[
     int, typer.Option("--max-repeats", min=2, help="Budget: repeats per version while a decision is UNKNOWN.")
 ]
-MetricOpt = Annotated[
-    str, typer.Option("--metric", help="step_time, tflops, peak_alloc, peak_reserved, final_loss.")
-]
+MetricOpt = metric_option("step_time")
 
 
 @app.command()

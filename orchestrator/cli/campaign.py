@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -12,7 +13,7 @@ from orchestrator.cli.options import (
     CampaignFileArg,
     CampaignFileOpt,
     CampaignNameArg,
-    CheckWorkspaceOpt,
+    CheckBaselineOpt,
     GpuOpt,
     InconclusiveOkOpt,
     JsonOpt,
@@ -51,14 +52,32 @@ def _closing(arguments: dict[str, Any], code: int) -> dict[str, Any]:
     return {**status_view.status_json(arguments["workspace"], view), "exit_code": code}
 
 
+def _check_baseline(ctx: typer.Context, wanted: bool, workspace: Path, campaign: Any, file: Path) -> None:
+    """--check-baseline: the baseline campaign is in the workspace's store. `-w DIR` alone on the command line,
+    the spelling before 2026-12-06, still checks it, with a note (MBX_WORKSPACE alone does not)."""
+    source = ctx.get_parameter_source("workspace")  # Typer's own (vendored) Click: compared by name
+    if not wanted and source is not None and source.name == "COMMANDLINE":
+        typer.echo("note: --workspace/-w alone checks the baseline as before 2026-12-06; write --check-baseline "
+                   "(--workspace names the workspace only)", err=True)  # fmt: skip
+        wanted = True
+    if wanted:
+        from orchestrator.flow.runner import check_baseline
+
+        check_baseline(workspace, campaign, file)
+
+
 @app.command()
 def validate(
+    ctx: typer.Context,
     file: CampaignFileArg,
-    workspace: CheckWorkspaceOpt = None,
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+    check_baseline: CheckBaselineOpt = False,
     max_cells: MaxCellsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Check a campaign file and every point of its sweep (exit 2 with `file: key: problem` lines if bad).
+
+    --check-baseline also checks that the baseline campaign (`baseline:`) is in the workspace's store.
 
     Example: mbx campaign validate campaigns/quickstart.yaml --json
     """
@@ -68,10 +87,7 @@ def validate(
     campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells)
     _check_like_plan(campaign, points, file)
-    if workspace is not None:
-        from orchestrator.flow.runner import check_baseline
-
-        check_baseline(workspace, campaign, file)
+    _check_baseline(ctx, check_baseline, workspace, campaign, file)
     distinct = len({p.point_id for p in points})
     if as_json:
         emit_json({"ok": True, "file": str(file), "campaign": campaign.name, "points": distinct,
@@ -138,8 +154,10 @@ def _check_gpu_names(campaign: Any, file: Any) -> None:
 
 @app.command()
 def plan(
+    ctx: typer.Context,
     file: CampaignFileArg,
-    workspace: CheckWorkspaceOpt = None,
+    workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
+    check_baseline: CheckBaselineOpt = False,
     as_json: JsonOpt = False,
     max_cells: MaxCellsOpt = None,
     gpu: GpuOpt = None,
@@ -151,8 +169,8 @@ def plan(
     Each point's peak memory per GPU is estimated before submission (the bundled trainer's recipe, or the
     Megatron-LM flags of a command trainer); with a GPU (--gpu or resources.gpu) the headroom is shown and
     points that do not fit, or that break a parallel-layout rule, are marked INFEASIBLE with the reason:
-    `mbx campaign run` skips them (--strict refuses the campaign instead). With --workspace, the baseline
-    campaign is checked to be in that workspace's store, as `validate` does.
+    `mbx campaign run` skips them (--strict refuses the campaign instead). With --check-baseline, the baseline
+    campaign is checked to be in the workspace's store, as `validate` does.
 
     On a GPU node, `--gpu auto` judges every point on this machine's GPU, as nvidia-smi reports it (name and
     memory; exit 2 when there is none): what `mbx campaign run` finds there too, since every attempt checks its
@@ -169,10 +187,7 @@ def plan(
     campaign, points = load(file, Options(max_cells=max_cells, strict=strict))  # as run loads it (parity sides too)
     _check_gpu_names(campaign, file)
     assessment = check_points(points, auto_gpu(gpu), strict, str(file), limits_of(campaign))
-    if workspace is not None:
-        from orchestrator.flow.runner import check_baseline
-
-        check_baseline(workspace, campaign, file)
+    _check_baseline(ctx, check_baseline, workspace, campaign, file)
     if as_json:
         rows = assessment.by_point()
         payload = [

@@ -16,6 +16,7 @@ from orchestrator.cli.options import (
     OutFileOpt,
     RequiredPointOpt,
     WorkspaceOpt,
+    margin_option,
 )
 from orchestrator.cli.terminal import console, emit_json, err, noun_app
 
@@ -23,6 +24,13 @@ app = noun_app(
     "Model verification cards: export, validate, check (Megatron-Bridge's *.card.yaml).\n\n"
     "Example: mbx card check quickstart quickstart.card.yaml"
 )
+ITEM_HELP = "The card item, by its name under `items:` (e.g. pretrain_performance; pretrain.H100 names a GPU's)."
+ExportItemOpt = Annotated[str, typer.Option("--item", help=ITEM_HELP)]
+CheckItemOpt = Annotated[
+    str | None, typer.Option("--item", help=ITEM_HELP, show_default="the card's one measured item")
+]
+ExportMarginOpt = margin_option("from the repeats' noise")
+CheckMarginOpt = margin_option("5")
 VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "bold yellow", "none": "dim"}
 
 
@@ -38,16 +46,8 @@ def export(
     point: RequiredPointOpt,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     out: OutFileOpt = None,
-    item: Annotated[str, typer.Option(help="The card item's name.")] = "pretrain_performance",
-    margin: Annotated[
-        float | None,
-        typer.Option(
-            min=0.0,
-            max=0.5,
-            help="Margin of the portable gates (0.03 = 3%) [default: from repeat noise].",
-            show_default=False,
-        ),  # fmt: skip
-    ] = None,
+    item: ExportItemOpt = "pretrain_performance",
+    margin: ExportMarginOpt = None,
     title: Annotated[str | None, typer.Option(help="The card's title [default: the campaign name].")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -57,10 +57,11 @@ def export(
     tokens/s/GPU, peak allocated/reserved GiB), the command, precision, versions and date, and structured
     thresholds beside the prose: the portable gate = measured × (1 − margin) for throughput and × (1 + margin)
     for time and memory, the margin from a 99% prediction bound of the repeats' noise (at least 1%) unless
-    --margin gives it. The item also carries `rejected` (every other point and why it lost, as mbx freeze
-    judges) and `campaign`, the frozen campaign (this point alone, 3 repeats, the portable gates) that its
-    `command` reruns. The card is validated (secrets, accounts, paths) before it is written. --json prints
-    the card as JSON instead of YAML (with --out, the file is YAML and --json prints what was written).
+    --margin gives it (a percent: 3 is 3%). The item also carries `rejected` (every other point and why it
+    lost, as mbx freeze judges) and `campaign`, the frozen campaign (this point alone, 3 repeats, the portable
+    gates) that its `command` reruns. The card is validated (secrets, accounts, paths) before it is written.
+    --json prints the card as JSON instead of YAML (with --out, the file is YAML and --json prints what was
+    written).
 
     Example: mbx card export quickstart --point 3f2a9c01d2 --out quickstart.card.yaml
     """
@@ -128,15 +129,8 @@ def check(
         str | None, typer.Option("--campaign", "-c", hidden=True, help="Before 2026-12-04: CARD --campaign NAME.")
     ] = None,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
-    item: Annotated[
-        str | None,
-        typer.Option(
-            help="The card item (e.g. pretrain.H100) when the card has several.", show_default=False
-        ),
-    ] = None,
-    margin: Annotated[
-        float, typer.Option(min=0.0, max=0.5, help="Margin for an item without structured thresholds.")
-    ] = 0.05,
+    item: CheckItemOpt = None,
+    margin: CheckMarginOpt = None,
     as_json: JsonOpt = False,
     inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
@@ -144,8 +138,9 @@ def check(
 
     Each point is judged from all its repeats (mean and 95% CI: a point passes only when the whole interval is
     on the right side). Exit 0 every point passes, 1 a point fails, 3 inconclusive (an interval across a
-    threshold, or nothing finished; `--inconclusive-ok` turns it into 0). The campaign comes first, as everywhere (`CARD --campaign NAME`, the old
-    order, still works).
+    threshold, or nothing finished; `--inconclusive-ok` turns it into 0). An item without structured thresholds
+    is gated at its measured values with --margin (a percent [default: 5]). The campaign comes first, as
+    everywhere (`CARD --campaign NAME`, the old order, still works).
 
     Example: mbx card check quickstart quickstart.card.yaml -w mbx-workspace --json
     """
@@ -161,7 +156,7 @@ def check(
         campaign, card_file = old_campaign, Path(campaign)
     if card_file is None:
         raise UsageError(f"no card file to check {campaign!r} against: `mbx card check CAMPAIGN CARD`")
-    checked = check_card(card_file, workspace, campaign, item=item, margin=margin)
+    checked = check_card(card_file, workspace, campaign, item=item, margin=0.05 if margin is None else margin)
     for note in checked.notes:
         _note(note)
     if as_json:

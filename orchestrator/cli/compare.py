@@ -19,6 +19,8 @@ from orchestrator.cli.options import (
     MinEffect,
     MinEffectOpt,
     WorkspaceOpt,
+    metric_option,
+    repeats_option,
 )
 from orchestrator.cli.terminal import console, noun_app
 from orchestrator.errors import RunError, UsageError
@@ -31,14 +33,7 @@ _STYLE = {"DIFFERENT (worse)": "bold red", "DIFFERENT (better)": "green", "UNKNO
 _SIDE = "a campaign as named in the store, or a golden-values .json file; with --run, a campaign file."
 SideAArg = Annotated[str, typer.Argument(help=f"A (the reference): {_SIDE}", show_default=False)]
 SideBArg = Annotated[str, typer.Argument(help=f"B (the candidate): {_SIDE}", show_default=False)]
-MetricOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--metric",
-        help="Compare only this metric (repeatable): step_time, tflops, peak_alloc, peak_reserved, final_loss "
-        "(default: all).",
-    ),
-]
+MetricOpt = metric_option("every metric; repeat --metric for several", several=True)
 PairOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -58,9 +53,7 @@ RunOpt = Annotated[
         "workspace, then compare. A rerun reuses completed cells.",
     ),
 ]
-RepeatsOpt = Annotated[
-    int | None, typer.Option("--repeats", min=1, help="With --run: repeats per point (default: each file's).")
-]
+RepeatsOpt = repeats_option("each file's sweep.repeats; with --run only")
 UntilOpt = Annotated[
     bool,
     typer.Option(

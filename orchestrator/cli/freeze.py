@@ -8,18 +8,35 @@ from typing import Annotated, Any
 import typer
 
 from orchestrator.cli.options import (
+    CHANGED,
     DEFAULT_WORKSPACE,
     CampaignNameArg,
     InconclusiveOkOpt,
     JsonOpt,
     MinEffectOpt,
-    OutDirOpt,
     PointOpt,
     WorkspaceOpt,
+    margin_option,
+    out_option,
 )
 from orchestrator.cli.terminal import console, emit_json, noun_app
 
 app = noun_app("Freeze the winner of a campaign with its evidence (recipe, campaign, FROZEN.md).")
+OutOpt = out_option("DIR", "WORKSPACE/CAMPAIGN/frozen")
+MarginOpt = margin_option("from the repeats' noise")
+FrozenRepeatsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--frozen-repeats",
+        min=1,
+        help="Repeats the frozen campaign (campaign.yaml) asks for; nothing runs now.",
+        show_default="3",
+    ),
+]
+OldRepeatsOpt = Annotated[
+    int | None,
+    typer.Option("--repeats", min=1, hidden=True, help=f"Before {CHANGED}: --frozen-repeats.", show_default=False),
+]
 
 
 @app.command()
@@ -38,12 +55,9 @@ def freeze(
         str, typer.Option(help="Among points not DIFFERENT (worse) than the leader: memory | step_time | tflops.")
     ] = "memory",
     min_effect: MinEffectOpt = None,
-    repeats: Annotated[int, typer.Option(min=1, help="Repeats in the reproducing campaign.")] = 3,
-    margin: Annotated[
-        float | None,
-        typer.Option(min=0.0, max=0.5, help="Margin of the portable gates [default: from the repeats' noise].",
-                     show_default=False),
-    ] = None,
+    frozen_repeats: FrozenRepeatsOpt = None,
+    old_repeats: OldRepeatsOpt = None,
+    margin: MarginOpt = None,
     allow_failed: Annotated[
         str | None,
         typer.Option(
@@ -54,7 +68,7 @@ def freeze(
             show_default=False,
         ),
     ] = None,
-    out: OutDirOpt = None,
+    out: OutOpt = None,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     as_json: JsonOpt = False,
     inconclusive_ok: InconclusiveOkOpt = False,
@@ -74,14 +88,16 @@ def freeze(
     a parity pair not passed (the side under test), and in a search any trial shorter than full length. --point
     of such a point exits 1 naming the check, unless --allow-failed "REASON" says why it is frozen anyway.
 
-    Writes recipe.yaml (the resolved recipe), campaign.yaml (the winner with --repeats repeats and portable
-    gates), FROZEN.md (Frozen configuration, Performance result, Validation, Rejected experiments: paste it into
-    a PR) and frozen.json. Every rejected point says why, against the winner's verdicts; with --point, where the
-    chosen point stands against the best and each other point's verdict against the chosen one.
+    Writes recipe.yaml (the resolved recipe), campaign.yaml (the winner with --frozen-repeats repeats and
+    portable gates, --margin percent from the measured values), FROZEN.md (Frozen configuration, Performance
+    result, Validation, Rejected experiments: paste it into a PR) and frozen.json. Every rejected point says why,
+    against the winner's verdicts; with --point, where the chosen point stands against the best and each other
+    point's verdict against the chosen one.
 
     --point/-p freezes that point (id, label or cell id) instead of the best; --min-effect is a percent
-    [default: a search's min_effect, else 1]; --out/-o is the directory [default: WORKSPACE/CAMPAIGN/frozen];
-    --json prints the winner, the rejected points and the files written as JSON.
+    [default: a search's min_effect, else 1]; --out/-o is the folder the files go in [default:
+    WORKSPACE/CAMPAIGN/frozen]; --json prints the winner, the rejected points and the files written as JSON.
+    Before 2026-12-06 --frozen-repeats was --repeats and --margin a fraction (0.03 for 3%).
 
     Exit codes: 0 frozen; 1 nothing can be frozen, or --point names a point that failed a check; 2 bad input;
     3 a tie no figure separates.
@@ -103,6 +119,7 @@ def freeze(
     if out is not None:
         check_out_dir(out)  # before the store is read: a bad --out costs nothing
     effect = None if min_effect is None else min_effect.single()  # a percent on the command line
+    repeats = _frozen_repeats(frozen_repeats, old_repeats)
     try:
         frozen = pick(workspace, campaign, point=point, objective=by,
                       tie_break=tie_break, min_effect=effect, allow_failed=allow_failed)  # fmt: skip
@@ -114,7 +131,7 @@ def freeze(
     target = out or workspace / campaign / "frozen"
     check_out_dir(target)
     try:
-        written = write_frozen(frozen, target, repeats=repeats, margin=margin)
+        written = write_frozen(frozen, target, repeats=repeats, margin=margin)  # margin: a fraction
     except OSError as err:  # a folder that cannot be made or written after the check (read-only file system...)
         raise UsageError(f"--out {target}: cannot be written ({err.strerror or err})") from None
     if as_json:
@@ -125,6 +142,19 @@ def freeze(
                                 for r in frozen.rejected], "written": [str(p) for p in written]})  # fmt: skip
         return
     _print_frozen(campaign, frozen, written)
+
+
+def _frozen_repeats(frozen_repeats: int | None, old_repeats: int | None) -> int:
+    """--frozen-repeats [default 3]; `--repeats`, its spelling before 2026-12-06, still works with a note."""
+    from orchestrator.errors import UsageError
+
+    if old_repeats is None:
+        return 3 if frozen_repeats is None else frozen_repeats
+    if frozen_repeats is not None:
+        raise UsageError("--repeats and --frozen-repeats: give --frozen-repeats only (--repeats is its old name)")
+    typer.echo(f"note: freeze --repeats is now --frozen-repeats (the repeats campaign.yaml asks for; before "
+               f"{CHANGED} the same option)", err=True)  # fmt: skip
+    return old_repeats
 
 
 def _print_frozen(campaign: str, frozen: Any, written: list[Path]) -> None:

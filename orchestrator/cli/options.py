@@ -5,14 +5,19 @@ The grammar (tests/test_cli_grammar.py checks it on the real app):
   argument of every command that acts on one;
 - one long name and one short flag per meaning, here, used everywhere: `--workspace/-w`, `--point/-p`,
   `--out/-o`, `--file/-f`, `--markdown/-m`, `--launcher/-l`, `--parallel/-j`; `--json` (no short flag) on every
-  command that prints a result; `--min-effect` is one type, a percent.
+  command that prints a result;
+- one meaning per option name, one help text: what differs between commands is only the default (shown as
+  `[default: (...)]`) and, for `--out`, FILE or DIR. `--workspace/-w` is only the workspace (`campaign validate`
+  and `plan` check the baseline with `--check-baseline`); `--out/-o` is the path of what the command writes (a
+  folder where it writes several files); `--min-effect` and `--margin` are percents; `--repeats` is the repeats
+  run of each point (freeze's written campaign asks `--frozen-repeats`); `--metric` is the metric judged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -39,19 +44,23 @@ WorkspaceOpt = Annotated[
         show_default=True,
     ),
 ]
-CheckWorkspaceOpt = Annotated[
-    Path | None,
+CHANGED = "2026-12-06"  # the day --margin became a percent and freeze's --repeats became --frozen-repeats
+CheckBaselineOpt = Annotated[
+    bool,
     typer.Option(
-        "--workspace",
-        "-w",
-        help="Also check that the baseline campaign (`baseline:`) is in this workspace's store.",
-        show_default=False,
+        "--check-baseline",
+        help="Also check that the baseline campaign (`baseline:`) is in the workspace's store (--workspace).",
     ),
 ]
-OutFileOpt = Annotated[
-    Path | None, typer.Option("--out", "-o", help="Write to this file [default: print it].", show_default=False)
-]
-OutDirOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Directory to write.", show_default=False)]
+OUT_HELP = "The path of what the command writes: a file (FILE), or a folder (DIR) where it writes several files."
+
+
+def out_option(metavar: str, default: str) -> Any:
+    """`--out/-o`: one help text everywhere; FILE or DIR (`metavar`) and the default (`default`) per command."""
+    return Annotated[Path | None, typer.Option("--out", "-o", metavar=metavar, help=OUT_HELP, show_default=default)]
+
+
+OutFileOpt = out_option("FILE", "print it on stdout")
 CampaignFileOpt = Annotated[
     Path | None,
     typer.Option("--file", "-f", help="A campaign file (the same name) to take settings from.", show_default=False),
@@ -126,14 +135,19 @@ StrictOpt = Annotated[
         help="Refuse the whole campaign (exit 2) if any point is infeasible, instead of skipping those points.",
     ),
 ]
-MetricOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--metric",
-        help="step_time, tflops, peak_alloc, peak_reserved or final_loss.",
-        show_default=False,
-    ),
-]
+METRIC_HELP = "The metric judged: step_time, tflops, peak_alloc, peak_reserved or final_loss."
+REPEATS_HELP = "Repeats of each point to run."
+
+
+def metric_option(default: str, several: bool = False) -> Any:
+    """`--metric`: the metric judged (the command's verdict and exit code come from it); `several`: repeatable."""
+    kind = list[str] | None if several else str
+    return Annotated[kind, typer.Option("--metric", metavar="METRIC", help=METRIC_HELP, show_default=default)]
+
+
+def repeats_option(default: str, minimum: int = 1) -> Any:
+    """`--repeats`: how many repeats of each point run (a command that runs them); its default per command."""
+    return Annotated[int | None, typer.Option("--repeats", min=minimum, help=REPEATS_HELP, show_default=default)]
 
 
 # --- how much matters: --min-effect, one type (a percent) everywhere --------------------------------------------
@@ -166,14 +180,15 @@ class MinEffect:
         return self.fraction
 
 
-def _percent(text: str, whole: str) -> float:
+def _percent(text: str, whole: str, option: str = "--min-effect", top: float = 100, closed: bool = False) -> float:
+    """One percent of an option's value (`1`, `1.5%`) in [0, top) ([0, top] if `closed`); UsageError otherwise."""
     number = text.strip().removesuffix("%").strip()
     try:
         value = float(number)
     except ValueError:
-        raise UsageError(f"--min-effect {whole}: {text.strip()!r} is not a number (a percent, e.g. 1 or 1.5%)") from None
-    if not 0 <= value < 100:
-        raise UsageError(f"--min-effect {whole}: {value:g} is not a percent in [0, 100)")
+        raise UsageError(f"{option} {whole}: {text.strip()!r} is not a number (a percent, e.g. 1 or 1.5%)") from None
+    if not (0 <= value <= top if closed else 0 <= value < top):
+        raise UsageError(f"{option} {whole}: {value:g} is not a percent in [0, {top:g}{']' if closed else ')'}")
     return value
 
 
@@ -209,3 +224,32 @@ MinEffectOpt = Annotated[
         "--min-effect", parser=parse_min_effect, metavar="PERCENT", help=MIN_EFFECT_HELP, show_default=False
     ),
 ]
+
+
+# --- how far a portable gate sits from the measured value: --margin, a percent too ------------------------------
+MARGIN_MAX = 50.0  # percent: a gate at half (or 1.5×) the measured value at most
+
+
+def parse_margin(text: str) -> float:
+    """`--margin 3` or `3%` -> 0.03 (a fraction, as orchestrator/judge and reports/card.py take it); UsageError
+    (one line, exit 2) otherwise. A bare value up to 0.5, a fraction before 2026-12-06, is read as a percent with a
+    note saying so."""
+    percent = _percent(str(text), str(text), "--margin", MARGIN_MAX, closed=True)
+    if 0 < percent <= 0.5 and "%" not in str(text):
+        typer.echo(f"note: --margin {text} is {percent:g}% (a percent: 3 is 3%; before {CHANGED} it was a "
+                   f"fraction)", err=True)  # fmt: skip
+    return percent / 100
+
+
+MARGIN_HELP = (
+    f"How far a portable gate sits from the measured value, in percent: 3 (or 3%) is 3% [before {CHANGED} a "
+    "fraction, 0.03]."
+)
+
+
+def margin_option(default: str) -> Any:
+    """`--margin`: one help text everywhere, a percent (parsed into a fraction); its default per command."""
+    return Annotated[
+        float | None,
+        typer.Option("--margin", parser=parse_margin, metavar="PERCENT", help=MARGIN_HELP, show_default=default),
+    ]

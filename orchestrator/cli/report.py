@@ -13,8 +13,8 @@ from orchestrator.cli.options import (
     CampaignNameArg,
     JsonOpt,
     MarkdownOpt,
-    OutDirOpt,
     WorkspaceOpt,
+    out_option,
 )
 from orchestrator.cli.terminal import console, emit_json, err, noun_app
 
@@ -24,13 +24,14 @@ if TYPE_CHECKING:  # annotations only: pydantic and Rich stay off the `mbx --hel
     from reports.views import CampaignView
 
 app = noun_app("Write a campaign's report site and its Markdown summary.")
+OutOpt = out_option("DIR", "WORKSPACE/NAME/report")
 
 
 @app.command()
 def report(
     name: CampaignNameArg,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
-    out: OutDirOpt = None,
+    out: OutOpt = None,
     markdown: MarkdownOpt = False,
     wandb_report: Annotated[
         bool,
@@ -48,7 +49,7 @@ def report(
     per-step curves, the rejected points and why; cells/: one page per cell; compare/: the comparison with the
     campaign's baseline) and summary.md, the Markdown summary in a performance PR's shape.
 
-    --out/-o is the site's directory [default: WORKSPACE/NAME/report]. --markdown/-m prints the summary on
+    --out/-o is the site's folder [default: WORKSPACE/NAME/report]. --markdown/-m prints the summary on
     stdout and the page's path on stderr; --json prints the page's and the summary's paths as JSON.
 
     Example: mbx report moe-dispatch --markdown > pr.md   (the page's path goes to stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,19 @@ def _repeats(store: Store, campaign: str, cells: list[CellRow]) -> list[tuple[Ce
         if result is not None and result.summary:
             done.append((cell, result.summary, Path(attempt.run_dir)))
     return done
+
+
+def _precision(recipe: dict[str, Any], run_dir: Path) -> str:
+    """The bundled recipe's precision, or a Bridge run's (its resolved config in the run dir), else unknown."""
+    if recipe.get("precision"):
+        return str(recipe["precision"])
+    from orchestrator.spec import bridge_config
+
+    path = run_dir / rundir.BRIDGE_CONFIG
+    try:
+        return bridge_config.precision(bridge_config.read(path)) if path.is_file() else "unknown"
+    except bridge_config.BridgeConfigError:
+        return "unknown"
 
 
 def _gpu(fingerprint: dict[str, Any]) -> str:
@@ -163,7 +177,7 @@ def export_card(
     reproduce = _reproduce(frozen, margin)
     body: dict[str, Any] = {
         "status": "verified" if clean and refused is None else "unverified",
-        "precision": str(cell.recipe.get("precision") or "unknown"),
+        "precision": _precision(cell.recipe, done[0][2]),
         "command": f"mbx campaign run {reproduce['name']}.yaml",
         "last_verified": dt.date.today().isoformat(),
         "window_steps": window,
@@ -178,6 +192,9 @@ def export_card(
     recipe = trainers.get(cell.trainer_kind).resolved_recipe(cell.recipe)
     if recipe is not None:
         body["recipe"] = recipe
+    if cell.recipe.get("argv"):  # an external trainer: its own command line, as its users run it
+        argv = cell.recipe.get("argv_as_written") or cell.recipe["argv"]
+        body["trainer_command"] = cards.publishable(shlex.join(argv))
     document = {"title": title or campaign, "summary": str((record.get("spec") or {}).get("description") or ""),
                 "items": {item: {_gpu(fingerprint): body}}}  # fmt: skip
     notes = [f"{len(cells) - len(done)} of {len(cells)} repeats did not complete and are left out"] if len(
@@ -257,8 +274,8 @@ def check_card(
     notes = []
     if not chosen.get("thresholds"):
         chosen = cards.add_thresholds(chosen, margin)
-        notes.append(f"{path} has no structured thresholds: gating at its measured values with a {margin:.0%} "
-                     "margin (--margin)")  # fmt: skip
+        notes.append(f"{path} has no structured thresholds: gating at its measured values with a "
+                     f"{margin * 100:.4g}% margin (--margin)")  # fmt: skip
     spec, skipped = cards.gate_spec(chosen)
     notes += skipped
     if spec == GateSpec():

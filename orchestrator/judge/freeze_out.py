@@ -47,7 +47,7 @@ def portable_gates(frozen: Frozen, margin: float | None) -> tuple[dict[str, floa
         key = "min" if "min" in threshold else "max"
         gates[cards.BY_NAME[name].gate] = threshold[key]
         lines.append(f"{cards.BY_NAME[name].gate} = {threshold[key]} (measured {threshold['measured']}, "
-                     f"margin {threshold['margin']:.1%}: {threshold['basis']})")  # fmt: skip
+                     f"margin {threshold['margin'] * 100:.4g}%: {threshold['basis']})")  # fmt: skip
     return gates, lines
 
 

@@ -105,3 +105,18 @@ def step_flops(config: dict[str, Any], world: int) -> int:
         shared_ffn=sh.shared_ffn, gated=sh.glu == 3,
     )
     return sum(parts.values())
+
+
+FP8_RECIPES = {"tensorwise": "fp8_cs", "delayed": "fp8_ds", "mxfp8": "fp8_mx", "blockwise": "fp8_bs"}
+
+
+def precision(config: dict[str, Any]) -> str:
+    """The precision as Bridge's cards name it: bf16, fp16, fp8_cs (current scaling), fp8_ds, fp8_mx, fp8_bs."""
+    m, mp = config.get("model") or {}, config.get("mixed_precision") or {}
+    fp8 = _first(mp.get("fp8"), m.get("fp8"))
+    if fp8:
+        recipe = _first(mp.get("fp8_recipe"), m.get("fp8_recipe"), "delayed")
+        return FP8_RECIPES.get(str(recipe), f"fp8_{recipe}")
+    if _first(mp.get("bf16"), m.get("bf16")):
+        return "bf16"
+    return "fp16" if _first(mp.get("fp16"), m.get("fp16")) else "fp32"

@@ -407,6 +407,8 @@ def resolve_point(
         "num_gpus": trainer.num_gpus,
         "steps": planned_steps(trainer, params),
     }
+    if written != argv:  # what a card publishes: the command line with its paths as the campaign wrote them
+        recipe["argv_as_written"] = written
     if trainer.resolved_config:
         recipe["bridge_config"] = str(_config_path(trainer.resolved_config, campaign_file, where))
     identity = {

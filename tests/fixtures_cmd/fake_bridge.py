@@ -18,9 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from trainer.bridge_args import field_overrides  # noqa: E402
+try:  # mbx puts its checkout on the trainer's PYTHONPATH; run by hand, the checkout this file lies in
+    from trainer.bridge_args import field_overrides
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from trainer.bridge_args import field_overrides
 
 ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|")
 
