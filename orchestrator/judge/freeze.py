@@ -16,6 +16,7 @@ from orchestrator.judge.best import Choice, choose, figure, fmt_decision, full_l
 from orchestrator.judge.compare import Metric, Point, floors_of, load_points
 from orchestrator.judge.run_floor import FloorBook
 from orchestrator.judge.views import parity_verdicts
+from orchestrator.rows import DEFAULT_KIND
 from orchestrator.run.regate import gates_of, judge_campaign
 from orchestrator.run.store import INGEST_LAUNCHER, Store
 from orchestrator.spec.campaign import Campaign
@@ -56,7 +57,7 @@ class Frozen:
     gate_lines: list[str] = field(default_factory=list)
     recipe: dict[str, Any] = field(default_factory=dict)
     resources: dict[str, Any] = field(default_factory=dict)
-    trainer_kind: str = "bundled"
+    trainer_kind: str = DEFAULT_KIND
     frozen_at: str = field(default_factory=lambda: dt.date.today().isoformat())
     allowed_failed: str | None = None  # --allow-failed: the failed check and the reason given
 
