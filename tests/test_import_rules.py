@@ -244,20 +244,93 @@ def test_no_orchestrator_package_imports_a_higher_one() -> None:
     assert sorted(upward) == []
 
 
-def test_no_trainer_kind_branches_outside_the_trainer_kinds() -> None:
-    """A kind's differences live in orchestrator/trainers/ (ARCHITECTURE.md): elsewhere nothing compares a kind's
-    name (`trainer_kind == "bundled"`, `campaign.trainer.kind != "command"`)."""
-    names = {"bundled", "command"}
+# A kind's name may stand outside its own module only here, each for its reason.
+KIND_NAMED_ELSEWHERE = {
+    "orchestrator/rows.py": "DEFAULT_KIND, the kind of a campaign whose `trainer:` names none",
+    "orchestrator/run/store.py": "the schema-1 migration's frozen list of the kinds that existed then",
+}
+
+
+def kind_literals(tree: ast.AST, names: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, what) where code names a trainer kind: compares a kind with a name, lists two or more kinds, types
+    a field `Literal[<kind>]`, or gives a kind field one as its value (`trainer_kind="bundled"`, `{"kind": ...}`)."""
+    kindish = ("kind", "trainer_kind")
+
+    def named(node: ast.AST | None) -> bool:  # a kind's name, or one of an `a if c else b` / `a or b`
+        if isinstance(node, ast.IfExp):
+            return named(node.body) or named(node.orelse)
+        if isinstance(node, ast.BoolOp):
+            return any(map(named, node.values))
+        return isinstance(node, ast.Constant) and node.value in names
+
+    def about_kind(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and "kind" in n.id or isinstance(n, ast.Attribute) and "kind" in n.attr
+                   or isinstance(n, ast.Constant) and n.value in kindish for n in ast.walk(node))  # fmt: skip
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr in kindish for s in sides) and any(map(named, sides)):
+                yield node.lineno, "compares a kind with a name"
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and sum(map(named, node.elts)) > 1:
+            yield node.lineno, "lists kinds"
+        elif isinstance(node, ast.Dict) and sum(map(named, node.keys)) > 1:
+            yield node.lineno, "lists kinds"
+        elif isinstance(node, ast.Dict) and any(
+            isinstance(k, ast.Constant) and k.value in kindish and named(v)
+            for k, v in zip(node.keys, node.values, strict=True)
+        ):
+            yield node.lineno, "gives a kind field a kind's name"
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("Literal"):
+            if any(named(n) for n in ast.walk(node.slice)):
+                yield node.lineno, "types a field as a kind"
+        elif isinstance(node, ast.keyword) and node.arg in kindish and named(node.value):
+            yield node.value.lineno, "gives a kind field a kind's name"
+        elif isinstance(node, ast.AnnAssign) and ast.unparse(node.target).split(".")[-1] in kindish:
+            if named(node.value):
+                yield node.lineno, "gives a kind field a kind's name"
+        elif isinstance(node, ast.BoolOp) and named(node) and about_kind(node):
+            yield node.lineno, "defaults a kind"
+        elif isinstance(node, ast.Call) and any(map(named, node.args)) and any(map(about_kind, node.args)):
+            yield node.lineno, "defaults a kind"
+
+
+def test_no_module_but_a_kinds_own_names_it() -> None:
+    """A kind's name, schema and differences live in its module, orchestrator/trainers/kinds/<kind>.py
+    (ARCHITECTURE.md, "Where a new part goes"): no other login-side module branches on a kind's name, lists
+    the kinds or spells a kind's schema."""
+    from orchestrator.trainers import registry
+
+    names = set(registry.names())
+    assert {"bundled", "command"} <= names
     found = []
     for name, path in modules().items():
-        if name.startswith("orchestrator.trainers") or not name.startswith(("orchestrator", "reports", "launchers")):
+        relative = str(path.relative_to(ROOT))
+        own = name.startswith("orchestrator.trainers.kinds.")
+        login_side = name.split(".")[0] in ("orchestrator", "reports", "launchers")
+        if own or relative in KIND_NAMED_ELSEWHERE or not login_side:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not isinstance(node, ast.Compare):
-                continue
-            sides = [node.left, *node.comparators]
-            kinds = [s for s in sides if isinstance(s, ast.Attribute) and s.attr in ("kind", "trainer_kind")]
-            literal = [s for s in sides if isinstance(s, ast.Constant) and s.value in names]
-            if kinds and literal:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        named = set(kind_literals(ast.parse(path.read_text()), names))
+        found += [f"{relative}:{line} {what}" for line, what in named]
     assert found == []
+
+
+@pytest.mark.parametrize(
+    "code",
+    ['if cell.trainer_kind == "command": pass', 'KINDS = ("bundled", "command")',
+     'class T(BaseModel):\n    kind: Literal["command"]', 'Point(trainer_kind="bundled")',
+     'spec = {"trainer": {"kind": "bundled"}}', 'class P:\n    trainer_kind: str = "bundled"',
+     'CellRow(trainer_kind="command" if argv else "bundled")', 'model = SCHEMAS.get(kind or "bundled")',
+     'kind = section.get("kind", "bundled")'],
+)  # fmt: skip
+def test_each_way_of_naming_a_kind_is_found(code: str) -> None:
+    assert len(set(kind_literals(ast.parse(code), {"bundled", "command"}))) == 1
+
+
+def test_every_kinds_module_registers_its_kind() -> None:
+    """Each module of orchestrator/trainers/kinds/ registers the kind it is named after (registry.get refuses
+    one that does not)."""
+    from orchestrator.trainers import registry
+
+    for name in registry.names():
+        assert registry.get(name).name == name and registry.get(name).Section.model_fields["kind"].annotation

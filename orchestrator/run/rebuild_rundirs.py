@@ -93,7 +93,7 @@ def rebuild_from_run_dirs(directory: Path) -> tuple[dict[str, Any], list[CellRow
     if owners:
         raise ValueError(f"its run dirs were launched for campaign {sorted(owners)[0]!r} (a copy?)")
     recipes = [{k: v for k, v in recipe.items() if k != "env"} for _, recipe, _ in found]
-    kind = next((k for k in trainers.kinds().values() if k.claims(recipes)), trainers.get(DEFAULT_KIND))
+    kind = next((k for k in trainers.every_kind().values() if k.claims(recipes)), trainers.get(DEFAULT_KIND))
     guess = kind.rebuilt(recipes)
     axes = _swept(recipes) if guess.sweeps_recipe else {}
     first_launch = found[0][2]

@@ -399,9 +399,12 @@ def resolve_point(
     campaign_file: Path | None,
     where: str = "",
     versions: dict[str, str] | None = None,
+    *,
+    kind: str,
 ) -> ResolvedPoint:
     """The argv, env and resources of one point (sweep assignment applied; `versions`: its software env,
-    orchestrator/spec/software.py). Raises PointProblems."""
+    orchestrator/spec/software.py; `kind`: the trainer kind's name, part of the point's identity). Raises
+    PointProblems."""
     trainer = command_trainer(campaign)
     try:
         params, resources_doc, env = _assign(campaign, assignment)
@@ -429,7 +432,7 @@ def resolve_point(
     if trainer.resolved_config:
         recipe["bridge_config"] = str(_config_path(trainer.resolved_config, campaign_file, where))
     identity = {
-        "trainer": "command",
+        "trainer": kind,
         "argv": written,  # as written (relative paths kept): the point's id does not depend on where the file is
         "env": software.identity_env(env),
         "resources": resources.model_dump(mode="json", exclude_defaults=True),

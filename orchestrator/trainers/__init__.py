@@ -9,12 +9,12 @@ from orchestrator.spec import parity
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.sweep import Point
 from orchestrator.trainers.base import Follower, TrainerKind
-from orchestrator.trainers.registry import get, kinds, names
+from orchestrator.trainers.registry import every_kind, get, names
 
 if TYPE_CHECKING:
     from trainer.memory import MemoryEstimate
 
-__all__ = ["Follower", "TrainerKind", "expand", "for_campaign", "get", "kinds", "memory_estimate", "names",
+__all__ = ["Follower", "TrainerKind", "every_kind", "expand", "for_campaign", "get", "memory_estimate", "names",
            "with_parity_axes"]  # fmt: skip
 
 

@@ -7,7 +7,7 @@ rules, log parsers).
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TypeVar, get_args
 
 from orchestrator.spec import trainer_section
 from orchestrator.trainers.base import TrainerKind
@@ -22,7 +22,7 @@ def register(cls: T) -> T:
     module = f"{trainer_section.KINDS_PACKAGE}.{cls.name}"
     if cls.__module__ != module:
         raise RuntimeError(f"trainer kind {cls.name!r} ({cls.__qualname__}) must be defined in {module}")
-    if cls.Section.model_fields["kind"].annotation.__args__ != (cls.name,):  # type: ignore[union-attr]
+    if get_args(cls.Section.model_fields["kind"].annotation) != (cls.name,):
         raise RuntimeError(f"{cls.__qualname__}.Section must have `kind: Literal[{cls.name!r}]`")
     _KINDS[cls.name] = cls()
     trainer_section.register_schema(cls.name, cls.Section)
@@ -40,6 +40,6 @@ def get(name: str) -> TrainerKind:
     return _KINDS[name]
 
 
-def kinds() -> dict[str, TrainerKind]:
+def every_kind() -> dict[str, TrainerKind]:
     """Every trainer kind, by name (every kind's module imported)."""
     return {name: get(name) for name in names()}

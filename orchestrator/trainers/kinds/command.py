@@ -151,7 +151,7 @@ class CommandKind(TrainerKind):
 
         def resolve(assignment: dict[str, Any], where: str) -> ResolvedPoint:
             env = software_env(versions, assignment, where)
-            point = resolve_point(campaign, assignment, campaign_file, where, env)
+            point = resolve_point(campaign, assignment, campaign_file, where, env, kind=self.name)
             args, spelled = megatron_args(point.recipe["argv"])
             world = int(point.resources["nodes"]) * int(point.resources["gpus_per_node"])
             problems = tuple(f"{where}{p}" for p in layout_problems(args, spelled, world))
