@@ -59,7 +59,7 @@ class ToyKind(TrainerKind):
         return Rebuilt({"kind": self.name, "code": recipes[0]["toy_code"]}, sweeps_recipe=False, keeps_env=False)
 '''
 
-SCRIPT = '''
+SCRIPT = """
 import json, sys
 from pathlib import Path
 import orchestrator.trainers.kinds as kinds
@@ -87,7 +87,7 @@ out["schema"] = sorted(Campaign.model_json_schema()["$defs"])
 record, cells, note = rebuild_from_run_dirs(Path(lost))
 out["rebuilt"] = [record["spec"]["trainer"], sorted({c.trainer_kind for c in cells})]
 print("RESULT:" + json.dumps(out))
-'''
+"""
 
 
 def test_a_new_trainer_kind_is_one_module(tmp_path: Path) -> None:
@@ -97,8 +97,10 @@ def test_a_new_trainer_kind_is_one_module(tmp_path: Path) -> None:
     folder.mkdir()
     (folder / "toy.py").write_text(TOY)
     good = tmp_path / "toy.yaml"
-    good.write_text("name: toys\ntrainer: {kind: toy, code: 'print(1)'}\n"
-                    "sweep: {axes: {code: ['print(1)', 'print(2)']}}\n")
+    good.write_text(
+        "name: toys\ntrainer: {kind: toy, code: 'print(1)'}\n"
+        "sweep: {axes: {code: ['print(1)', 'print(2)']}}\n"
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: toys\ntrainer: {kind: toy, cod: 'print(1)'}\n")
     lost = tmp_path / "ws" / "lost"
