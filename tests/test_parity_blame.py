@@ -39,7 +39,9 @@ def test_a_pair_not_passed_rules_out_its_side_under_test_never_the_reference() -
     blamed = parity_blame([_pair("eval", "fail", off="evaluating-r0", on="train-only-r0")])
     assert list(blamed) == ["evaluating-r0"]  # the old outcome rule blamed the train-only twin here
     verdict, why = blamed["evaluating-r0"]
-    assert verdict == FAIL and why.startswith("parity FAIL: t [base, repeat 0; this point is the evaluating side")
+    assert verdict == FAIL and why.startswith(
+        "parity FAIL: t [base, repeat 0; this point is the evaluating side"
+    )
     assert parity_blame([_pair("toggle", "inconclusive")])["on-r0"][0] == INCONCLUSIVE
     assert parity_blame([_pair("toggle", "pass"), _pair("eval", "pass")]) == {}
 
@@ -59,7 +61,9 @@ def _eval_campaign(folder: Path) -> Path:
     return path
 
 
-def test_freeze_status_report_and_card_blame_the_same_side_of_a_failed_eval_check(mbx, tmp_path: Path) -> None:
+def test_freeze_status_report_and_card_blame_the_same_side_of_a_failed_eval_check(
+    mbx, tmp_path: Path
+) -> None:
     """Evaluation perturbs training (parity FAIL): the evaluating point is ruled out everywhere; the train-only
     twin, its reference, is the best that freeze freezes, status and the report name (status said "no best
     point: … failed a parity check" of it while freeze froze it). Card export of the evaluating point exits 1
@@ -84,16 +88,26 @@ def test_freeze_status_report_and_card_blame_the_same_side_of_a_failed_eval_chec
     refused = mbx("card", "export", "evalcard", "-w", str(ws), "-p", evaluating, "-o", str(card))
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "cannot be exported as a card: it failed a check (parity): parity FAIL" in refused.stderr
-    assert '--allow-failed "REASON"' in refused.stderr and not card.exists() and "Traceback" not in refused.stderr
+    assert (
+        '--allow-failed "REASON"' in refused.stderr
+        and not card.exists()
+        and "Traceback" not in refused.stderr
+    )
     allowed = mbx("card", "export", "evalcard", "-w", str(ws), "-p", evaluating, "-o", str(card),
                   "--allow-failed", "eval bug known, fixed upstream")  # fmt: skip
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
     body = next(iter(next(iter(yaml.safe_load(card.read_text())["items"].values())).values()))
     assert body["status"] == "unverified" and body["failed_check"].startswith("parity FAIL")
-    assert body["failed_check"].endswith("exported as a card anyway with --allow-failed: eval bug known, fixed upstream")
-    best = mbx("card", "export", "evalcard", "-w", str(ws), "-p", train_only, "-o", str(tmp_path / "best.yaml"))
+    assert body["failed_check"].endswith(
+        "exported as a card anyway with --allow-failed: eval bug known, fixed upstream"
+    )
+    best = mbx(
+        "card", "export", "evalcard", "-w", str(ws), "-p", train_only, "-o", str(tmp_path / "best.yaml")
+    )
     assert best.returncode == 0, best.stdout + best.stderr
-    body = next(iter(next(iter(yaml.safe_load((tmp_path / "best.yaml").read_text())["items"].values())).values()))
+    body = next(
+        iter(next(iter(yaml.safe_load((tmp_path / "best.yaml").read_text())["items"].values())).values())
+    )
     assert body["status"] == "verified" and "failed_check" not in body
     assert [(r["point"], r["kind"]) for r in body["rejected"]] == [(evaluating, "parity")]
 
@@ -128,17 +142,27 @@ def test_freeze_of_an_undecided_campaign_exits_3_with_the_closing_line(mbx, tmp_
     undecided = mbx("freeze", "incon", "-w", str(ws), "-o", str(out))
     assert undecided.returncode == 3, undecided.stdout + undecided.stderr
     line = undecided.stdout.strip()
-    assert line.startswith("INCONCLUSIVE incon: no point can be frozen: ") and "gate inconclusive" in line, line
+    assert line.startswith("INCONCLUSIVE incon: no point can be frozen: ") and "gate inconclusive" in line, (
+        line
+    )
     assert line.endswith("nothing frozen (exit 3; --inconclusive-ok accepts it)") and not out.exists()
     accepted = mbx("freeze", "incon", "-w", str(ws), "-o", str(out), "--json", "--inconclusive-ok")
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     data = json.loads(accepted.stdout)
-    assert (data["verdict"], data["exit_code"], data["written"]) == ("inconclusive", 0, []) and not out.exists()
+    assert (data["verdict"], data["exit_code"], data["written"]) == (
+        "inconclusive",
+        0,
+        [],
+    ) and not out.exists()
     assert data["closing"].endswith("(exit 0: --inconclusive-ok accepted it)")
     assert [(r["kind"], r["verdict"]) for r in data["rejected"]] == [("gate", "inconclusive")]
 
-    regate = mbx("campaign", "regate", "incon", "-w", str(ws), "-f", str(_noisy_campaign(tmp_path / "q", 10_000)))
+    regate = mbx(
+        "campaign", "regate", "incon", "-w", str(ws), "-f", str(_noisy_campaign(tmp_path / "q", 10_000))
+    )
     assert regate.returncode == 1, regate.stdout + regate.stderr
     failed = mbx("freeze", "incon", "-w", str(ws), "-o", str(out), "--inconclusive-ok")
-    assert failed.returncode == 1 and failed.stdout.startswith("FAIL incon: no point can be frozen: "), failed.stdout
+    assert failed.returncode == 1 and failed.stdout.startswith("FAIL incon: no point can be frozen: "), (
+        failed.stdout
+    )
     assert "gate fail" in failed.stdout and not out.exists()
