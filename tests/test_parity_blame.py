@@ -46,6 +46,18 @@ def test_a_pair_not_passed_rules_out_its_side_under_test_never_the_reference() -
     assert parity_blame([_pair("toggle", "pass"), _pair("eval", "pass")]) == {}
 
 
+def test_freeze_help_states_the_rule(mbx) -> None:
+    text = " ".join(mbx("freeze", "--help").stdout.split())
+    assert (
+        "rules out the side under test: the on side of a toggle or pair, the reloading side of a checkpoint"
+        in text
+    )
+    assert (
+        "the evaluating side of eval_check (train-only is its reference); the reference (off) side stays"
+        in text
+    )
+
+
 def _eval_campaign(folder: Path) -> Path:
     """eval_check on a command trainer that evaluates every 3 steps and spikes the step after (a parity FAIL)."""
     folder.mkdir(parents=True, exist_ok=True)

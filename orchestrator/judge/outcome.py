@@ -199,17 +199,14 @@ def stored_search_outcome(trials: list[Mapping[str, Any]]) -> Outcome | None:
 
 
 # ---- which points a parity pair rules out ------------------------------------------------------------------
-# The one rule (freeze, the best that status and the report name, card export): a pair that did not pass rules
-# out the side it is about, never its reference. Seed 000 (performance features checked for convergence): the
-# feature switched on is what may break training (MXFP8 param gather, MTP recompute), and so is evaluating
-# (the grad-norm spike on the step after an eval); the side without it is the reference the other is held to.
+# The one rule (freeze, the best that status and the report name, card export; `mbx freeze --help` says it): a
+# pair that did not pass (FAIL, or INCONCLUSIVE: not shown to train the same) rules out the side it is about,
+# never its reference. Seed 000 (performance features checked for convergence): the feature switched on is what
+# may break training (MXFP8 param gather, MTP recompute), and so is evaluating (the grad-norm spike on the step
+# after an eval); the side without it is the reference the other is held to.
 PARITY_SUBJECT = {"toggle": "on", "pair": "on", "checkpoint": "on", "eval": "off"}
 SUBJECT_WORDS = {"toggle": "the on side, the change under test", "pair": "the on side, the change under test",
                  "checkpoint": "the reloading side", "eval": "the evaluating side: train-eval-train"}  # fmt: skip
-PARITY_RULE = ("a parity pair that did not pass (FAIL, or INCONCLUSIVE: not shown to train the same) rules out "
-               "the side under test: the on side of a toggle or pair, the reloading side of a checkpoint check, "
-               "the evaluating side of eval_check (train-only is its reference); the reference (off) side stays "
-               "eligible")  # fmt: skip
 
 
 def parity_subject(pair: Mapping[str, Any]) -> str | None:
@@ -220,8 +217,8 @@ def parity_subject(pair: Mapping[str, Any]) -> str | None:
 
 
 def parity_blame(pairs: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
-    """Cell id → (verdict, why) for every cell a pair that did not pass rules out (PARITY_RULE), its first such
-    pair; what freeze, the report's and status's best and card export read."""
+    """Cell id → (verdict, why) for every cell a pair that did not pass rules out (its side under test,
+    PARITY_SUBJECT), by its first such pair; what freeze, the report's and status's best and card export read."""
     out: dict[str, tuple[str, str]] = {}
     for pair in pairs:
         verdict, cell = str(pair.get("verdict")), parity_subject(pair)
