@@ -66,11 +66,11 @@ def test_a_search_that_spent_its_budget_with_nothing_failed_is_inconclusive() ->
 
 
 def test_parity_failures_name_the_changed_side_only() -> None:
-    from orchestrator.judge.outcome import parity_failures
+    from orchestrator.judge.outcome import parity_blame
 
     pairs = [{"verdict": "fail", "on_cell": "wide-r0", "off_cell": "narrow-r0", "title": "t", "label": "base",
               "reason": "loss: |Δ| 0.2"}, {"verdict": "pass", "on_cell": "other-r0", "off_cell": "narrow-r0"}]  # fmt: skip
-    assert list(parity_failures(pairs)) == ["wide-r0"]
+    assert list(parity_blame(pairs)) == ["wide-r0"]
 
 
 # ---- through the CLI: a parity campaign whose faster point fails its parity check ---------------------------

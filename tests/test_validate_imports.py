@@ -24,7 +24,7 @@ print("MODULES:" + json.dumps([code, sorted(sys.modules)]))
 """
 LAZY = (
     "reports.parsers", "reports.parsers.follow", "reports.parsers.megatron_lm", "reports.parsers.megatron_bridge",
-    "trainer.memory", "orchestrator.trainers.command", "orchestrator.spec.command",
+    "trainer.memory", "orchestrator.trainers.kinds.command", "orchestrator.spec.command",
     "orchestrator.spec.megatron_layout", "launchers.slurm", "launchers.slurm.launcher",
     "reports.failures", "reports.wandb_log",  # the log signatures and the W&B logger: the schema needs their names only
 )  # fmt: skip

@@ -14,7 +14,7 @@ from rich.text import Text
 from launchers.base import Launcher
 from orchestrator.errors import EXIT_PASS, ConfigError, MbxError, RunError, UsageError
 from orchestrator.judge.outcome import Outcome as Judged
-from orchestrator.judge.outcome import parity_failures, view_outcome
+from orchestrator.judge.outcome import view_outcome
 from orchestrator.judge.views import campaign_view, parity_verdicts
 from orchestrator.run.baseline import baseline_summaries
 from orchestrator.run.engine import Event, Outcome
@@ -190,20 +190,14 @@ def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None
 
 
 def pick_winner(workspace: Path, campaign: CampaignView, extras: SiteExtras) -> None:
-    """The winner and the rejected points by the verdicts (mbx freeze's pick), or why there is none; a point on
-    the changed side of a failed parity pair is never shown as the best to freeze."""
+    """The winner and the rejected points by the verdicts (mbx freeze's pick), or why there is none: never a point
+    a parity pair rules out (freeze reads orchestrator/judge/outcome.py's parity_blame, the one rule)."""
     from orchestrator.judge.freeze import freeze
 
     try:
         frozen = freeze(workspace, campaign.name)
     except (MbxError, KeyError, ValueError) as err:  # e.g. nothing eligible yet: the report says why
         extras.freeze_note = f"No winner picked by the verdicts: {err}"
-        return
-    failed = {c.point_id: why for c in campaign.cells for cell, why in parity_failures(campaign.parity).items()
-              if c.cell_id == cell}  # fmt: skip
-    if frozen.winner.point_id in failed:
-        extras.freeze_note = (f"No best point: {frozen.winner.point_id} [{frozen.winner.label}] is the fastest, but "
-                              f"it failed a parity check ({failed[frozen.winner.point_id]})")  # fmt: skip
         return
     extras.winner, extras.how = frozen.winner.point_id, frozen.how
     extras.rejected = [dict(vars(r)) for r in frozen.rejected]
