@@ -1,0 +1,98 @@
+"""Issue 31 review: what compare and ingest say and exit with (one closing line from orchestrator/judge/outcome.py,
+`--json`'s exit_code the process's), the run-to-run floor's minimum, and the suspects' "config differs" lines.
+
+Campaigns of the fake Megatron (tests/fixtures_cmd/fake_megatron.py replaying a real log: exact step times, a
+planted slowdown) run through the real `mbx campaign run`, `compare` and `ingest`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from conftest import FAKE_MEGATRON, MEGATRON_LOG
+
+from orchestrator.judge import run_floor
+from orchestrator.judge.run_floor import FloorBook, Spread
+
+# a trainer that fails repeat 1 of a point (its run dir ends in -r1/<attempt>) and replays the log otherwise
+FAIL_R1 = """import os, sys
+if os.path.basename(os.path.dirname(os.environ["MBX_RUN_DIR"])).endswith("-r1"):
+    sys.exit("fake failure of repeat 1")
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+"""
+
+
+def fake(name: str, slow: str = "1.0", repeats: int = 1, wrapper: Path | None = None) -> dict[str, Any]:
+    """A campaign of the fake Megatron: 15 replayed iterations, slowed by env SLOW, no noise."""
+    command = [sys.executable, *([str(wrapper)] if wrapper else []), str(FAKE_MEGATRON), "--replay",
+               str(MEGATRON_LOG), "--sleep-s", "0", "--fake-slowdown", "{env.SLOW}"]  # fmt: skip
+    return {"name": name, "trainer": {"kind": "command", "command": command, "steps": 15},
+            "env": {"values": {"SLOW": slow}}, "wandb": {"mode": "disabled"},
+            "launchers": {"local": {"parallel": 2}}, "sweep": {"repeats": repeats}}  # fmt: skip
+
+
+def run(mbx: Any, write_campaign: Any, ws: Path, spec: dict[str, Any]) -> None:
+    proc = mbx(
+        "campaign", "run", str(write_campaign(spec, f"{spec['name']}.yaml")), "-w", str(ws), "--no-report"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- the run-to-run floor has a minimum ---------------------------------------------------------------------
+def test_a_quiet_workspace_floor_is_raised_to_the_minimum_and_says_so() -> None:
+    quiet = Spread()
+    for _ in range(2):
+        quiet.add([100.0, 100.0001, 100.0])
+    got = FloorBook({("command", "CPU", "step_time_ms"): quiet}).floor("command", "CPU", "step_time_ms")
+    assert quiet.df == 4 and got.rel == run_floor.MIN_RUN_FLOOR == 0.01
+    assert got.text().startswith("1.00% (minimum; measured 0.00%: 95% upper bound of the run-to-run spread")
+
+
+def test_one_run_a_side_in_a_quiet_workspace_is_not_a_false_different(
+    tmp_path: Path, mbx, write_campaign
+) -> None:
+    """The workspace's A/A repeats are exact (a replayed log: spread 0, 3 df): the floor stays at its 1% minimum,
+    so a 2% change at one run a side is UNKNOWN (was DIFFERENT at p=1.7e-16 with a 0.00% floor)."""
+    ws = tmp_path / "ws"
+    for spec in (fake("aa", repeats=4), fake("one-a"), fake("one-b", slow="1.02")):
+        run(mbx, write_campaign, ws, spec)
+    proc = mbx("compare", "one-a", "one-b", "-w", str(ws), "--metric", "step_time", "--json")
+    payload = json.loads(proc.stdout)
+    decision = payload["pairs"][0]["metrics"]["step_time"]
+    assert decision["decision"] == "unknown" and decision["run_floor"] == 0.01, decision
+    assert "run-to-run floor 1.00% (minimum; measured 0.00%: 95% upper bound" in decision["reason"]
+    assert (proc.returncode, payload["exit_code"], payload["verdict"]) == (3, 3, "inconclusive")
+
+
+# ---- compare: one closing line, --json's exit code is the process's ------------------------------------------
+def test_compare_json_exit_code_is_the_process_exit_code(tmp_path: Path, mbx, write_campaign) -> None:
+    """--inconclusive-ok turns an UNKNOWN into 0 and a --run cell that did not complete into 1: --json says the
+    same (it said 3 and 0/3: the comparison's own code), and the terminal ends with the outcome's closing line."""
+    ws = tmp_path / "ws"
+    run(mbx, write_campaign, ws, fake("one-a"))
+    run(mbx, write_campaign, ws, fake("one-b", slow="1.02"))
+    ok = mbx(
+        "compare", "one-a", "one-b", "-w", str(ws), "--metric", "step_time", "--json", "--inconclusive-ok"
+    )
+    assert (ok.returncode, json.loads(ok.stdout)["exit_code"]) == (0, 0), ok.stdout + ok.stderr
+    table = mbx("compare", "one-a", "one-b", "-w", str(ws), "--metric", "step_time")
+    closing = (
+        "INCONCLUSIVE one-a → one-b (practical threshold 1.0%), compare UNKNOWN: step time (ms) undecided"
+    )
+    assert table.returncode == 3 and table.stdout.rstrip().splitlines()[-1].startswith(closing), table.stdout
+
+    wrapper = tmp_path / "fail_r1.py"
+    wrapper.write_text(FAIL_R1)
+    a = write_campaign(fake("ra", repeats=2), "ra.yaml")
+    b = write_campaign(fake("rb", repeats=2, wrapper=wrapper), "rb.yaml")
+    proc = mbx("compare", "--run", str(a), str(b), "-w", str(ws), "--metric", "step_time", "--json",
+               "--inconclusive-ok")  # fmt: skip
+    payload = json.loads(proc.stdout)
+    assert (proc.returncode, payload["exit_code"], payload["verdict"]) == (1, 1, "fail"), (
+        proc.stdout + proc.stderr
+    )
+    assert payload["parts"]["cells"]["text"].startswith("1 cell(s) did not complete: ")
+    assert payload["closing"].startswith("FAIL ra → rb (practical threshold 1.0%), ")
