@@ -8,11 +8,12 @@ planted slowdown) run through the real `mbx campaign run`, `compare` and `ingest
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import FAKE_MEGATRON, MEGATRON_LOG
+from conftest import FAKE_MEGATRON, MEGATRON_LOG, ROOT
 
 from orchestrator.judge import run_floor
 from orchestrator.judge.run_floor import FloorBook, Spread
@@ -96,3 +97,26 @@ def test_compare_json_exit_code_is_the_process_exit_code(tmp_path: Path, mbx, wr
     )
     assert payload["parts"]["cells"]["text"].startswith("1 cell(s) did not complete: ")
     assert payload["closing"].startswith("FAIL ra → rb (practical threshold 1.0%), ")
+
+
+# ---- ingest: the same closing line ---------------------------------------------------------------------------
+def test_ingest_ends_with_the_closing_line_of_its_outcome(mbx, tmp_path: Path) -> None:
+    """A completed log passes, a truncated one fails (exit 1): each says so in one closing line, --json too
+    (ingest ended with "ingested … verdict pass" and no PASS / FAIL word)."""
+    logs, ws = ROOT / "tests" / "data" / "megatron" / "logs", str(tmp_path / "ws")
+    good = mbx(
+        "ingest", "past", str(logs / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"), "-w", ws
+    )
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert re.fullmatch(
+        r"PASS cell \w+-r0 of 'past', every gate passed", good.stdout.rstrip().splitlines()[-1]
+    )
+    cut = logs / "megatron_lm__ling_v2_moe_pretrain_example__excerpt.log"  # stops at step 10 of 2000
+    proc = mbx("ingest", "past", str(cut), "-w", ws, "--json")
+    got = json.loads(proc.stdout)
+    assert (proc.returncode, got["exit_code"], got["outcome"]) == (1, 1, "fail")
+    assert re.fullmatch(
+        r"FAIL cell \w+-r0 of 'past', gates FAIL: 1 failed, 1 cell\(s\) did not complete", got["closing"]
+    )
+    again = mbx("ingest", "past", str(cut), "-w", ws)  # already ingested: the same outcome, said again
+    assert again.returncode == 1 and again.stdout.rstrip().splitlines()[-1] == got["closing"]
