@@ -120,3 +120,30 @@ def test_ingest_ends_with_the_closing_line_of_its_outcome(mbx, tmp_path: Path) -
     )
     again = mbx("ingest", "past", str(cut), "-w", ws)  # already ingested: the same outcome, said again
     assert again.returncode == 1 and again.stdout.rstrip().splitlines()[-1] == got["closing"]
+
+
+# ---- the search plots name the real length --------------------------------------------------------------------
+def test_a_search_stopped_before_full_length_labels_no_trial_full_length(
+    mbx, write_campaign, tmp_path: Path, cache_env
+) -> None:
+    """A halving over [4, 8] steps whose GPU-hours run out after one 4-step trial: the plot's trace is "4 steps",
+    never "4 steps (full length)" (the longest trial was taken for the full length), and no plot calls it so."""
+    import copy
+
+    from conftest import TINY_MOE_RECIPE
+
+    recipe = copy.deepcopy(TINY_MOE_RECIPE)
+    recipe["training"]["steps"] = 8
+    search = {"method": "halving", "halving": {"steps": [4, 8], "keep": 0.5}, "budget": {"gpu_hours": 1e-9}}
+    path = write_campaign({"name": "spent", "trainer": {"recipe": recipe}, "collect": {"window": 3},
+                           "wandb": {"mode": "disabled"}, "launchers": {"local": {"parallel": 1}},
+                           "sweep": {"axes": {"training.micro_batch_size": [1, 2, 4]}, "search": search}})  # fmt: skip
+    ws = tmp_path / "ws"
+    proc = mbx("campaign", "run", str(path), "-w", str(ws), env=cache_env)
+    assert proc.returncode == 3 and "no trial ran to the full length (8 steps)" in proc.stdout, proc.stdout
+    page = (ws / "spent" / "report" / "index.html").read_text()
+    found = re.search(r'data-target="fig-pareto">(.*?)</script>', page, re.S)
+    assert found is not None
+    names = [t["name"] for t in json.loads(found.group(1))["data"] if "steps" in t["name"]]
+    assert names == ["4 steps"], names
+    assert "(full length)" not in page
