@@ -147,3 +147,50 @@ def test_a_search_stopped_before_full_length_labels_no_trial_full_length(
     names = [t["name"] for t in json.loads(found.group(1))["data"] if "steps" in t["name"]]
     assert names == ["4 steps"], names
     assert "(full length)" not in page
+
+
+# ---- config differs: each change once ---------------------------------------------------------------------------
+def test_a_swept_change_is_one_config_line_with_the_keys_it_set(tmp_path: Path, mbx, write_campaign) -> None:
+    """Two points of one sweep over env.SLOW: the swept key, the env it set and the argv flag its template fills
+    with `{env.SLOW}` are one line (they were three, one per key); --json's config_diff keeps every key."""
+    ws = tmp_path / "ws"
+    spec = fake("swept")
+    spec["sweep"] = {"axes": {"env.SLOW": ["1.0", "1.03"]}}
+    run(mbx, write_campaign, ws, spec)
+    ids = {c["params"]["env.SLOW"]: c["point_id"] for c in
+           json.loads(mbx("campaign", "status", "swept", "-w", str(ws), "--json").stdout)["cells"]}  # fmt: skip
+    args = (
+        "compare",
+        "swept",
+        "swept",
+        "--pair",
+        f"{ids['1.0']}:{ids['1.03']}",
+        "-w",
+        str(ws),
+        "--metric",
+        "peak_alloc",
+    )
+    lines = [line for line in mbx(*args).stdout.splitlines() if line.startswith("config")]
+    assert lines == [
+        "config differs: sweep.env.SLOW: 1.0 → 1.03 (also: env.SLOW, trainer.recipe.argv --fake-slowdown)"
+    ]
+    data = json.loads(mbx(*args, "--json").stdout)["pairs"][0]
+    assert [d["key"] for d in data["config_diff"]] == [
+        "env.SLOW",
+        "sweep.env.SLOW",
+        "trainer.recipe.argv --fake-slowdown",
+    ]
+
+
+def test_only_keys_a_change_set_join_its_line() -> None:
+    """Same values alone do not join: an unrelated key changed 1 → 2 keeps its own line; a rendered flag joins
+    the swept key it renders, and a line takes the best rule of its keys."""
+    from orchestrator.judge.compare_config import ranked_groups
+
+    diff = [{"key": k, "a": "1", "b": "2"} for k in ("env.OTHER", "sweep.training.micro_batch_size",
+            "trainer.recipe.argv --micro-batch-size", "trainer.recipe.training.micro_batch_size")]  # fmt: skip
+    assert ranked_groups(diff, {}) == [
+        ("sweep.training.micro_batch_size: 1 → 2 (also: trainer.recipe.argv --micro-batch-size, "
+         "trainer.recipe.training.micro_batch_size)", "batch and sequence"),
+        ("env.OTHER: 1 → 2", None),
+    ]  # fmt: skip
