@@ -194,3 +194,21 @@ def test_only_keys_a_change_set_join_its_line() -> None:
          "trainer.recipe.training.micro_batch_size)", "batch and sequence"),
         ("env.OTHER: 1 → 2", None),
     ]  # fmt: skip
+
+
+# ---- campaign plan: why a point is infeasible, not its headroom --------------------------------------------------
+def test_plan_says_why_a_row_is_infeasible_and_names_a_sized_gpu_plainly(mbx, write_campaign) -> None:
+    """`--gpu 80GiB`: the too-big point's row says "INFEASIBLE: memory" with no headroom (it showed -70.8 beside
+    INFEASIBLE), a layout-refused row names its keys, and the reason says "the GPU's 80.0 GiB" (was "the
+    80GiB's 80.0 GiB")."""
+    from test_feasibility import HUGE, bundled_campaign
+
+    result = mbx("campaign", "plan", str(write_campaign(bundled_campaign())), "--gpu", "80GiB")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {
+        line.split()[2] + "/" + line.split()[3]: line.split()[5:] for line in result.stdout.splitlines()[3:7]
+    }
+    assert rows["32/1"] == ["0.06", "80GiB", "79.9", "ok"], rows
+    assert rows[f"{HUGE}/1"] == ["150.8", "80GiB", "·", "INFEASIBLE:", "memory"], rows
+    assert rows["32/2"] == ["·", "80GiB", "·", "INFEASIBLE:", "parallel.tensor,", "parallel"], rows
+    assert "allocator slack exceeds the GPU's 80.0 GiB;" in result.stdout and "80GiB's" not in result.stdout
