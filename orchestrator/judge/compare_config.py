@@ -20,11 +20,13 @@ every other key follows in key order, untagged: no rule ranks it, so it is no su
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.run.store import CellRow
 
+T = TypeVar("T")
 SECTIONS = ("container", "cluster", "software")  # campaign sections that shape a run, besides the cell's
 UNSET = "(unset)"
 VARIES = "(varies by repeat)"
@@ -171,21 +173,25 @@ def suspect_rule(key: str) -> tuple[int, str] | None:
     return None
 
 
+def _by_rule(entries: list[T], rule_of: Callable[[T], tuple[int, str] | None]) -> list[tuple[T, str | None]]:
+    """Entries with their rule, those a rule names first (by its rank, stable), the rest after with None."""
+    rules = [rule_of(e) for e in entries]
+    order = sorted(range(len(entries)), key=lambda i: (rules[i] or (len(PERFORMANCE_KEYS), ""))[0])
+    return [(entries[i], (rules[i] or (0, None))[1]) for i in order]
+
+
 def ranked_groups(diff: list[dict[str, str]], templates: dict[str, str]) -> list[tuple[str, str | None]]:
     """One line per change (`grouped`), `key: A → B (also: keys it set)`, with the rule that makes any of its keys
     a suspect: known performance keys first (by rule rank), then the others, each in `grouped`'s order."""
-    lines = []
-    for item, also in grouped(diff, templates):
-        rules = [r for r in (suspect_rule(k) for k in (item["key"], *also)) if r is not None]
-        rule = min(rules) if rules else None
-        lines.append((rule, diff_line(item) + (f" (also: {', '.join(also)})" if also else "")))
-    ordered = sorted(lines, key=lambda line: (line[0] or (len(PERFORMANCE_KEYS), ""))[0])
-    return [(text, rule[1] if rule else None) for rule, text in ordered]
+
+    def best_rule(group: tuple[dict[str, str], list[str]]) -> tuple[int, str] | None:
+        return min(filter(None, (suspect_rule(k) for k in (group[0]["key"], *group[1]))), default=None)
+
+    return [(diff_line(item) + (f" (also: {', '.join(also)})" if also else ""), rule)
+            for (item, also), rule in _by_rule(grouped(diff, templates), best_rule)]  # fmt: skip
 
 
 def ranked(diff: list[dict[str, str]]) -> list[tuple[dict[str, str], str | None]]:
     """Every difference with the rule that makes it a suspect: known performance keys first (by rule rank, then
     key), then the others in key order with None."""
-    rules = {item["key"]: suspect_rule(item["key"]) for item in diff}
-    order = sorted(diff, key=lambda item: (rules[item["key"]] or (len(PERFORMANCE_KEYS), ""))[0])
-    return [(item, (rules[item["key"]] or (0, None))[1]) for item in order]
+    return _by_rule(diff, lambda item: suspect_rule(item["key"]))
