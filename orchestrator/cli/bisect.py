@@ -132,7 +132,9 @@ def show(result: object) -> None:
         table.add_row(str(m.index), Text(m.label), m.role, str(m.repeats), search.fmt_mean(m),
                       Text(search.fmt_verdict(m), style=_STYLE.get(m.verdict, "")))  # fmt: skip
     console().print(table)
-    style = "bold red" if result.culprit is not None else "bold yellow"
-    console().print(Text(result.message, style=style), soft_wrap=True)
+    from orchestrator.judge.closing import closing_text
+    from orchestrator.judge.outcome import Outcome, Part
+
+    console().print(closing_text(Outcome("", (Part("bisect", result.verdict, result.message),))), soft_wrap=True)
     for line in result.diagnosis:
         console().print(Text(f"  diagnosis: {line}"), soft_wrap=True)

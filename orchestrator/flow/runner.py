@@ -164,6 +164,7 @@ def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None
     """What the site shows beside the view, from what the store knows (read-only): the campaign's outcome (the
     closing line's word), the winner and the rejected points by the verdicts (orchestrator/judge/freeze.py;
     never a point that failed a parity check), baseline summaries, estimates, search trials, GPU-hours."""
+    from orchestrator.flow.search_length import search_full_steps
     from orchestrator.run.baseline import baseline_for
     from reports.site_data import SiteExtras, attempt_gpu_hours
 
@@ -175,6 +176,7 @@ def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None
         found = {cell_id: baseline_for(base, cell) for cell_id, cell in cells.items()} if base else {}
         extras.baselines = {k: v for k, v in found.items() if v is not None}
         extras.estimates, extras.trials = store.estimates(campaign.name), store.trials(campaign.name)
+        extras.search_steps = search_full_steps(store.campaign(campaign.name)) if extras.trials else None
         attempts = store.attempts(campaign.name)
     extras.outcome = (judged or view_outcome(campaign, extras.trials)).to_dict()
 
