@@ -84,6 +84,10 @@ def test_compare_json_exit_code_is_the_process_exit_code(tmp_path: Path, mbx, wr
         "INCONCLUSIVE one-a → one-b (practical threshold 1.0%), compare UNKNOWN: step time (ms) undecided"
     )
     assert table.returncode == 3 and table.stdout.rstrip().splitlines()[-1].startswith(closing), table.stdout
+    assert "(exit 3; --inconclusive-ok accepts it)" in table.stdout
+    accepted = mbx("compare", "one-a", "one-b", "-w", str(ws), "--metric", "step_time", "--inconclusive-ok")
+    last = accepted.stdout.rstrip().splitlines()[-1]
+    assert accepted.returncode == 0 and "(exit 0: --inconclusive-ok accepted it)" in last, accepted.stdout
 
     wrapper = tmp_path / "fail_r1.py"
     wrapper.write_text(FAIL_R1)

@@ -205,12 +205,12 @@ def _output(result: Any, judged: Outcome, as_json: bool, markdown: bool, inconcl
     elif markdown:
         from reports.markdown import md_text
 
-        typer.echo(cmp.to_markdown(result) + f"\n**{md_text(judged.line)}**\n", nl=False)
+        typer.echo(cmp.to_markdown(result) + f"\n**{md_text(judged.closing(inconclusive_ok))}**\n", nl=False)
     else:
         _print(result)
         from orchestrator.judge.closing import closing_text
 
-        console().print(closing_text(judged), soft_wrap=True)
+        console().print(closing_text(judged, inconclusive_ok), soft_wrap=True)
 
 
 def _print(result: object) -> None:

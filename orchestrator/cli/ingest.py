@@ -122,13 +122,13 @@ def ingest(
         emit_json({"campaign": result.campaign, "cell_id": result.cell_id, "attempt": result.attempt,
                    "already": result.already, "steps": result.steps, "state": result.state,
                    "failure_class": result.failure_class, "reason": result.reason, "verdict": result.verdict,
-                   "summary": result.summary, "run_dir": result.run_dir, "closing": judged.line,
+                   "summary": result.summary, "run_dir": result.run_dir, "closing": judged.closing(inconclusive_ok),
                    "outcome": judged.verdict, "exit_code": code})  # fmt: skip
     else:
         _print_result(result, workspace)
         from orchestrator.judge.closing import closing_text
 
-        console().print(closing_text(judged), soft_wrap=True)
+        console().print(closing_text(judged, inconclusive_ok), soft_wrap=True)
     raise typer.Exit(code)
 
 
