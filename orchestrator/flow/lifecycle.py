@@ -76,6 +76,7 @@ class Options:
     make_report: bool = True
     log_wandb: bool = True
     resume_hint: bool = True  # the closing line may name `mbx campaign resume` (not for a search's or bisect's batch)
+    inconclusive_ok: bool = False  # --inconclusive-ok: an inconclusive closing line says it exits 0
 
 
 @dataclass
@@ -295,7 +296,7 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
             err_console.print(Text(f"warning: {err}"), soft_wrap=True)
     if plan.options.log_wandb and campaign.wandb.mode != "disabled":
         log_outcome(store.workspace, campaign, judged)
-    print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible)
+    print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible, plan.options.inconclusive_ok)
     return Finished(outcome, points, regated.parity, judged)
 
 
