@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import store_rows
 
 from orchestrator.run.collect import collect_attempt
 from reports.gates import GateSpec
@@ -15,6 +17,7 @@ from reports.profile_view import _steps_hint
 from trainer import rundir
 
 NEWER = rundir.FORMAT_VERSION + 1
+LOGS = Path(__file__).parent / "data" / "megatron" / "logs"
 V1_TINY = Path(__file__).parent / "data" / "rundir_v1" / "ws" / "tiny" / "7fab3c2a3f-r0" / "1"
 JSON_RECORDS = {
     rundir.STATUS: lambda d: rundir.write_status(d, {"state": "completed"}, rundir.TRAINER),
@@ -164,3 +167,34 @@ def test_collection_refuses_an_attempt_a_newer_mbx_judged_and_nothing_writes_ove
     with pytest.raises(rundir.NewerFormat):
         rundir.write_status(tmp_path, {"state": "failed", "reason": "x"}, rundir.COLLECTOR)
     assert (tmp_path / rundir.STATUS).read_bytes() == kept
+
+
+NEWER_NODE = """import json, subprocess, sys
+json.dump({"mbx_format": 99, "hostname": "node-of-a-newer-mbx"}, open(sys.argv[1] + "/node.json", "w"))
+sys.exit(subprocess.call([sys.executable, sys.argv[2], "--replay", sys.argv[3]]))
+"""
+
+
+def test_a_campaign_whose_node_side_a_newer_mbx_ran_is_failed_with_that_said(mbx, write_campaign, tmp_path):
+    """The node writes a node.json of a newer format (after the wrapper's own): `campaign run` records the attempt
+    failed with the file and its version (the engine never stops for one attempt's files), keeps the record, and
+    `campaign status` refuses the run dir with exit 2."""
+    script = tmp_path / "newer_node.py"
+    script.write_text(NEWER_NODE)
+    fake = Path(__file__).parent / "fixtures_cmd" / "fake_megatron.py"
+    log = LOGS / "megatron_lm__attn_bench_sink_te_1gpu_correctness__stdout.log"
+    command = [sys.executable, str(script), "{run_dir}", str(fake), str(log)]
+    campaign = write_campaign({"name": "future", "trainer": {"kind": "command", "command": command},
+                               "sweep": {"axes": {"seq_length": [64]}}, "wandb": {"mode": "disabled"}})  # fmt: skip
+    workspace = tmp_path / "ws"
+    ran = mbx("campaign", "run", str(campaign), "--workspace", str(workspace), "--no-report")
+    assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stdout + ran.stderr
+    (node,) = workspace.glob("future/*/1/node.json")
+    assert json.loads(node.read_text()) == {"mbx_format": 99, "hostname": "node-of-a-newer-mbx"}
+    query = "SELECT state, failure_class, reason FROM attempts"
+    ((state, failure_class, reason),) = store_rows(workspace / "mbx.sqlite", query)
+    assert (state, failure_class) == ("failed", "unknown")
+    assert f"{node}: written by a newer mbx (v99)" in reason, reason
+    status = mbx("campaign", "status", "future", "--workspace", str(workspace))
+    assert status.returncode == 2 and "Traceback" not in status.stderr, status.stdout + status.stderr
+    assert f"error: {node}: written by a newer mbx (v99)" in " ".join(status.stderr.split())
