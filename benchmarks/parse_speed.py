@@ -2,11 +2,16 @@
 
     python benchmarks/parse_speed.py            # 1 GB, the figure reported in BENCHMARKS.md
     python benchmarks/parse_speed.py --gb 0.1   # a quick run
+    python benchmarks/parse_speed.py --metrics-steps 100000   # metrics.jsonl instead (trainer/rundir.py)
 
 The log looks like `srun -l` output of an 8-rank job: the last rank (7) prints iteration lines,
 rank 0 memory lines after the first iteration and around every checkpoint save, every rank prints
 INFO timer blocks, Python warnings and NCCL INFO lines; a few lines carry ANSI colours. Generation is
 not timed. The parse is `reports.parsers.iter_rows(path)`: line by line, one row held at a time.
+
+--metrics-steps N times the other parse of a run: `trainer.rundir.read_metrics` over a metrics.jsonl of N step
+rows as the bundled trainer writes them (`rundir.MetricsWriter`, the 17 keys of a trainer row), best of 5 (wall and
+CPU time: on a shared machine quote the CPU time).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reports.parsers import iter_rows  # noqa: E402
+from trainer import rundir  # noqa: E402
 
 RANKS = 8
 TRAIN_ITERS = 10_000_000
@@ -101,11 +107,51 @@ def write_log(path: Path, target_bytes: int, seed: int = 0) -> tuple[int, int]:
     return written, steps
 
 
+def metrics_row(step: int, rng: random.Random) -> dict[str, float | int | bool]:
+    """One step row with the keys and magnitudes the bundled trainer writes (trainer/train.py)."""
+    ms = 1500.0 + rng.random() * 100.0
+    return {
+        "step": step, "loss": 2 + 8 * rng.random(), "grad_norm": rng.random(), "lr": 3e-4 * rng.random(),
+        "step_time_ms": ms, "tflops_per_gpu": 400 + rng.random() * 20, "tokens_per_s_per_gpu": 1e6 / ms,
+        "mem_allocated_gib": 24 + rng.random(), "mem_max_allocated_gib": 34 + rng.random(), "mem_reserved_gib": 37.0,
+        "mem_max_reserved_gib": 37.0, "rss_gib": 1.6 + rng.random(), "skipped": False, "nan": False,
+        "aux_loss": 0.002 * rng.random(), "tokens_dropped_frac": 0.0, "time": 1796311263.5 + step * ms / 1000,
+    }  # fmt: skip
+
+
+def metrics_speed(steps: int) -> None:
+    """Write a metrics.jsonl of `steps` rows through rundir.MetricsWriter, time rundir.read_metrics (best of 5)."""
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory(prefix="mbx-metrics-speed-") as tmp:
+        writer = rundir.MetricsWriter(Path(tmp))
+        t0 = time.perf_counter()
+        for step in range(1, steps + 1):
+            writer.write(metrics_row(step, rng))
+        writer.close()
+        write_s = time.perf_counter() - t0
+        size = (Path(tmp) / rundir.METRICS).stat().st_size
+        best = best_cpu = float("inf")
+        for _ in range(5):
+            t0, c0 = time.perf_counter(), time.process_time()
+            rows = rundir.read_metrics(Path(tmp))
+            best, best_cpu = min(best, time.perf_counter() - t0), min(best_cpu, time.process_time() - c0)
+        assert len(rows) == steps and rows[-1]["step"] == steps
+    print(f"metrics.jsonl: {steps} rows, {size / 1e6:.1f} MB ({size / steps:.0f} bytes a row), written in "
+          f"{write_s:.2f} s; read_metrics best of 5: {best:.3f} s wall, {best_cpu:.3f} s CPU "
+          f"({best_cpu / steps * 1e6:.2f} us of CPU a row, {size / 1e6 / best_cpu:.0f} MB/s of CPU)")  # fmt: skip
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=1.0, help="log size in GB (1e9 bytes)")
     ap.add_argument("--keep", help="write the log to this path and keep it (default: a temp dir, deleted)")
+    ap.add_argument("--metrics-steps", type=int, help="time rundir.read_metrics over this many rows instead")
     args = ap.parse_args()
+    if args.metrics_steps:
+        metrics_speed(args.metrics_steps)
+        return
     target = int(args.gb * 1e9)
     with tempfile.TemporaryDirectory(prefix="mbx-parse-speed-") as tmp:
         path = Path(args.keep) if args.keep else Path(tmp) / "megatron_8rank.log"

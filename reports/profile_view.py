@@ -9,7 +9,6 @@ per process (keyed by path, size and mtime).
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 from functools import lru_cache
 from pathlib import Path
@@ -21,14 +20,14 @@ from reports.kernels import ALL_CLASSES, IDLE
 from reports.profile_hta import hta_figures
 from reports.profile_nsys import NSYS_REPORT, NSYS_SQLITE, megatron_steps, nsys_events
 from reports.profile_trace import TraceBreakdown, breakdown_of, load_events
+from trainer import rundir
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 # Where a run dir's trace lies: the bundled trainer's (trainer/profiling.py), else Kineto's own file names
 # (Megatron's --use-pytorch-profiler, torch.profiler.tensorboard_trace_handler) under the run dir.
-TRACE_NAMES = ("profile-trace.json", "profile-trace.json.gz")
+TRACE_NAMES = (rundir.PROFILE_TRACE, rundir.PROFILE_TRACE + ".gz")
 KINETO_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")  # under the run dir or its profile/ folder
 NSYS_FILES = (NSYS_SQLITE, NSYS_REPORT)  # command trainers under Nsight Systems (reports/profile_nsys.py)
-STEPS_HEADER = re.compile(r"\((\d+) steps\)")
 # One colour per class, in ALL_CLASSES order (idle last, light grey).
 COLOURS = dict(zip(ALL_CLASSES, (
     "#1f77b4", "#9467bd", "#ff7f0e", "#d62728", "#8c564b", "#2ca02c", "#17becf", "#bcbd22", "#7f7f7f", "#dddddd",
@@ -61,14 +60,11 @@ def trace_file(run_dir: Path) -> Path | None:
 
 
 def _steps_hint(run_dir: Path) -> int | None:
-    """Profiled steps from profile.txt's header (traces written before the step ranges existed), else from
-    a Megatron argv's --profile-step-start/end (nsys captures exactly those steps)."""
-    try:
-        head = (Path(run_dir) / "profile.txt").read_text(errors="replace")[:400]
-    except OSError:
-        return megatron_steps(run_dir)
-    match = STEPS_HEADER.search(head)
-    return int(match.group(1)) if match else None
+    """Profiled steps from profile.txt's header (traces written before the step ranges existed; rundir reads it,
+    None for one a newer mbx wrote), else from a Megatron argv's --profile-step-start/end (nsys captures exactly
+    those steps)."""
+    header = rundir.read_profile_header(Path(run_dir))
+    return megatron_steps(run_dir) if header is None else header.steps
 
 
 @lru_cache(maxsize=256)

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import MEGATRON_LOG, ROOT
 
-from orchestrator.trainers.command import finalize_command_attempt
+from orchestrator.trainers.kinds.command import finalize_command_attempt
 from reports.parsers import parse_log, parse_rank_logs
 from reports.parsers.follow import LogFollower
+from trainer import rundir
 
 LOG = MEGATRON_LOG
 RECIPE = {"kind": "command", "log_format": "auto", "steps": None}
@@ -65,7 +66,7 @@ def test_finalize_states(tmp_path, exit_code, status, hung, log, state, failure_
         result["reason"],
     )
     assert again["launcher_status"] == status
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = rundir.read_metrics(run)  # the rows as a reader sees them (without the format version)
     assert rows == (json.loads(json.dumps(parse_log(log))) if log is not None else [])
 
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import ROOT
 
 from reports.parsers import parse_log
+from trainer import rundir
 
 FAKE = ROOT / "tests" / "fixtures_cmd" / "fake_megatron.py"
 LOGS = ROOT / "tests" / "data" / "megatron" / "logs"
@@ -165,7 +166,7 @@ def test_bridge_style_command_and_log(mbx, write_campaign, tmp_path):
         "model.moe_expert_rank_capacity_factor=1.5",
         f"logger.name={value}",
     ]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = rundir.read_metrics(run)
     # the rows collected while the program ran equal the parser's reading of the replayed file
     assert rows == json.loads(json.dumps(parse_log(BRIDGE_LOG, "megatron-bridge")))
     assert [r["step"] for r in rows] == [10, 20]

@@ -137,7 +137,7 @@ def test_rank_entry_by_path_writes_node_json_and_runs_the_entry(tmp_path: Path) 
     assert out.returncode == 0, out.stdout + out.stderr
     seen = json.loads((run_dir / "logs" / "rank-0.log").read_text().strip().splitlines()[-1])
     assert seen == {"MBX_NOTE": "a b $(c)", "TRITON_CACHE_DIR": None, "RANK": "0"}
-    node = json.loads((run_dir / "node.json").read_text())
+    node = rundir.read_node(run_dir)
     assert node["container_image"] == "img:1" and node["git_sha"] == "abc123" and node["python"]
     assert "te" not in node and set(node) - {"hosts", "job"} <= set(rundir.FINGERPRINT_KEYS)
     assert rundir.read_fingerprint(run_dir)["git_sha"] == "abc123"
@@ -175,8 +175,8 @@ def test_node_code_imports_only_the_standard_library() -> None:
 
 
 def test_registry_names_settings_and_duplicates() -> None:
-    assert set(registry.backends()) == {"local", "submitit", "nemo-run"}
-    with pytest.raises(KeyError, match="no such launcher 'dry-run'; known: local, nemo-run, submitit"):
+    assert set(registry.backends()) == {"local", "submitit", "nemo-run", "nemo-run-local"}
+    with pytest.raises(KeyError, match="no such launcher 'dry-run'; known: local, nemo-run, nemo-run-local, submitit"):
         registry.get("dry-run")
     model = registry.settings_model("submitit")
     assert model.model_validate({"poll_interval_s": 1}).poll_interval_s == 1

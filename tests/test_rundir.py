@@ -51,7 +51,8 @@ def test_fingerprint_merges_login_node_and_trainer_sides_with_one_key_list(tmp_p
         launcher="local", campaign="c", cell_id="x-r0", attempt=1, job_id="1", command=None,
         fingerprint={"python": "3.11.7", "git_sha": "abc", "submit_host": "login"},
     ))  # fmt: skip
-    rundir.write_node(tmp_path, {"te": "2.20.2", "hostname": "node1", "gpu_name": "H200"})  # an older node.json
+    # a v1 node.json (no format version) of mbx before 2026-12-03, which named TE's version `te`
+    (tmp_path / rundir.NODE).write_text(json.dumps({"te": "2.20.2", "hostname": "node1", "gpu_name": "H200"}))
     rundir.write_env(tmp_path, {"python": "3.12.3", "torch": "2.11.0", "gpu_name": "NVIDIA H200"})
     fingerprint = rundir.read_fingerprint(tmp_path)
     assert fingerprint == {"gpu_name": "NVIDIA H200", "torch": "2.11.0", "transformer_engine": "2.20.2",
@@ -61,7 +62,7 @@ def test_fingerprint_merges_login_node_and_trainer_sides_with_one_key_list(tmp_p
 
 def test_exit_record(tmp_path: Path) -> None:
     rundir.write_exit(tmp_path, exit_code=-15, started_at=1.0, ended_at=2.0, stopped_by_signal=15)
-    assert json.loads((tmp_path / rundir.EXIT).read_text()) == {
+    assert json.loads((tmp_path / rundir.EXIT).read_text()) == {rundir.FORMAT_KEY: rundir.FORMAT_VERSION,
         "exit_code": -15, "signal": 15, "started_at": 1.0, "ended_at": 2.0, "stopped_by_signal": 15}  # fmt: skip
 
 
@@ -148,7 +149,7 @@ def test_settle_writes_only_what_a_resolution_calls_for(tmp_path: Path) -> None:
     assert (tmp_path / rundir.STATUS).read_bytes() == before
 
 
-def test_interrupted_reads_the_signal_key_not_the_reason_text() -> None:
+def test_interrupted_reads_the_signal_key_not_the_reason_text(tmp_path: Path) -> None:
     signalled = {"state": "failed", "reason": "ValueError: x", "written_by": rundir.TRAINER, "signal": "SIGTERM"}
     assert rundir.interrupted(signalled) and rundir.status_problems(signalled) == []
     # a reason that merely mentions a signal is not a stop by one
@@ -157,5 +158,6 @@ def test_interrupted_reads_the_signal_key_not_the_reason_text() -> None:
     # the wrapper saw its child killed (e.g. the OOM killer): the scheduler may know why
     killed = {"state": "failed", "reason": "trainer killed by signal 9", "exit_code": -9, "written_by": rundir.WRAPPER}
     assert rundir.interrupted(killed) and not rundir.interrupted({**killed, "exit_code": 1})
-    assert rundir.interrupted(TRAINER_SIGNALLED), "status files written before the signal key still count"
+    (tmp_path / rundir.STATUS).write_text(json.dumps(TRAINER_SIGNALLED))  # v1, before the signal key
+    assert rundir.interrupted(rundir.read_status(tmp_path)), "status files from before the signal key still count"
     assert not rundir.interrupted({**signalled, "state": "completed"})

@@ -61,11 +61,17 @@ def test_run_directory_contract(runs):
     assert (st["steps_completed"], st["steps_planned"], st["skipped_iterations"], st["nan_iterations"]) == (6, 6, 0, 0)
     assert st["device"] == "cpu" and st["world_size"] == 1 and st["gpu_name"] is None and st["params"] > 0
     assert st["flops_per_step"] > 0 and st["ended_at"] >= st["started_at"]
-    env = json.loads((a / "env.json").read_text())
+    env = rundir.read_env(a)
     assert env["world_size"] == 1 and env["torch"] == st["torch_version"] and env["hostname"]
     assert yaml.safe_load((a / "recipe.yaml").read_text())["training"]["eval_interval"] == 2
     jit = json.loads((a / "logs" / "jit-cache-rank0.json").read_text())
     assert jit["rank"] == 0 and jit["torch_imported_before"] is False
+    # every record the trainer wrote carries the run-dir format version (trainer/rundir.py), first
+    records = (rundir.STATUS, rundir.ENV, f"{rundir.LOGS}/jit-cache-rank0.json")
+    written = [json.loads((a / name).read_text()) for name in records]
+    written.append(json.loads((a / rundir.METRICS).read_text().splitlines()[-1]))
+    stamp = (rundir.FORMAT_KEY, rundir.FORMAT_VERSION)
+    assert [next(iter(record.items())) for record in written] == [stamp] * 4
     assert "step 6/6 | loss " in runs["proc_a_stdout"] and "fp32 compute" in runs["proc_a_stdout"]
 
 

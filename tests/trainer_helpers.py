@@ -4,7 +4,6 @@ spawned gloo world (`train_on_ranks`), reading run dirs."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import socket
 import subprocess
@@ -14,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+
+from trainer import rundir
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the in-process unit tests import trainer.* from the checkout
@@ -181,11 +182,11 @@ def run_torchrun(out: Path, recipe: dict, nproc: int, env: dict[str, str] | None
 
 
 def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rundir.read_metrics(out)
 
 
-def status(out: Path) -> dict:
-    return json.loads((out / "status.json").read_text())
+def status(out: Path) -> dict | None:
+    return rundir.read_status(out)
 
 
 def losses(out: Path) -> list[float | None]:

@@ -8,20 +8,19 @@ only the torch C++ extension build cache (which takes a file lock) is shared.
 Values inherited from the submitting shell are replaced, not trusted: a login node's
 TRITON_CACHE_DIR on a shared filesystem is exactly what this avoids.
 
-This module imports nothing but the standard library (and the stdlib-only trainer.atomic); `trainer/__main__.py` calls
+This module imports nothing but the standard library (and the stdlib-only trainer.rundir); `trainer/__main__.py` calls
 `setup_jit_caches()` before anything imports torch.
 """
 
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from trainer import atomic
+from trainer import rundir
 
 # env var -> sub-directory of <root>/rank-<r>/. A library that is not installed ignores its variable.
 RANK_LOCAL_VARS: dict[str, str] = {
@@ -107,9 +106,6 @@ def point_caches(environ: MutableMapping[str, str], root: Path, rank: int) -> di
 
 
 def write_record(record: dict, out_dir: str | os.PathLike) -> Path:
-    """Save the record as <out>/logs/jit-cache-rank<r>.json (one file per rank; tests compare them)."""
-    logs = Path(out_dir) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    path = logs / f"jit-cache-rank{record['rank']}.json"
-    atomic.write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return path
+    """Save the record as <out>/logs/jit-cache-rank<r>.json (one file per rank; tests compare them), through
+    trainer/rundir.py (the run-dir format)."""
+    return rundir.write_jit_cache_record(Path(out_dir), record)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from trainer import rundir
+
 PROFILE_ENV = "MBX_TRAINER_PROFILE"
 
 
@@ -50,18 +52,13 @@ class StepProfiler:
         if self._profiler is None or self.window is None or step != self.window[1]:
             return
         self._profiler.__exit__(None, None, None)
-        steps = self.window[1] - self.window[0] + 1
         sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         table = self._profiler.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90)
         grouped = self._profiler.key_averages(group_by_input_shape=True).table(
             sort_by=sort, row_limit=40, max_name_column_width=70, max_shapes_column_width=80
         )
         assert self.out_dir is not None
-        (self.out_dir / "profile.txt").write_text(
-            f"# torch.profiler over steps {self.window[0]}..{self.window[1]} ({steps} steps), sorted by {sort}\n"
-            + table
-            + "\n\n# by input shape\n"
-            + grouped
-        )
-        self._profiler.export_chrome_trace(str(self.out_dir / "profile-trace.json"))
+        rundir.write_profile_text(self.out_dir, first=self.window[0], last=self.window[1], sorted_by=sort,
+                                  tables=f"{table}\n\n# by input shape\n{grouped}")  # fmt: skip
+        self._profiler.export_chrome_trace(str(self.out_dir / rundir.PROFILE_TRACE))
         self._profiler = None

@@ -20,19 +20,32 @@ Files (who writes each: see ARCHITECTURE.md)::
     logs/           stdout/stderr per rank
     requeued/<n>/   what a run interrupted by a Slurm requeue left (node side moves it there)
     checkpoint/step-<N>/   the bundled trainer's saved state after step N (trainer/checkpoint.py: the format)
+    profile.txt     the bundled trainer's torch.profiler tables (profile-trace.json beside it: torch's own format)
+    logs/jit-cache-rank<r>.json   the JIT cache folders rank r used (trainer/jit_cache.py decides them)
     .disk-reserve   space the attempt wrapper holds while the command runs, freed to record its end on a full disk
+
+The format version: every record mbx writes here carries the run-dir format it was written in (FORMAT_VERSION
+under FORMAT_KEY: in each JSON record, in each metrics.jsonl row, in profile.txt's first line). A record without
+one is v1 (mbx before 2026-12-06). Readers take v1 up to FORMAT_VERSION and bring an older record to the current
+format in one place (`upgrade`, one step per version); a newer record is refused with NewerFormat ("<file>:
+written by a newer mbx (vN); ..."), which the CLI says and exits 2 on (the engine records the attempt failed with
+it), and no writer here writes over one. recipe.yaml is the recipe (trainer/recipe.py's schema), checkpoint.json
+carries checkpoint.py's own format, logs/ are the programs' own output: none of them is a run-dir record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
 import os
 import platform
+import re
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -47,6 +60,9 @@ METRICS = "metrics.jsonl"
 STATUS = "status.json"
 EXIT = "exit.json"
 HUNG = "hung.json"
+PROFILE_TEXT = "profile.txt"  # the bundled trainer's torch.profiler tables (write_profile_text)
+PROFILE_TRACE = "profile-trace.json"  # its Chrome trace: torch's own format (reports/profile_view.py)
+JIT_CACHE_RECORD = "jit-cache-rank{rank}.json"  # under logs/: the JIT cache folders of one rank
 # A Megatron-Bridge run's resolved ConfigContainer (Bridge writes it: the campaign sets
 # logger.save_config_filepath={run_dir}/bridge-config.yaml); the command kind reads it to count FLOPs.
 BRIDGE_CONFIG = "bridge-config.yaml"
@@ -59,6 +75,12 @@ DISK_RESERVE = ".disk-reserve"  # the attempt wrapper's (launchers/node/attempt.
 DISK_RESERVE_BYTES = 256 << 10  # exit.json, status.json with a log tail, a line in the log: a few pages
 # What a rerun of the same job (Slurm requeue) must not mix with the interrupted run's outputs.
 RUN_OUTPUTS = (STATUS, EXIT, METRICS, ENV, NODE, LOGS)
+
+# The run-dir format (module docstring): the version this mbx writes, and the key that carries it.
+FORMAT_VERSION = 2
+FORMAT_KEY = "mbx_format"
+FIRST_FORMAT = 1  # a record without FORMAT_KEY: written before the format was versioned
+NEWER = "written by a newer mbx"  # how a refused record is named (problem texts start with the path)
 
 # Limits on what a reader takes from a run dir (README "Reliability"): far above what the trainer writes
 # (a JSON record is a few KB; a metrics row ~0.5 KB, so 100,000 steps ≈ 50 MB), so only a damaged or
@@ -83,7 +105,7 @@ STATUS_KEYS = frozenset({
     "state", "reason", "written_by", "failure_class", "retryable", "exit_code",
     "steps_completed", "steps_planned", "steps_logged", "skipped_iterations", "nan_iterations",
     "flops_per_step", "world_size", "device", "gpu_name", "torch_version", "params", "started_at", "ended_at",
-    "log_tail", "log_files", "launcher_status", "slurm_state", "job_id", "attempt_wrapper", "signal",
+    "log_tail", "log_files", "launcher_status", "slurm_state", "job_id", "attempt_wrapper", "signal", FORMAT_KEY,
 })  # fmt: skip
 
 # status.json `failure_class` of an attempt the attempt wrapper refused before starting its command: the
@@ -96,7 +118,6 @@ FINGERPRINT_KEYS = (
     "gpu_name", "gpu_memory_gib", "gpu_count", "driver", "cuda", "torch", "transformer_engine", "nccl", "python",
     "container_image", "git_sha", "hostname",
 )  # fmt: skip
-_LEGACY_FINGERPRINT = {"te": "transformer_engine"}  # node.json written before the key list was one
 
 
 # ---- JSON files ------------------------------------------------------------------------------------------
@@ -121,6 +142,127 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+# ---- the format version ----------------------------------------------------------------------------------
+class NewerFormat(Exception):
+    """A run-dir file written by a newer mbx: `<path>: written by a newer mbx (vN); ...`. Not a ValueError, so
+    no reader takes it for a damaged file; the CLI says it and exits 2, the engine records the attempt failed."""
+
+
+def format_problem(version: Any) -> str | None:
+    """Why a record of format `version` cannot be read by this mbx (None: a version it knows)."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < FIRST_FORMAT:
+        return f"{FORMAT_KEY} {version!r} is not a format version (a whole number from {FIRST_FORMAT})"
+    if version > FORMAT_VERSION:
+        return (f"{NEWER} (v{version}); this mbx reads run-dir formats v{FIRST_FORMAT} to v{FORMAT_VERSION}: "
+                "read it with that mbx or a newer one")  # fmt: skip
+    return None
+
+
+def checked_version(where: str, version: Any) -> str | None:
+    """None for a version this mbx reads; why not for one that is not a version (the file is damaged); raises
+    NewerFormat (naming `where`) for a newer one."""
+    problem = format_problem(version)
+    if problem is not None and problem.startswith(NEWER):
+        raise NewerFormat(f"{where}: {problem}")
+    return problem
+
+
+def _node_v1(record: dict[str, Any]) -> dict[str, Any]:
+    """node.json v1 written before 2026-12-03 named Transformer Engine's version `te`."""
+    if record.get("transformer_engine") is None and record.get("te") is not None:
+        record["transformer_engine"] = record.pop("te")
+    return record
+
+
+def _env_v1(record: dict[str, Any]) -> dict[str, Any]:
+    """env.json v1: a null transformer_engine says nothing node.json does not (the same package metadata, or a
+    failed import before 2026-12-03), so it no longer hides node.json's version in the fingerprint."""
+    if "transformer_engine" in record and record["transformer_engine"] is None:
+        del record["transformer_engine"]
+    return record
+
+
+def _status_v1(record: dict[str, Any]) -> dict[str, Any]:
+    """status.json v1 written before 2026-12-03: the bundled trainer named the signal that stopped it only in its
+    reason (also in a collector's copy of the launcher's status)."""
+    reason = str(record.get("reason") or "")
+    if record.get("written_by") == TRAINER and not record.get("signal"):
+        for name in ("SIGTERM", "SIGINT", "SIGKILL"):
+            if reason.endswith(f"terminated by signal {name}"):
+                record["signal"] = name
+    if isinstance(record.get("launcher_status"), dict):
+        record["launcher_status"] = _status_v1(dict(record["launcher_status"]))
+    return record
+
+
+# What changed in a file from one version to the next: (file name, from version) → the change. A file with no
+# entry for a version did not change in it (v1 → v2 only added the version itself to the others).
+_UPGRADES: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+    (NODE, 1): _node_v1, (ENV, 1): _env_v1, (STATUS, 1): _status_v1,
+}  # fmt: skip
+
+
+def upgrade(name: str, record: dict[str, Any], version: int) -> dict[str, Any]:
+    """A record of file `name` written in format `version`, as this mbx writes it (each version's change in turn):
+    the one place where older run-dir formats are brought to this one."""
+    for step in range(version, FORMAT_VERSION):
+        change = _UPGRADES.get((name, step))
+        if change is not None:
+            record = change(record)
+    return record
+
+
+def _stamped(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with this mbx's format version first."""
+    return {FORMAT_KEY: FORMAT_VERSION, **{key: value for key, value in record.items() if key != FORMAT_KEY}}
+
+
+def _record(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the record in the current format, None); (None, why) when its version is not one; (None, None) when it
+    is missing or damaged (`json_problem` says which). NewerFormat when a newer mbx wrote it."""
+    data = read_json(path)
+    if data is None:
+        return None, None
+    version = data.pop(FORMAT_KEY, FIRST_FORMAT)
+    problem = checked_version(str(path), version)
+    if problem is not None:
+        return None, problem
+    return upgrade(Path(path).name, data, version), None
+
+
+def _refuse_newer(path: Path) -> None:
+    """NewerFormat when a newer mbx wrote the file at `path`: this mbx never writes over it (nothing is lost)."""
+    if path.is_file() and path.name == METRICS:
+        with contextlib.suppress(OSError, ValueError, RecursionError), path.open("rb") as handle:
+            first = json.loads(handle.readline(MAX_METRICS_LINE_BYTES))
+            if isinstance(first, dict):
+                checked_version(f"{path}:1", first.get(FORMAT_KEY, FIRST_FORMAT))
+    elif path.is_file():
+        data = read_json(path)
+        if data is not None:
+            checked_version(str(path), data.get(FORMAT_KEY, FIRST_FORMAT))
+
+
+def write_record(run_dir: Path, name: str, record: dict[str, Any]) -> None:
+    """Write the JSON record `name` of a run dir in the current format (whole or not at all); NewerFormat,
+    nothing written, when a newer mbx wrote the one there."""
+    path = Path(run_dir) / name
+    _refuse_newer(path)
+    write_json(path, _stamped(record))
+
+
+def read_record(run_dir: Path, name: str) -> dict[str, Any] | None:
+    """The JSON record `name` of a run dir in the current format (without FORMAT_KEY), or None when it is missing
+    or damaged (`file_problems` says which); NewerFormat when a newer mbx wrote it."""
+    return _record(Path(run_dir) / name)[0]
+
+
+def record_problem(path: Path) -> str | None:
+    """Why a run-dir JSON record that exists cannot be read (damaged, or its version is not one); None when it
+    is fine; NewerFormat when a newer mbx wrote it."""
+    return json_problem(path) or _record(path)[1]
 
 
 # ---- checkpoint/step-<N>/ --------------------------------------------------------------------------------
@@ -158,13 +300,13 @@ def write_status(run_dir: Path, record: dict[str, Any], writer: str) -> dict[str
     problems = status_problems(record)
     if problems:
         raise ValueError(f"{Path(run_dir) / STATUS}: " + "; ".join(problems))
-    write_json(Path(run_dir) / STATUS, record)
+    write_record(run_dir, STATUS, record)
     return record
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:
     """The run's status.json, or None when the run has not finished (or the file is unreadable)."""
-    return read_json(Path(run_dir) / STATUS)
+    return read_record(run_dir, STATUS)
 
 
 def trainer_status(*, state: str, reason: str | None, steps_completed: int, steps_planned: int,
@@ -231,19 +373,19 @@ def write_exit(run_dir: Path, *, exit_code: int | None, started_at: float, ended
         record["timed_out_after_s"] = timed_out_after_s
     if stopped_by_signal is not None:
         record["stopped_by_signal"] = stopped_by_signal
-    write_json(Path(run_dir) / EXIT, record)
+    write_record(run_dir, EXIT, record)
 
 
 def read_exit(run_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(run_dir) / EXIT)
+    return read_record(run_dir, EXIT)
 
 
 def write_hung(run_dir: Path, record: dict[str, Any]) -> None:
-    write_json(Path(run_dir) / HUNG, record)
+    write_record(run_dir, HUNG, record)
 
 
 def read_hung(run_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(run_dir) / HUNG)
+    return read_record(run_dir, HUNG)
 
 
 def launch_record(*, launcher: str, campaign: str, cell_id: str, attempt: int, job_id: str | None,
@@ -272,24 +414,28 @@ def write_recipe(run_dir: Path, recipe: dict[str, Any], *, only_if_absent: bool 
 
 def write_launch(run_dir: Path, record: dict[str, Any]) -> None:
     """launch.json: written by the login side only (the node writes node.json)."""
-    write_json(Path(run_dir) / LAUNCH, record)
+    write_record(run_dir, LAUNCH, record)
 
 
 def read_launch(run_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(run_dir) / LAUNCH)
+    return read_record(run_dir, LAUNCH)
 
 
 def write_node(run_dir: Path, record: dict[str, Any]) -> None:
     """node.json: written by rank 0 on the node only (the login side writes launch.json)."""
-    write_json(Path(run_dir) / NODE, record)
+    write_record(run_dir, NODE, record)
 
 
 def read_node(run_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(run_dir) / NODE)
+    return read_record(run_dir, NODE)
 
 
 def write_env(run_dir: Path, record: dict[str, Any]) -> None:
-    write_json(Path(run_dir) / ENV, record)
+    write_record(run_dir, ENV, record)
+
+
+def read_env(run_dir: Path) -> dict[str, Any] | None:
+    return read_record(run_dir, ENV)
 
 
 def host_env() -> dict[str, Any]:
@@ -308,25 +454,25 @@ def read_fingerprint(run_dir: Path) -> dict[str, Any] | None:
     launch = read_launch(run_dir) or {}
     fingerprint = launch.get("fingerprint")
     merged.update(fingerprint if isinstance(fingerprint, dict) else {})
-    for name in (NODE, ENV):
-        merged.update(read_json(Path(run_dir) / name) or {})
-    for old, new in _LEGACY_FINGERPRINT.items():
-        if merged.get(new) is None and merged.get(old) is not None:
-            merged[new] = merged[old]
+    merged.update(read_node(run_dir) or {})
+    merged.update(read_env(run_dir) or {})
     picked = {key: merged[key] for key in FINGERPRINT_KEYS if merged.get(key) is not None}
     return picked or None
 
 
 # ---- metrics.jsonl ---------------------------------------------------------------------------------------
 class MetricsWriter:
-    """<run dir>/metrics.jsonl: one JSON object per training step, appended and flushed line by line."""
+    """<run dir>/metrics.jsonl: one JSON object per training step, appended and flushed line by line (each row
+    carries the format version: `{"mbx_format": 2, "step": ...}`)."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / METRICS
         self._file: TextIO = open(self.path, "a", buffering=1)  # noqa: SIM115 (closed in close())
 
     def write(self, row: dict[str, Any]) -> None:
-        clean = {k: _finite_or_none(v) for k, v in row.items()}
+        clean = {FORMAT_KEY: FORMAT_VERSION}
+        clean.update((k, _finite_or_none(v)) for k, v in row.items())
+        clean[FORMAT_KEY] = FORMAT_VERSION
         self._file.write(json.dumps(clean, allow_nan=False) + "\n")
         self._file.flush()
 
@@ -335,17 +481,21 @@ class MetricsWriter:
 
 
 def write_metrics(run_dir: Path, rows: list[dict[str, Any]]) -> None:
-    """metrics.jsonl with one row per step, replaced atomically (a reader sees the old or the new file)."""
-    with atomic.replacing(Path(run_dir) / METRICS) as handle:
+    """metrics.jsonl with one row per step, replaced atomically (a reader sees the old or the new file); NewerFormat,
+    nothing written, when a newer mbx wrote the one there."""
+    path = Path(run_dir) / METRICS
+    _refuse_newer(path)
+    with atomic.replacing(path) as handle:
         for row in rows:
-            handle.write(json.dumps(row, allow_nan=True) + "\n")
+            handle.write(json.dumps(_stamped(row), allow_nan=True) + "\n")
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Step rows of a run dir's (or a file's) metrics.jsonl, in file order.
 
     A writer killed mid-line leaves a partial last line: it is ignored. A malformed line anywhere
-    else is an error (ValueError), because it means the file was corrupted rather than cut short.
+    else is an error (ValueError), because it means the file was corrupted rather than cut short. Rows come
+    in the current format without FORMAT_KEY; a row a newer mbx wrote is NewerFormat (not a ValueError).
     """
     path = Path(path)
     if path.is_dir():
@@ -373,8 +523,18 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
                 break  # truncated tail: the writer died mid-line
             raise ValueError(f"{path}:{index + 1}: not a JSON object: {line[:80]!r}") from None
         if isinstance(row, dict):
-            rows.append(row)
+            version = row.pop(FORMAT_KEY, FIRST_FORMAT)
+            rows.append(row if version == FORMAT_VERSION else _old_row(path, index, row, version))
     return rows
+
+
+def _old_row(path: Path, index: int, row: dict[str, Any], version: Any) -> dict[str, Any]:
+    """A metrics row of another format than the current one: upgraded, or refused (NewerFormat; ValueError for a
+    version that is not one)."""
+    problem = checked_version(f"{path}:{index + 1}", version)
+    if problem is not None:
+        raise ValueError(f"{path}:{index + 1}: {problem}")
+    return upgrade(METRICS, row, version)
 
 
 def _bytes_or_problem(path: Path, limit: int = MAX_RECORD_BYTES) -> tuple[bytes | None, str | None]:
@@ -419,7 +579,8 @@ def text_problem(path: Path) -> str | None:
 
 
 def read_metrics_checked(run_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
-    """(step rows, None), or ([], "path: what is wrong") when metrics.jsonl is corrupt or not a file."""
+    """(step rows, None), or ([], "path: what is wrong") when metrics.jsonl is corrupt or not a file;
+    NewerFormat when a newer mbx wrote it."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return [], None  # run_dir_problem says so
@@ -446,13 +607,16 @@ def run_dir_problem(run_dir: Path) -> str | None:
 
 def file_problems(run_dir: Path) -> list[str]:
     """`path: what is wrong` for each file of a run dir that exists but cannot be read (metrics.jsonl aside:
-    `read_metrics_checked` reads it once for its rows and its problem)."""
+    `read_metrics_checked` reads it once for its rows and its problem); NewerFormat when a newer mbx wrote one."""
     run_dir = Path(run_dir)
     problem = run_dir_problem(run_dir)
     if problem is not None:
         return [problem]
-    found = [(run_dir / name, json_problem(run_dir / name)) for name in (LAUNCH, NODE, ENV, STATUS, EXIT, HUNG)]
+    records = (LAUNCH, NODE, ENV, STATUS, EXIT, HUNG)
+    found = [(run_dir / name, record_problem(run_dir / name)) for name in records]
     found.append((run_dir / RECIPE, text_problem(run_dir / RECIPE)))
+    profile = read_profile_header(run_dir)
+    found.append((run_dir / PROFILE_TEXT, profile.problem if profile else None))
     return [f"{path}: {why}" for path, why in found if why is not None]
 
 
@@ -467,6 +631,57 @@ def last_logged_step(run_dir: Path) -> int | None:
         return None
     steps = [r["step"] for r in rows if isinstance(r.get("step"), int)]
     return max(steps) if steps else None
+
+
+# ---- profile.txt, logs/jit-cache-rank<r>.json ------------------------------------------------------------
+_PROFILE_FORMAT = re.compile(rf"# {FORMAT_KEY}: (\S+)\n")  # profile.txt's first line (v1: none)
+_PROFILE_STEPS = re.compile(r"\((\d+) steps\)")
+PROFILE_HEADER_BYTES = 1024  # how much of profile.txt a reader looks at for its header
+
+
+@dataclass(frozen=True)
+class ProfileHeader:
+    """What profile.txt's header says."""
+
+    version: Any  # its format version as written
+    steps: int | None  # how many steps its tables cover (None: the header does not say)
+    problem: str | None = None  # why it cannot be read (a version that is not one)
+
+
+def write_profile_text(run_dir: Path, *, first: int, last: int, sorted_by: str, tables: str) -> Path:
+    """profile.txt: the format line, which steps the tables cover and how they are sorted, then torch.profiler's
+    tables (whole or not at all)."""
+    path = Path(run_dir) / PROFILE_TEXT
+    atomic.write_text(path, f"# {FORMAT_KEY}: {FORMAT_VERSION}\n# torch.profiler over steps {first}..{last} "
+                            f"({last - first + 1} steps), sorted by {sorted_by}\n{tables}")  # fmt: skip
+    return path
+
+
+def read_profile_header(run_dir: Path) -> ProfileHeader | None:
+    """profile.txt's header (its first PROFILE_HEADER_BYTES), or None when there is no readable profile.txt;
+    NewerFormat when a newer mbx wrote it."""
+    path = Path(run_dir) / PROFILE_TEXT
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(PROFILE_HEADER_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    version: Any = FIRST_FORMAT
+    if match := _PROFILE_FORMAT.match(head):
+        version = int(match.group(1)) if match.group(1).isdigit() else match.group(1)
+    problem = checked_version(str(path), version)
+    if problem is not None:
+        return ProfileHeader(version, None, problem)
+    steps = _PROFILE_STEPS.search(head)
+    return ProfileHeader(version, int(steps.group(1)) if steps else None)
+
+
+def write_jit_cache_record(run_dir: Path, record: dict[str, Any]) -> Path:
+    """logs/jit-cache-rank<r>.json: the JIT cache folders rank `record["rank"]` used (trainer/jit_cache.py)."""
+    path = Path(run_dir) / LOGS / JIT_CACHE_RECORD.format(rank=record["rank"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, _stamped(record))
+    return path
 
 
 # ---- the final state -------------------------------------------------------------------------------------
@@ -505,15 +720,11 @@ def interrupted(status: dict[str, Any]) -> bool:
         return False
     if status.get("signal"):  # the trainer names the signal that stopped it
         return True
-    by_wrapper = status.get("written_by") == WRAPPER and (
+    return status.get("written_by") == WRAPPER and (
         status.get("state") == "cancelled"  # it forwarded a signal to the trainer
         or (status.get("state") == "failed" and isinstance(status.get("exit_code"), int)
             and status["exit_code"] < 0)  # the trainer was killed by a signal the wrapper did not send
     )
-    # status files written before the `signal` key (mbx before 2026-12-03) say it only in their reason
-    legacy = status.get("written_by") == TRAINER and str(status.get("reason") or "").endswith(
-        ("terminated by signal SIGTERM", "terminated by signal SIGINT", "terminated by signal SIGKILL"))
-    return by_wrapper or legacy
 
 
 def resolve_state(

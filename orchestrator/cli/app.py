@@ -122,7 +122,7 @@ def _print_error(lines: list[str], hint: bool) -> None:
 
 def run(cli: Any, args: list[str] | None = None) -> None:
     """Run a Typer app with mbx's exits: MbxError -> one line per problem (the first MAX_ERRORS) and its exit
-    code; bad input (exit 2) without the MBX_DEBUG hint; an unexpected exception (a bug) -> one line, the hint,
+    code (an input over a limit, a run-dir file a newer mbx wrote: exit 2); bad input (exit 2) without the MBX_DEBUG hint; an unexpected exception (a bug) -> one line, the hint,
     exit 1. MBX_DEBUG=1 lets every exception through with its traceback."""
     debug = os.environ.get("MBX_DEBUG") == "1"
     try:
@@ -131,8 +131,9 @@ def run(cli: Any, args: list[str] | None = None) -> None:
         if debug:
             raise
         from reports.limits import LimitError  # here, not at import: `mbx --help` stays small
+        from trainer.rundir import NewerFormat  # a run dir a newer mbx wrote: bad input for this one
 
-        error = ConfigError(str(caught)) if isinstance(caught, LimitError) else caught
+        error = ConfigError(str(caught)) if isinstance(caught, (LimitError, NewerFormat)) else caught
         if not isinstance(error, MbxError):  # a bug in mbx: say what, point at the traceback
             _print_error([f"internal error: {type(caught).__name__}: {caught}"], hint=True)
             sys.exit(EXIT_FAIL)

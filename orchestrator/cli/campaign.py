@@ -274,7 +274,7 @@ def run(
 
     gpu = auto_gpu(gpu)  # --gpu auto: this machine's GPU (a local run's allocation)
     options = lifecycle.Options(workspace, launcher, parallel, gpu, strict, max_cells, make_report=report,
-                                log_wandb=wandb)  # fmt: skip
+                                log_wandb=wandb, inconclusive_ok=inconclusive_ok)  # fmt: skip
     campaign, points = lifecycle.load(file, options)  # parity sides as sweep factors
     _check_gpu_names(campaign, file)  # as validate and plan: the file's GPU names, whatever --gpu says
     if campaign.sweep.search is not None:  # a budgeted search: orchestrator/flow/search_run.py
@@ -312,7 +312,8 @@ def resume(
     searched = resume_search(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
     if searched is not None:  # a campaign with sweep.search: the search goes on (orchestrator/flow/search_run.py)
         raise typer.Exit(searched.exit_code(inconclusive_ok))
-    options = lifecycle.Options(workspace, parallel=parallel, make_report=report, log_wandb=wandb)
+    options = lifecycle.Options(workspace, parallel=parallel, make_report=report, log_wandb=wandb,
+                                inconclusive_ok=inconclusive_ok)
     finished = lifecycle.execute(lifecycle.prepare_stored(workspace, name, options))
     raise typer.Exit(finished.exit_code(inconclusive_ok))
 
@@ -348,7 +349,7 @@ def regate(
     console().print(Text(f"{name}: {len(points)} point(s) judged; {gates}; {done.rewritten} stored result(s) "
                          f"rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
     judged = campaign_outcome([p.verdict for p in points], done.parity, infeasible=done.judged.infeasible)
-    console().print(closing_text(judged), soft_wrap=True)
+    console().print(closing_text(judged, inconclusive_ok), soft_wrap=True)
     for line in parity_lines(done.parity)[1:]:  # a parity campaign: its pairs are judged again too
         console().print(line, soft_wrap=True)
     raise typer.Exit(judged.exit_code(inconclusive_ok))

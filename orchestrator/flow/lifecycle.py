@@ -77,6 +77,7 @@ class Options:
     make_report: bool = True
     log_wandb: bool = True
     resume_hint: bool = True  # the closing line may name `mbx campaign resume` (not for a search's or bisect's batch)
+    inconclusive_ok: bool = False  # --inconclusive-ok: an inconclusive closing line says it exits 0
 
 
 @dataclass
@@ -300,7 +301,7 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
     if plan.options.log_wandb and campaign.wandb.mode != "disabled":
         if not log_outcome(store.workspace, campaign, judged, quiet_when_full=True):
             unwritten["the W&B outcome run"] = Path(campaign.wandb.dir or store.workspace) / "wandb"
-    print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible)
+    print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible, plan.options.inconclusive_ok)
     if unwritten:  # every result is stored; the verdicts above stand, the outputs are missing: exit 1
         were = "were" if len(unwritten) > 1 else "was"
         raise DiskFull(next(iter(unwritten.values())), f"{' and '.join(unwritten)} {were} not written (every "

@@ -9,7 +9,9 @@ come from launch.json, its state from `rundir.resolve_state(status, exit)`, its 
 of a job requeued by Slurm (`<n>/requeued/<i>/`) come back as the preempted attempts they were. A run dir with
 no status or exit file is an attempt still running (if it has a job id) or one never submitted; one whose
 facts call for a new status.json (the wrapper's exit record only) gets it through `rundir.settle`, as the
-engine's collection would have written it.
+engine's collection would have written it. Run dirs of every run-dir format this mbx knows are read (rundir
+brings older records to the current format as it reads them); one a newer mbx wrote stops the rebuild
+(`rundir.NewerFormat`, exit 2) before the new store replaces the old one.
 
 A campaign whose campaign.json is damaged or missing is taken from the old store when that one can be read
 (campaign row and cells), else rebuilt from its run dirs alone (orchestrator/run/rebuild_rundirs.py, which says what
