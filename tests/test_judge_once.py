@@ -57,6 +57,8 @@ def test_a_fast_point_that_failed_parity_never_wins(tmp_path: Path, mbx, write_c
     frozen = mbx("freeze", "parityfast", "-w", str(ws), "-o", str(tmp_path / "f1"))
     assert frozen.returncode == 0, frozen.stdout + frozen.stderr
     assert f"point {ref} [" in frozen.stdout.splitlines()[0]  # was the parity-failed fast point, no caveat
+    closing = f"PASS froze parityfast point {ref} [SLOW=1.0, DRIFT=0] into {tmp_path / 'f1'}, 1 point(s) rejected"
+    assert frozen.stdout.rstrip().splitlines()[-1] == closing, frozen.stdout  # every judging command: one word
     assert f"rejected {fast} [SLOW=0.89, DRIFT=12] (parity): parity FAIL" in frozen.stdout
     status = mbx("campaign", "status", "parityfast", "-w", str(ws))
     assert f"best: {ref} [" in status.stdout, status.stdout
@@ -82,6 +84,10 @@ def test_a_fast_point_that_failed_parity_never_wins(tmp_path: Path, mbx, write_c
     record = json.loads((tmp_path / "f3" / "frozen.json").read_text())
     assert record["allowed_failed"].startswith("parity FAIL") and record["point"] == fast
     assert f"the best by the verdicts is {ref}" in record["how"]
+    as_json = mbx("freeze", "parityfast", "-w", str(ws), "-p", fast, "--allow-failed", "perf only", "--json",
+                  "-o", str(tmp_path / "f4"))  # fmt: skip
+    payload = json.loads(as_json.stdout)  # no PASS for a point that failed a check; exit_code is the process's
+    assert (as_json.returncode, payload["exit_code"], payload["verdict"]) == (0, 0, None), as_json.stdout
 
 
 def test_freeze_p_of_a_loser_writes_true_reasons(tmp_path: Path, mbx, write_campaign) -> None:

@@ -134,9 +134,33 @@ def freeze(
         emit_json({"campaign": campaign, "point_id": w.point_id, "label": w.label, "how": frozen.how,
                    "allowed_failed": frozen.allowed_failed,
                    "rejected": [{"point_id": r.point_id, "label": r.label, "kind": r.kind, "why": r.why}
-                                for r in frozen.rejected], "written": [str(p) for p in written]})  # fmt: skip
+                                for r in frozen.rejected], "written": [str(p) for p in written],
+                   **_frozen_json(campaign, frozen, target)})  # fmt: skip
         return
     _print_frozen(campaign, frozen, written)
+    if not frozen.allowed_failed:  # frozen by the verdicts: the one closing line (a point frozen anyway has none)
+        from orchestrator.judge.closing import closing_text
+
+        _out().print(closing_text(_frozen_outcome(campaign, frozen, target)))
+
+
+def _frozen_outcome(campaign: str, frozen: Any, target: Path) -> Any:
+    """The closing line of a freeze that wrote its files by the verdicts: PASS, the point and where it went."""
+    from orchestrator.judge.outcome import PASS, Outcome, Part
+
+    w = frozen.winner
+    text = f"froze {campaign} point {w.point_id} [{w.label}] into {target}, {len(frozen.rejected)} point(s) rejected"
+    return Outcome("", (Part("freeze", PASS, text),))
+
+
+def _frozen_json(campaign: str, frozen: Any, target: Path) -> dict[str, Any]:
+    """--json's verdict, closing line and exit code of a freeze that wrote its files. A point frozen with
+    --allow-failed is no pass: verdict null, exit code 0 (written as asked), the closing line names its check."""
+    if frozen.allowed_failed:
+        w = frozen.winner
+        return {"verdict": None, "exit_code": 0, "closing": f"froze {campaign} point {w.point_id} [{w.label}] "
+                f"despite a failed check ({frozen.allowed_failed}) into {target}"}  # fmt: skip
+    return _frozen_outcome(campaign, frozen, target).to_dict()
 
 
 def _no_winner(campaign: str, none: Any, as_json: bool, inconclusive_ok: bool) -> int:
