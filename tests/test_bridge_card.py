@@ -48,3 +48,5 @@ def test_freeze_and_card_of_a_bridge_campaign(tmp_path: Path, mbx, write_campaig
     assert mbx("card", "validate", str(card_file)).returncode == 0
     checked = mbx("card", "check", "bridgecard", str(card_file), "-w", str(ws))
     assert checked.returncode == 0 and "PASS" in checked.stdout, checked.stdout + checked.stderr
+    as_json = json.loads(mbx("card", "check", "bridgecard", str(card_file), "-w", str(ws), "--json").stdout)
+    assert as_json["closing"].startswith(f"PASS bridgecard against {card_file.name}: ") and as_json["exit_code"] == 0

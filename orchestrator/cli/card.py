@@ -176,7 +176,8 @@ def check(
     if as_json:
         code = checked.exit_code(inconclusive_ok)
         emit_json({"campaign": campaign, "card": str(card_file), "item": checked.item, "verdict": checked.verdict,
-                   "exit_code": code,
+                   "closing": f"{checked.verdict.upper()} {campaign} against {card_file.name}: "
+                              f"{len(checked.points)} point(s)", "exit_code": code,
                    "points": [{"point_id": p.point_id, "label": p.label, "repeats": p.finished, "verdict": p.verdict,
                                "why": p.why() if p.verdict != "pass" else ""} for p in checked.points]})  # fmt: skip
         raise typer.Exit(code)
