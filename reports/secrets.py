@@ -35,16 +35,43 @@ MASK = "<redacted>"
 # keys; APIKEY is); the other words end a name by themselves (HFTOKEN, authtoken, dbpassword).
 _CREDENTIAL_NAME = re.compile(
     r"(?i)(?:[_.-]key|(?:^|[_.-])(?:(?:api|access|secret|private|auth|client|service|account)key|pwd|credentials?|"
-    r"auth)|token|secret|password|passwd|passphrase)$"
+    r"auth)|[_-]pass|token|secret|password|passwd|passphrase)$"
 )
-_PASSWORD_NAME = re.compile(r"(?i)(?:passw(?:or)?d|passphrase|pwd)$")
+# `DB_PASS` is a password name, `env.pass` (the list of names mbx passes) is not; `-p` is one only where a login
+# command gives it that meaning (see _LOGIN_PROGRAM); `wandb login` is followed by a W&B key
+_PASSWORD_NAME = re.compile(r"(?i)(?:passw(?:or)?d|passphrase|pwd|[_-]pass|^-p)$")
+_CONTEXT_NAMES = frozenset({"-p", "wandb login"})  # names of values that only a command's context makes secret
 # the start of a name: not after a word character, '-' or '.', nor after '$' / '{' (a reference like ${HF_TOKEN});
 # a name is at most 128 characters (no line of any length makes the search slow)
 _NAME = r"(?<![\w.$\{-])(?P<name>[A-Za-z_][\w.-]{0,127}?)"
-_VALUE = r"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'|(?P<bare>[^\s\"',;)\]}]+))"
-_ASSIGNMENT = re.compile(_NAME + r"[\"']?\s*(?::=|=|:)[ \t]*" + _VALUE)  # `"api_key": "…"` too
-_FLAG = re.compile(r"(?<![\w-])--(?P<name>[A-Za-z][\w-]{0,127})(?:=|[ \t]+)" + _VALUE)
+# a name and its separator (`NAME=`, `name: `, `"name": `); the value after it is read by _Values
+_ASSIGNMENT = re.compile(_NAME + r"[\"']?\s*(?::=|=|:)[ \t]*")
+_FLAG = re.compile(r"(?<![\w-])--(?P<name>[A-Za-z][\w-]{0,127})(?P<sep>=|[ \t]+)")
+_BARE_END = re.compile(r"[\s\"',;)\]}]")  # what ends an unquoted value
+# the further words of a passphrase (`PASSWORD=correct horse battery staple`), up to a flag, an assignment, a
+# quote or a shell operator
+_MORE_WORDS = re.compile(r"(?:[ \t]+[^\s\"'`=;&|<>-][^\s\"'`=;&|<>]*(?![^\s]))*")
 _URL_PASSWORD = re.compile(r"://[^\s:/?#@\[\]]+:(?P<password>[^\s/?#@\[\]]+)@")
+_AUTHORIZATION = re.compile(  # `Authorization: Bearer …` (any scheme), a lone `Bearer …`
+    r"(?i)(?<![\w-])(?:authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:(?:bearer|basic|token|bot|digest)[ \t]+)?|"
+    r"bearer[ \t]+)(?P<value>[A-Za-z0-9._~+/=-]+)"
+)
+_WANDB_LOGIN = re.compile(  # `wandb login [--relogin] [--host URL] KEY`
+    r"(?i)(?<![\w-])wandb[ \t]+login(?:[ \t]+--host(?:=|[ \t]+)\S+|[ \t]+--?[A-Za-z][\w-]*(?:=\S*)?)*[ \t]+"
+    r"(?P<value>[^\s\"'`;|&<>-][^\s\"'`;|&<>]*)"
+)
+# commands whose `-p` is a password (docker login -u me -p …, sshpass -p …, mysql -p…); elsewhere `-p` is a port,
+# a path option (mkdir -p) or anything else
+_LOGIN_PROGRAMS = ("sshpass", "mysql", "mysqldump", "mariadb", "mariadb-dump")
+_REGISTRY_CLIENTS = ("docker", "podman", "nerdctl", "buildah", "skopeo", "helm", "oras", "apptainer", "singularity")
+_LOGIN_PROGRAM = re.compile(
+    rf"(?<![\w.-])(?:{'|'.join(_LOGIN_PROGRAMS)}|(?:{'|'.join(_REGISTRY_CLIENTS)})[ \t]+(?:registry[ \t]+)?login)(?![\w.-])"
+)
+_COMMAND_END = re.compile(r"[;|&\n]")  # a shell command ends here: a `-p` after it is another command's
+_P_FLAG = re.compile(
+    r"(?<!\S)-p(?:[ \t]*(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)')|[ \t]+(?P<spaced>[^\s\"'`;|&<>]+)|"
+    r"(?P<joined>[^\s\"'`;|&<>-][^\s\"'`;|&<>]*))"
+)
 _TOKENS = (  # formats detect-secrets 1.5 does not know
     (re.compile(r"(?<![\w-])hf_[A-Za-z0-9]{30,}"), "a Hugging Face token"),
     (re.compile(r"(?<![\w-])nvapi-[A-Za-z0-9_-]{20,}"), "an NGC API key"),
@@ -58,7 +85,9 @@ _KEY_PATH = re.compile(
     r"^[a-z]+(?:[_.-][a-z]+)*$"
 )  # `steps_key: trainer.params.train_iters`: a name, not a key
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?$", re.IGNORECASE)
-_NEXT_FLAG = re.compile(r"^--[A-Za-z]|^-[A-Za-z]$")  # `--token --next-flag`, `--token -v`: no value given
+# after a flag and a space, the next flag (`--token --next-flag`, `--token -v`): no value given; a value that only
+# starts with dashes (`--db-password=--hunter2`, `DB_PASSWORD: --hunter2`, `--password --Hunter2`) is one
+_NEXT_FLAG = re.compile(r"^--[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*(?:=.*)?$|^-[A-Za-z]$")
 MIN_TEXT = 6  # the shortest text that can hold a secret with its name (pwd=x1) or a token
 MIN_KEY_LENGTH = 8  # a value after a key/token/secret name shorter than this is a word, not a credential
 MIN_NUMERIC_KEY = 16  # digits: a number this long under a key/token name is a key (an all-digit API key)
@@ -154,23 +183,26 @@ class Finding(NamedTuple):
 
 @lru_cache(maxsize=1 << 14)
 def credential_name(name: str) -> bool:
-    """Whether `name` (an env variable, a key, a flag without its dashes) names a credential."""
+    """Whether `name` (an env variable, a key, a flag with or without its dashes) names a credential."""
+    if name in _CONTEXT_NAMES:
+        return True
     if len(name) > 256 or not _CREDENTIAL_WORD.search(name.lower()):
         return False  # every credential name holds one of these words (and the search for them is quicker)
-    return bool(_CREDENTIAL_NAME.search(name.strip().strip("\"'[]")))
+    return bool(_CREDENTIAL_NAME.search(name.strip().strip("\"'[]").lstrip("-")))
 
 
 def secret_value(name: str, value: str) -> bool:
-    """Whether `value` under the credential-like `name` is a secret: not a reference, placeholder or the next flag;
-    under a password name any other value; under a key/token name not a NAME, a key path (lower-case words), a short
-    number or a short word."""
+    """Whether `value` under the credential-like `name` is a secret: not a reference or placeholder, nor the next
+    flag where `name` is a flag followed by a space (`--token --next`: a name starting with '-'); under a password
+    name any other value; under a key/token name not a NAME passed by name (`token: HF_TOKEN`; a NAME that names no
+    credential, `HUNTER_TWO_2024`, is a value), a key path (lower-case words), a short number or a short word."""
     value = value.strip()
-    if not value or _REFERENCE.match(value) or _NEXT_FLAG.match(value):
+    if not value or _REFERENCE.match(value) or (name.startswith("-") and _NEXT_FLAG.match(value)):
         return False
     if _PASSWORD_NAME.search(name):
         return True
     if (
-        _VARIABLE_NAME.match(value)
+        (_VARIABLE_NAME.match(value) and credential_name(value))
         or _KEY_PATH.match(value)
         or (_NUMBER.match(value) and len(value) < MIN_NUMERIC_KEY)
     ):
@@ -186,18 +218,73 @@ class _Detector:
     also: tuple[tuple[Probe, ...], ...] = ()  # ... and one of each of these too
 
 
+class _Values:
+    """Where the value after a position of one line is, from the line's quotes and value ends indexed once: finding
+    a value costs a bisection, never a read to its end (a line of nested `a=b=c=…` stays linear)."""
+
+    def __init__(self, line: str):
+        self.line = line
+        self.ends = [m.start() for m in _BARE_END.finditer(line)]
+        self.quotes: dict[str, list[int]] = {}
+
+    def at(self, pos: int) -> tuple[int, int, bool] | None:
+        """(start, end, unquoted) of the value at `pos`: a quoted string (an unclosed quote: none) or a bare run."""
+        quote = self.line[pos : pos + 1]
+        if quote in ("\"", "'"):
+            if quote not in self.quotes:
+                self.quotes[quote] = [m.start() for m in re.finditer(quote, self.line)]
+            quotes = self.quotes[quote]
+            close = bisect.bisect_right(quotes, pos)
+            return (pos + 1, quotes[close], False) if close < len(quotes) else None
+        after = bisect.bisect_left(self.ends, pos)
+        end = self.ends[after] if after < len(self.ends) else len(self.line)
+        return (pos, end, True) if end > pos else None
+
+
 def _rule_hits(line: str) -> Iterator[Hit]:
-    """Credential-like names with a value: assignments (`NAME=v`, `name: v`, `"name": "v"`) and flags."""
+    """Credential-like names with a value: assignments (`NAME=v`, `name: v`, `"name": "v"`) and flags; an unquoted
+    password runs to the end of its words (`PASSWORD=correct horse battery staple`)."""
+    values: _Values | None = None
     for pattern, flag in ((_ASSIGNMENT, False), (_FLAG, True)):
-        pos = 0
-        while (match := pattern.search(line, pos)) is not None:
-            name = match.group("name")
-            group = next(g for g in ("dq", "sq", "bare") if match.group(g) is not None)
-            if credential_name(name) and secret_value(name, match.group(group)):
-                yield "a credential", match.start(group), match.end(group), f"--{name}" if flag else name
-                pos = match.end()
-            else:  # `stderr: HF_TOKEN=…`: the value of a plain name may hold an assignment itself
-                pos = match.start(group)
+        resume = 0  # the end of the last secret: a name inside it is part of it
+        for head in pattern.finditer(line):  # `stderr: HF_TOKEN=…`: a plain name's value may hold an assignment
+            name = head.group("name")
+            if head.start() < resume or not credential_name(name):
+                continue
+            values = values or _Values(line)
+            found = values.at(head.end())
+            if found is None:
+                continue
+            start, end, unquoted = found
+            spaced = flag and unquoted and head.group("sep") != "="  # `--token --next`: may be the next flag
+            if secret_value(f"--{name}" if spaced else name, line[start:end]):
+                if unquoted and _PASSWORD_NAME.search(name):
+                    end = _MORE_WORDS.match(line, end).end()  # type: ignore[union-attr]  # always matches
+                yield "a credential", start, end, f"--{name}" if flag else name
+                resume = end
+
+
+def _context_hits(line: str) -> Iterator[Hit]:
+    """Secrets a command's words make: `Authorization: Bearer …`, `wandb login KEY`, `-p PASS` of a login
+    command (docker login, sshpass, mysql) in the same shell command."""
+    for match in _AUTHORIZATION.finditer(line):
+        if secret_value("token", match.group("value")):
+            yield "an HTTP authorization credential", match.start("value"), match.end("value"), "Authorization"
+    for match in _WANDB_LOGIN.finditer(line):
+        if secret_value("wandb login", match.group("value")):
+            yield "a W&B API key", match.start("value"), match.end("value"), "wandb login"
+    logins = [m.start() for m in _LOGIN_PROGRAM.finditer(line)]
+    if not logins:
+        return
+    ends = [m.start() for m in _COMMAND_END.finditer(line)]
+    for match in _P_FLAG.finditer(line):
+        command_start = ends[i - 1] if (i := bisect.bisect_left(ends, match.start())) else -1
+        login = bisect.bisect_left(logins, command_start)
+        if login == len(logins) or logins[login] > match.start():
+            continue  # no login command before this `-p` in its shell command
+        group = next(g for g in ("dq", "sq", "spaced", "joined") if match.group(g) is not None)
+        if secret_value("-p", match.group(group)):
+            yield "a password (-p of a login command)", match.start(group), match.end(group), "-p"
 
 
 def _url_hits(line: str) -> Iterator[Hit]:
@@ -263,6 +350,7 @@ _RULES = (  # a token's format says more than the name it is under: first, where
     _Detector(("hf_", "nvapi-", "sk-", "github_pat_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"), _token_hits),
     _Detector(_CREDENTIAL_PROBES, _rule_hits, also=(("=", ":", "--"),)),
     _Detector(("://",), _url_hits),
+    _Detector(_folded("bearer", "authorization", "login", *_LOGIN_PROGRAMS), _context_hits),
 )
 # Without detect-secrets imported: a line its plugins may flag holds one of these (with keyword's `also`).
 _PLUGIN_GATES_UNLOADED = (*((gate, ()) for _, gate in _PLUGIN_GATES.values()), (_CREDENTIAL_PROBES, _KEYWORD_ALSO),
@@ -315,7 +403,7 @@ def _pieces(text: str) -> Iterator[tuple[int, str]]:
         if len(line) <= WINDOW:
             yield offset, line
         else:
-            for start in range(0, len(line) - WINDOW_STEP, WINDOW_STEP):
+            for start in range(0, len(line) - WINDOW + WINDOW_STEP, WINDOW_STEP):  # the last reaches the end
                 yield offset + start, line[start : start + WINDOW]
         offset += len(line) + 1
 
@@ -506,6 +594,11 @@ def mask(text: str, findings: list[Finding] | None = None) -> str:
     return "".join([*out, text[last:]])
 
 
+def mask_many(texts: list[str]) -> list[str]:
+    """`mask` of each text, all scanned together."""
+    return [mask(text, found) for text, found in zip(texts, scan_many(("", "", t) for t in texts), strict=True)]
+
+
 # ---- documents ---------------------------------------------------------------------------------------------------
 _LONE_FLAG = re.compile(r"^--?([A-Za-z][\w-]*)$")
 
@@ -570,7 +663,15 @@ def scan_and_redact(document: Any, path: str = "") -> tuple[list[Finding], Any]:
     found = [f for where, key, text in items
              if text in hits or (key and credential_name(key)) or len(text) > WINDOW or "\n" in text
              for f in _text_findings(text, where, key, hits)]  # fmt: skip
-    return found, (_redacted(document, "", hits) if found else document)
+    return masked_paths(found), (_redacted(document, "", hits) if found else document)
+
+
+def masked_paths(findings: list[Finding]) -> list[Finding]:
+    """`findings` with their key paths masked: a mapping key can be a secret itself (`env.values.hf_…: x`), and
+    the path of a finding under it would show it."""
+    paths = list(dict.fromkeys(f.where for f in findings if f.where))
+    shown = dict(zip(paths, mask_many(paths), strict=True))
+    return [f._replace(where=shown[f.where]) if f.where else f for f in findings]
 
 
 def redact_tree(document: Any, key: str = "") -> Any:

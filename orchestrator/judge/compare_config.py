@@ -20,6 +20,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from orchestrator.run.store import CellRow
+from reports import secrets
 
 SECTIONS = ("container", "cluster", "software")  # campaign sections that shape a run, besides the cell's
 UNSET = "(unset)"
@@ -93,7 +94,7 @@ def cell_config(spec: dict[str, Any], launcher: str | None, cell: CellRow) -> di
         tree["launchers"] = {launcher: (spec.get("launchers") or {}).get(launcher)}
     tree.update({key: spec.get(key) for key in SECTIONS})
     tree["collect"] = {"window": (spec.get("collect") or {}).get("window")}
-    return flatten(tree)
+    return flatten(secrets.redact_tree(tree))  # masked before flatten cuts long values (a cut token reads as none)
 
 
 def point_config(spec: dict[str, Any], launcher: str | None, cells: list[CellRow]) -> dict[str, str]:
