@@ -40,7 +40,7 @@ _CREDENTIAL_NAME = re.compile(
 # `DB_PASS` is a password name, `env.pass` (the list of names mbx passes) is not; `-p` is one only where a login
 # command gives it that meaning (see _LOGIN_PROGRAM); `wandb login` is followed by a W&B key
 _PASSWORD_NAME = re.compile(r"(?i)(?:passw(?:or)?d|passphrase|pwd|[_-]pass|^-p)$")
-_CONTEXT_NAMES = frozenset({"-p", "wandb login"})  # names of values that only a command's context makes secret
+_CONTEXT_NAMES = frozenset({"-p", "wandb login"})  # names whose value only a command's context makes secret
 # the start of a name: not after a word character, '-' or '.', nor after '$' / '{' (a reference like ${HF_TOKEN});
 # a name is at most 128 characters (no line of any length makes the search slow)
 _NAME = r"(?<![\w.$\{-])(?P<name>[A-Za-z_][\w.-]{0,127}?)"
@@ -63,7 +63,7 @@ _WANDB_LOGIN = re.compile(  # `wandb login [--relogin] [--host URL] KEY`
 # commands whose `-p` is a password (docker login -u me -p …, sshpass -p …, mysql -p…); elsewhere `-p` is a port,
 # a path option (mkdir -p) or anything else
 _LOGIN_PROGRAMS = ("sshpass", "mysql", "mysqldump", "mariadb", "mariadb-dump")
-_REGISTRY_CLIENTS = ("docker", "podman", "nerdctl", "buildah", "skopeo", "helm", "oras", "apptainer", "singularity")
+_REGISTRY_CLIENTS = ("docker", "podman", "nerdctl", "buildah", "skopeo", "helm", "oras", "apptainer")
 _LOGIN_PROGRAM = re.compile(
     rf"(?<![\w.-])(?:{'|'.join(_LOGIN_PROGRAMS)}|(?:{'|'.join(_REGISTRY_CLIENTS)})[ \t]+(?:registry[ \t]+)?login)(?![\w.-])"
 )
@@ -230,7 +230,7 @@ class _Values:
     def at(self, pos: int) -> tuple[int, int, bool] | None:
         """(start, end, unquoted) of the value at `pos`: a quoted string (an unclosed quote: none) or a bare run."""
         quote = self.line[pos : pos + 1]
-        if quote in ("\"", "'"):
+        if quote in ('"', "'"):
             if quote not in self.quotes:
                 self.quotes[quote] = [m.start() for m in re.finditer(quote, self.line)]
             quotes = self.quotes[quote]
@@ -247,7 +247,7 @@ def _rule_hits(line: str) -> Iterator[Hit]:
     values: _Values | None = None
     for pattern, flag in ((_ASSIGNMENT, False), (_FLAG, True)):
         resume = 0  # the end of the last secret: a name inside it is part of it
-        for head in pattern.finditer(line):  # `stderr: HF_TOKEN=…`: a plain name's value may hold an assignment
+        for head in pattern.finditer(line):  # `stderr: HF_TOKEN=…`: a plain name's value holds one
             name = head.group("name")
             if head.start() < resume or not credential_name(name):
                 continue
@@ -269,7 +269,7 @@ def _context_hits(line: str) -> Iterator[Hit]:
     command (docker login, sshpass, mysql) in the same shell command."""
     for match in _AUTHORIZATION.finditer(line):
         if secret_value("token", match.group("value")):
-            yield "an HTTP authorization credential", match.start("value"), match.end("value"), "Authorization"
+            yield "an HTTP credential", match.start("value"), match.end("value"), "Authorization"
     for match in _WANDB_LOGIN.finditer(line):
         if secret_value("wandb login", match.group("value")):
             yield "a W&B API key", match.start("value"), match.end("value"), "wandb login"
@@ -596,7 +596,8 @@ def mask(text: str, findings: list[Finding] | None = None) -> str:
 
 def mask_many(texts: list[str]) -> list[str]:
     """`mask` of each text, all scanned together."""
-    return [mask(text, found) for text, found in zip(texts, scan_many(("", "", t) for t in texts), strict=True)]
+    found = scan_many(("", "", text) for text in texts)
+    return [mask(text, secrets) for text, secrets in zip(texts, found, strict=True)]
 
 
 # ---- documents ---------------------------------------------------------------------------------------------------
