@@ -605,13 +605,33 @@ _LONE_FLAG = re.compile(r"^--?([A-Za-z][\w-]*)$")
 
 
 def item_keys(items: list[Any] | tuple[Any, ...], key: str) -> list[str]:
-    """The key each item of a list is under: the list's, or for an argv the flag before it (`--wandb-key`, X)."""
+    """The key each item of a list is under: the list's, or for an argv the flag before it with its dashes
+    (`--wandb-key`, X: a value that may be the next flag), `-p` of a login command (docker login, sshpass, mysql)
+    or `wandb login`."""
     keys = []
-    for i, _ in enumerate(items):
+    login = False  # inside a login command whose `-p` is a password
+    for i, item in enumerate(items):
         before = items[i - 1] if i else None
         flag = _LONE_FLAG.match(before) if isinstance(before, str) else None
-        keys.append(flag.group(1) if flag and credential_name(flag.group(1)) else key)
+        if flag and credential_name(flag.group(1)):
+            keys.append(before)  # type: ignore[arg-type]  # a str: the flag matched it
+        elif login and before == "-p":
+            keys.append("-p")
+        elif before == "login" and i > 1 and _program(items[i - 2]) == "wandb":
+            keys.append("wandb login")
+        else:
+            keys.append(key)
+        registry_login = item == "login" and i and _program(items[i - 1]) in _REGISTRY_CLIENTS
+        if _program(item) in _LOGIN_PROGRAMS or registry_login:
+            login = True
+        elif item in (";", "&&", "||", "|"):
+            login = False
     return keys
+
+
+def _program(item: Any) -> str:
+    """The program an argv item names (`/usr/bin/mysql` → mysql); "" for anything else."""
+    return item.rsplit("/", 1)[-1] if isinstance(item, str) else ""
 
 
 def _under_credential(node: Any, key: str) -> bool:

@@ -251,6 +251,20 @@ def test_a_key_that_is_a_secret_is_not_shown_in_its_key_path() -> None:
     assert "trainer.params.password=<redacted>: contains" in shown
 
 
+def test_an_argv_item_is_read_by_the_flag_or_the_command_before_it() -> None:
+    """In an argv list the flag before an item says what it is: `--password --verbose` gives no value, an item
+    that only starts with dashes is one (`--db-password --cmdPassw0rdX`); `-p` is a password only in a login
+    command, up to the command's end; `wandb login KEY`."""
+    argv = ["python", "t.py", "--password", "--verbose", "--hf-token", "--tokenizer-type", "x",
+            "--db-password", "--cmdPassw0rdX", "&&", "docker", "login", "-u", "me", "-p", "hunter2hunter", "reg",
+            "&&", "mkdir", "-p", "ckpt/run1", "&&", "wandb", "login", W_KEY]  # fmt: skip
+    found = secrets.scan_tree({"command": argv})
+    assert [(f.where, f.name) for f in found] == [
+        ("command[8]", "--db-password"), ("command[15]", "-p"), ("command[24]", "wandb login")]  # fmt: skip
+    masked = secrets.redact_tree({"command": argv})["command"]
+    assert [i for i, (a, b) in enumerate(zip(argv, masked, strict=True)) if a != b] == [8, 15, 24]
+
+
 def test_nested_assignments_are_scanned_in_linear_time() -> None:
     """A line of `k=key=key=…` made the scan read each value to the end of the line again (quadratic: 12 ms a
     4,000-character line, 12 s for the review's 3.8 MB campaign); each value is now found by a bisection."""
