@@ -3,18 +3,24 @@ plus the project's rules for what they miss; every string mbx refuses (campaign 
 (reports, summary, W&B, status.json's log tail, launch.json) goes through it.
 
 The project's rules: a value after a credential-like name (`WANDB_API_KEY=…`, `HF_TOKEN: …`, `"api_key": "…"`,
-`--wandb-key …`, `password=hunter2`, with `_`, `-` and `.` as word boundaries), the password in a URL
-(`https://user:pass@host`), the token formats detect-secrets lacks (`hf_…`, `nvapi-…`, `sk-…`), and values under
-a credential-like key of a document. Any real value counts under a password name (`-hunter2`, `HUNTER_TWO_2024`).
-Not secrets: a NAME without a value (`env.pass: [WANDB_API_KEY]`), a NAME under a key/token name
-(`token: HF_TOKEN`) or a key path (`steps_key: trainer.params.train_iters`), a reference (`$HF_TOKEN`, `${HF_TOKEN}`), a placeholder (`<your key>`, `***`), the next flag
-after a flag (`--token --next`, `--token -v`), a short number under a key/token name (`EOD_TOKEN=0`; one of 16 or
-more digits is a key), and bare hex (git SHAs, cell-id hashes: only a credential-like name before a hex string
-makes it a key). Findings carry the kind and where, never the value (see `mask`).
+`--wandb-key …`, `password=hunter2`, `DB_PASS=…`, with `_`, `-` and `.` as word boundaries), the password in a URL
+(`https://user:pass@host`), `Authorization: Bearer …`, `wandb login KEY`, `-p PASS` of a login command (docker
+login, sshpass, mysql: elsewhere `-p` is a port or `mkdir -p`), the token formats detect-secrets lacks (`hf_…`,
+`nvapi-…`, `sk-…`), and values under a credential-like key of a document. Any real value counts under a password
+name (`-hunter2`, `--hunter2`, `HUNTER_TWO_2024`; an unquoted passphrase to its last word). Not secrets: a NAME
+without a value (`env.pass: [WANDB_API_KEY]`), a NAME of a credential under a key/token name (`token: HF_TOKEN`;
+`CLIENT_SECRET: HUNTER_TWO_2024` is a value) or a key path (`steps_key: trainer.params.train_iters`), a reference
+(`$HF_TOKEN`, `${HF_TOKEN}`), a placeholder (`<your key>`, `***`), the next flag after a flag and a space
+(`--token --next`, `--token -v`; `--password=--x`, `PASSWORD: --x` and `--password --Hunter2` are values), a short
+number under a key/token name (`EOD_TOKEN=0`; one of 16 or more digits is a key), and bare hex (git SHAs, cell-id
+hashes: only a credential-like name before a hex string makes it a key). Findings carry the kind and where (a key
+path, itself masked where a mapping key is the secret), never the value (see `mask`).
 
 Speed: texts are scanned line by line, each distinct line once, and many texts at a time (`scan_many`): every
 detector has a gate, a plain pattern that any line it could flag must contain (a literal such as `://` or `eyJ`,
 a credential word), searched once over all the lines joined; a detector runs only on the lines its gate marked.
+Within a line every pattern is linear: a name and its separator are found first, the value after it by a bisection
+over the line's value ends (never a read to the end of the line per name).
 """
 
 from __future__ import annotations
