@@ -202,7 +202,7 @@ def secret_value(name: str, value: str) -> bool:
     flag where `name` is a flag followed by a space (`--token --next`: a name starting with '-'); under a password
     name any other value; under a key/token name not a NAME passed by name (`token: HF_TOKEN`; a NAME that names no
     credential, `HUNTER_TWO_2024`, is a value), a key path (lower-case words), a short number or a short word."""
-    value = value.strip()
+    value = value.strip().strip("`")  # `token: HF_TOKEN` in Markdown: the backticks are not the value's
     if not value or _REFERENCE.match(value) or (name.startswith("-") and _NEXT_FLAG.match(value)):
         return False
     if _PASSWORD_NAME.search(name):

@@ -106,6 +106,7 @@ NOT_SECRETS = [
     "git+ssh://git@github.com/org/repo.git",
     "the tokenizer's max_tokens: 4096; tokens_per_expert=64",
     "token: HF_TOKEN api_key_env: WANDB_API_KEY secret: CLIENT_SECRET",  # a NAME passed by name
+    "in Markdown: (`token: HF_TOKEN` passes a name), (`--password --verbose`) gives none",
     "./train.sh --password --next-flag --token --tokenizer-type x --key --moe-router-topk 2",
     "mkdir -p out/x && python train.py -p 8080",
     "docker login registry.example.com; mkdir -p ckpt/run1",
