@@ -603,7 +603,7 @@ def mask(text: str, findings: list[Finding] | None = None) -> str:
 def mask_many(texts: list[str]) -> list[str]:
     """`mask` of each text, all scanned together."""
     found = scan_many(("", "", text) for text in texts)
-    return [mask(text, secrets) for text, secrets in zip(texts, found, strict=True)]
+    return [mask(text, findings) for text, findings in zip(texts, found, strict=True)]
 
 
 # ---- documents ---------------------------------------------------------------------------------------------------
