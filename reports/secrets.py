@@ -707,6 +707,27 @@ def redact_tree(document: Any, key: str = "") -> Any:
     return _redacted(document, key, _hits_of([text for _, _, text in strings(document, "", key)]))
 
 
+_DISTINCT: dict[str, int] = {}  # raw value -> its number in `redact_distinct` (this process's memory only)
+
+
+def redact_distinct(document: Any) -> Any:
+    """`redact_tree`, each masked value told apart: `<redacted #N>`, the same N for the same raw value in this
+    process (compare's config diff: a difference only in a secret still shows as one, the secret never does)."""
+    return _numbered(document, redact_tree(document))
+
+
+def _numbered(raw: Any, masked: Any) -> Any:
+    if isinstance(raw, dict) and isinstance(masked, dict) and len(raw) == len(masked):
+        pairs = zip(raw.values(), masked.items(), strict=True)
+        return {key: _numbered(value, shown) for value, (key, shown) in pairs}
+    if isinstance(raw, (list, tuple)) and isinstance(masked, list) and len(raw) == len(masked):
+        return [_numbered(value, shown) for value, shown in zip(raw, masked, strict=True)]
+    if isinstance(masked, str) and masked != raw and MASK in masked:
+        number = _DISTINCT.setdefault(str(raw), len(_DISTINCT) + 1)
+        return masked.replace(MASK, f"<redacted #{number}>")
+    return masked
+
+
 def _redacted(document: Any, key: str, hits: dict[str, tuple[Hit, ...]]) -> Any:
     if (
         document.__class__ is str

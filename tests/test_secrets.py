@@ -5,6 +5,7 @@ the report pages mask what it finds; `card validate` no longer calls a markup ta
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.judge.compare_config import MAX_VALUE, cell_config
+from orchestrator.judge.compare_config import MAX_VALUE, cell_config, config_diff
 from orchestrator.run.store import CellRow
 from reports import secrets
 from reports.card import card_problems
@@ -289,7 +290,13 @@ def test_compare_masks_a_config_value_before_cutting_it() -> None:
     shown = "\n".join(f"{key}: {value}" for key, value in config.items())
     for raw in (HF[:12], "hunterAx1", "hunter2hunterZ", "horse"):
         assert raw not in shown, (raw, shown)
-    assert config["env.DB_PASSWORD"] == secrets.MASK
+    assert config["env.DB_PASSWORD"].startswith("<redacted #")
+    # a difference only in a secret still shows, as two different masks; the same secret is the same mask
+    other = dataclasses.replace(cell, env={**cell.env, "DB_PASSWORD": "--hunter3hunterY"})
+    spec = {"trainer": {"kind": "command", "command": command}}
+    changed = config_diff(config, cell_config(spec, None, other))
+    assert [item["key"] for item in changed] == ["env.DB_PASSWORD"] and "hunter3" not in str(changed)
+    assert cell_config(spec, None, cell)["env.DB_PASSWORD"] == config["env.DB_PASSWORD"]
 
 
 def test_every_installed_plugin_has_a_gate() -> None:

@@ -94,7 +94,7 @@ def cell_config(spec: dict[str, Any], launcher: str | None, cell: CellRow) -> di
         tree["launchers"] = {launcher: (spec.get("launchers") or {}).get(launcher)}
     tree.update({key: spec.get(key) for key in SECTIONS})
     tree["collect"] = {"window": (spec.get("collect") or {}).get("window")}
-    return flatten(secrets.redact_tree(tree))  # masked before flatten cuts values: a cut token reads as none
+    return flatten(secrets.redact_distinct(tree))  # masked before flatten cuts it: a cut token is no token
 
 
 def point_config(spec: dict[str, Any], launcher: str | None, cells: list[CellRow]) -> dict[str, str]:
