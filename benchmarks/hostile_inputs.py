@@ -100,6 +100,29 @@ def card_one_string(folder: Path):
     return ["card", "validate", str(path)], path
 
 
+def _nested_assignments() -> str:
+    """~3.8 MB of 4,000-character lines of `k0=key=key=…` (issue 32's review: the scan read each value to the end
+    of its line again, 12 ms a line)."""
+    return "\n".join(f"k{i}=" + "key=" * 1000 for i in range((limits.MAX_YAML_BYTES - 200_000) // 4008))
+
+
+@case("campaign: 3.8 MB of `k0=key=key=…` lines of 4,000 characters (validate)")
+def campaign_nested_assignments(folder: Path):
+    path = folder / "nested.yaml"
+    path.write_text(f"name: n\ntrainer: {{kind: command, command: [python, t.py]}}\n"
+                    f"description: {_yaml_quoted(_nested_assignments())}\n")  # fmt: skip
+    return ["campaign", "validate", str(path)], path
+
+
+@case("card: 3.8 MB of `k0=key=key=…` lines of 4,000 characters (card validate)")
+def card_nested_assignments(folder: Path):
+    path = folder / "nested.card.yaml"
+    path.write_text("title: m\nitems:\n  pretrain:\n    H200:\n      status: verified\n      precision: bf16\n"
+                    f"      command: ./train.sh\n      notes: [{_yaml_quoted(_nested_assignments())}]\n"
+                    "      metrics: {last_10_steps_model_tflops_per_gpu_avg: 300.0}\n")  # fmt: skip
+    return ["card", "validate", str(path)], path
+
+
 def _trace_events(n: int, name: Callable[[int], str]) -> str:
     step = '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": %d}'
     kernels = (json.dumps({"ph": "X", "cat": "kernel", "name": name(i), "pid": 0, "tid": 7, "ts": i * 2, "dur": 1,

@@ -167,7 +167,8 @@ def leak_problems(card: Any) -> list[str]:
         absolute = _ABSOLUTE.search(texts[index]) if "://" not in texts[index] else None
         if absolute:
             found.setdefault(index, []).append(f"an absolute path ({absolute.group(0)!r})")
-    return [f"{strings[index][0]}: contains {what}: cards are published, keep it out"
+    paths = dict(zip(sorted(found), secrets.mask_many([strings[i][0] for i in sorted(found)]), strict=True))
+    return [f"{paths[index]}: contains {what}: cards are published, keep it out"  # a key may be a secret itself
             for index in sorted(found) for what in dict.fromkeys(found[index])]  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reports import secrets
 from reports.failure_classes import RETRYABLE_BY_DEFAULT, FailureClass
 
 CHUNK = 8 << 20
@@ -392,6 +393,9 @@ def _evidence(chunk: bytes, pos: int, name: str, base_line: int, signature: str)
     end = chunk.find(b"\n", pos)
     raw = chunk[start : end if end >= 0 else len(chunk)]
     text = _ANSI.sub(b"", raw).decode("utf-8", "replace").replace("\r", " ").strip()
+    # the quoted line goes into status.json, the store and the terminal: masked before it is cut (a cut token no
+    # longer reads as one); a secret past the first 16 lines' worth is cut off anyway
+    text = secrets.mask(text[: 16 * MAX_LINE])
     if len(text) > MAX_LINE:
         text = text[: MAX_LINE - 1] + "…"
     return Evidence(name, base_line + chunk.count(b"\n", 0, pos) + 1, text, signature)

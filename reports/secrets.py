@@ -3,18 +3,24 @@ plus the project's rules for what they miss; every string mbx refuses (campaign 
 (reports, summary, W&B, status.json's log tail, launch.json) goes through it.
 
 The project's rules: a value after a credential-like name (`WANDB_API_KEY=…`, `HF_TOKEN: …`, `"api_key": "…"`,
-`--wandb-key …`, `password=hunter2`, with `_`, `-` and `.` as word boundaries), the password in a URL
-(`https://user:pass@host`), the token formats detect-secrets lacks (`hf_…`, `nvapi-…`, `sk-…`), and values under
-a credential-like key of a document. Any real value counts under a password name (`-hunter2`, `HUNTER_TWO_2024`).
-Not secrets: a NAME without a value (`env.pass: [WANDB_API_KEY]`), a NAME under a key/token name
-(`token: HF_TOKEN`) or a key path (`steps_key: trainer.params.train_iters`), a reference (`$HF_TOKEN`, `${HF_TOKEN}`), a placeholder (`<your key>`, `***`), the next flag
-after a flag (`--token --next`, `--token -v`), a short number under a key/token name (`EOD_TOKEN=0`; one of 16 or
-more digits is a key), and bare hex (git SHAs, cell-id hashes: only a credential-like name before a hex string
-makes it a key). Findings carry the kind and where, never the value (see `mask`).
+`--wandb-key …`, `password=hunter2`, `DB_PASS=…`, with `_`, `-` and `.` as word boundaries), the password in a URL
+(`https://user:pass@host`), `Authorization: Bearer …`, `wandb login KEY`, `-p PASS` of a login command (docker
+login, sshpass, mysql: elsewhere `-p` is a port or `mkdir -p`), the token formats detect-secrets lacks (`hf_…`,
+`nvapi-…`, `sk-…`), and values under a credential-like key of a document. Any real value counts under a password
+name (`-hunter2`, `--hunter2`, `HUNTER_TWO_2024`; an unquoted passphrase to its last word). Not secrets: a NAME
+without a value (`env.pass: [WANDB_API_KEY]`), a NAME of a credential under a key/token name (`token: HF_TOKEN`;
+`CLIENT_SECRET: HUNTER_TWO_2024` is a value) or a key path (`steps_key: trainer.params.train_iters`), a reference
+(`$HF_TOKEN`, `${HF_TOKEN}`), a placeholder (`<your key>`, `***`), the next flag after a flag and a space
+(`--token --next`, `--token -v`; `--password=--x`, `PASSWORD: --x` and `--password --Hunter2` are values), a short
+number under a key/token name (`EOD_TOKEN=0`; one of 16 or more digits is a key), and bare hex (git SHAs, cell-id
+hashes: only a credential-like name before a hex string makes it a key). Findings carry the kind and where (a key
+path, itself masked where a mapping key is the secret), never the value (see `mask`).
 
 Speed: texts are scanned line by line, each distinct line once, and many texts at a time (`scan_many`): every
 detector has a gate, a plain pattern that any line it could flag must contain (a literal such as `://` or `eyJ`,
 a credential word), searched once over all the lines joined; a detector runs only on the lines its gate marked.
+Within a line every pattern is linear: a name and its separator are found first, the value after it by a bisection
+over the line's value ends (never a read to the end of the line per name).
 """
 
 from __future__ import annotations
@@ -35,16 +41,43 @@ MASK = "<redacted>"
 # keys; APIKEY is); the other words end a name by themselves (HFTOKEN, authtoken, dbpassword).
 _CREDENTIAL_NAME = re.compile(
     r"(?i)(?:[_.-]key|(?:^|[_.-])(?:(?:api|access|secret|private|auth|client|service|account)key|pwd|credentials?|"
-    r"auth)|token|secret|password|passwd|passphrase)$"
+    r"auth)|[_-]pass|token|secret|password|passwd|passphrase)$"
 )
-_PASSWORD_NAME = re.compile(r"(?i)(?:passw(?:or)?d|passphrase|pwd)$")
+# `DB_PASS` is a password name, `env.pass` (the list of names mbx passes) is not; `-p` is one only where a login
+# command gives it that meaning (see _LOGIN_PROGRAM); `wandb login` is followed by a W&B key
+_PASSWORD_NAME = re.compile(r"(?i)(?:passw(?:or)?d|passphrase|pwd|[_-]pass|^-p)$")
+_CONTEXT_NAMES = frozenset({"-p", "wandb login"})  # names whose value only a command's context makes secret
 # the start of a name: not after a word character, '-' or '.', nor after '$' / '{' (a reference like ${HF_TOKEN});
 # a name is at most 128 characters (no line of any length makes the search slow)
 _NAME = r"(?<![\w.$\{-])(?P<name>[A-Za-z_][\w.-]{0,127}?)"
-_VALUE = r"(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)'|(?P<bare>[^\s\"',;)\]}]+))"
-_ASSIGNMENT = re.compile(_NAME + r"[\"']?\s*(?::=|=|:)[ \t]*" + _VALUE)  # `"api_key": "…"` too
-_FLAG = re.compile(r"(?<![\w-])--(?P<name>[A-Za-z][\w-]{0,127})(?:=|[ \t]+)" + _VALUE)
+# a name and its separator (`NAME=`, `name: `, `"name": `); the value after it is read by _Values
+_ASSIGNMENT = re.compile(_NAME + r"[\"']?\s*(?::=|=|:)[ \t]*")
+_FLAG = re.compile(r"(?<![\w-])--(?P<name>[A-Za-z][\w-]{0,127})(?P<sep>=|[ \t]+)")
+_BARE_END = re.compile(r"[\s\"',;)\]}]")  # what ends an unquoted value
+# the further words of a passphrase (`PASSWORD=correct horse battery staple`), up to a flag, an assignment, a
+# quote or a shell operator
+_MORE_WORDS = re.compile(r"(?:[ \t]+[^\s\"'`=;&|<>-][^\s\"'`=;&|<>]*(?![^\s]))*")
 _URL_PASSWORD = re.compile(r"://[^\s:/?#@\[\]]+:(?P<password>[^\s/?#@\[\]]+)@")
+_AUTHORIZATION = re.compile(  # `Authorization: Bearer …` (any scheme), a lone `Bearer …`
+    r"(?i)(?<![\w-])(?:authorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:(?:bearer|basic|token|bot|digest)[ \t]+)?|"
+    r"bearer[ \t]+)(?P<value>[A-Za-z0-9._~+/=-]+)"
+)
+_WANDB_LOGIN = re.compile(  # `wandb login [--relogin] [--host URL] KEY`
+    r"(?i)(?<![\w-])wandb[ \t]+login(?:[ \t]+--host(?:=|[ \t]+)\S+|[ \t]+--?[A-Za-z][\w-]*(?:=\S*)?)*[ \t]+"
+    r"(?P<value>[^\s\"'`;|&<>-][^\s\"'`;|&<>]*)"
+)
+# commands whose `-p` is a password (docker login -u me -p …, sshpass -p …, mysql -p…); elsewhere `-p` is a port,
+# a path option (mkdir -p) or anything else
+_LOGIN_PROGRAMS = ("sshpass", "mysql", "mysqldump", "mariadb", "mariadb-dump")
+_REGISTRY_CLIENTS = ("docker", "podman", "nerdctl", "buildah", "skopeo", "helm", "oras", "apptainer")
+_LOGIN_PROGRAM = re.compile(
+    rf"(?<![\w.-])(?:{'|'.join(_LOGIN_PROGRAMS)}|(?:{'|'.join(_REGISTRY_CLIENTS)})[ \t]+(?:registry[ \t]+)?login)(?![\w.-])"
+)
+_COMMAND_END = re.compile(r"[;|&\n]")  # a shell command ends here: a `-p` after it is another command's
+_P_FLAG = re.compile(
+    r"(?<!\S)-p(?:[ \t]*(?:\"(?P<dq>[^\"\n]*)\"|'(?P<sq>[^'\n]*)')|[ \t]+(?P<spaced>[^\s\"'`;|&<>]+)|"
+    r"(?P<joined>[^\s\"'`;|&<>-][^\s\"'`;|&<>]*))"
+)
 _TOKENS = (  # formats detect-secrets 1.5 does not know
     (re.compile(r"(?<![\w-])hf_[A-Za-z0-9]{30,}"), "a Hugging Face token"),
     (re.compile(r"(?<![\w-])nvapi-[A-Za-z0-9_-]{20,}"), "an NGC API key"),
@@ -58,7 +91,9 @@ _KEY_PATH = re.compile(
     r"^[a-z]+(?:[_.-][a-z]+)*$"
 )  # `steps_key: trainer.params.train_iters`: a name, not a key
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?$", re.IGNORECASE)
-_NEXT_FLAG = re.compile(r"^--[A-Za-z]|^-[A-Za-z]$")  # `--token --next-flag`, `--token -v`: no value given
+# after a flag and a space, the next flag (`--token --next-flag`, `--token -v`): no value given; a value that only
+# starts with dashes (`--db-password=--hunter2`, `DB_PASSWORD: --hunter2`, `--password --Hunter2`) is one
+_NEXT_FLAG = re.compile(r"^--[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*(?:=.*)?$|^-[A-Za-z]$")
 MIN_TEXT = 6  # the shortest text that can hold a secret with its name (pwd=x1) or a token
 MIN_KEY_LENGTH = 8  # a value after a key/token/secret name shorter than this is a word, not a credential
 MIN_NUMERIC_KEY = 16  # digits: a number this long under a key/token name is a key (an all-digit API key)
@@ -154,23 +189,26 @@ class Finding(NamedTuple):
 
 @lru_cache(maxsize=1 << 14)
 def credential_name(name: str) -> bool:
-    """Whether `name` (an env variable, a key, a flag without its dashes) names a credential."""
+    """Whether `name` (an env variable, a key, a flag with or without its dashes) names a credential."""
+    if name in _CONTEXT_NAMES:
+        return True
     if len(name) > 256 or not _CREDENTIAL_WORD.search(name.lower()):
         return False  # every credential name holds one of these words (and the search for them is quicker)
-    return bool(_CREDENTIAL_NAME.search(name.strip().strip("\"'[]")))
+    return bool(_CREDENTIAL_NAME.search(name.strip().strip("\"'[]").lstrip("-")))
 
 
 def secret_value(name: str, value: str) -> bool:
-    """Whether `value` under the credential-like `name` is a secret: not a reference, placeholder or the next flag;
-    under a password name any other value; under a key/token name not a NAME, a key path (lower-case words), a short
-    number or a short word."""
-    value = value.strip()
-    if not value or _REFERENCE.match(value) or _NEXT_FLAG.match(value):
+    """Whether `value` under the credential-like `name` is a secret: not a reference or placeholder, nor the next
+    flag where `name` is a flag followed by a space (`--token --next`: a name starting with '-'); under a password
+    name any other value; under a key/token name not a NAME passed by name (`token: HF_TOKEN`; a NAME that names no
+    credential, `HUNTER_TWO_2024`, is a value), a key path (lower-case words), a short number or a short word."""
+    value = value.strip().strip("`")  # `token: HF_TOKEN` in Markdown: the backticks are not the value's
+    if not value or _REFERENCE.match(value) or (name.startswith("-") and _NEXT_FLAG.match(value)):
         return False
     if _PASSWORD_NAME.search(name):
         return True
     if (
-        _VARIABLE_NAME.match(value)
+        (_VARIABLE_NAME.match(value) and credential_name(value))
         or _KEY_PATH.match(value)
         or (_NUMBER.match(value) and len(value) < MIN_NUMERIC_KEY)
     ):
@@ -186,18 +224,73 @@ class _Detector:
     also: tuple[tuple[Probe, ...], ...] = ()  # ... and one of each of these too
 
 
+class _Values:
+    """Where the value after a position of one line is, from the line's quotes and value ends indexed once: finding
+    a value costs a bisection, never a read to its end (a line of nested `a=b=c=…` stays linear)."""
+
+    def __init__(self, line: str):
+        self.line = line
+        self.ends = [m.start() for m in _BARE_END.finditer(line)]
+        self.quotes: dict[str, list[int]] = {}
+
+    def at(self, pos: int) -> tuple[int, int, bool] | None:
+        """(start, end, unquoted) of the value at `pos`: a quoted string (an unclosed quote: none) or a bare run."""
+        quote = self.line[pos : pos + 1]
+        if quote in ('"', "'"):
+            if quote not in self.quotes:
+                self.quotes[quote] = [m.start() for m in re.finditer(quote, self.line)]
+            quotes = self.quotes[quote]
+            close = bisect.bisect_right(quotes, pos)
+            return (pos + 1, quotes[close], False) if close < len(quotes) else None
+        after = bisect.bisect_left(self.ends, pos)
+        end = self.ends[after] if after < len(self.ends) else len(self.line)
+        return (pos, end, True) if end > pos else None
+
+
 def _rule_hits(line: str) -> Iterator[Hit]:
-    """Credential-like names with a value: assignments (`NAME=v`, `name: v`, `"name": "v"`) and flags."""
+    """Credential-like names with a value: assignments (`NAME=v`, `name: v`, `"name": "v"`) and flags; an unquoted
+    password runs to the end of its words (`PASSWORD=correct horse battery staple`)."""
+    values: _Values | None = None
     for pattern, flag in ((_ASSIGNMENT, False), (_FLAG, True)):
-        pos = 0
-        while (match := pattern.search(line, pos)) is not None:
-            name = match.group("name")
-            group = next(g for g in ("dq", "sq", "bare") if match.group(g) is not None)
-            if credential_name(name) and secret_value(name, match.group(group)):
-                yield "a credential", match.start(group), match.end(group), f"--{name}" if flag else name
-                pos = match.end()
-            else:  # `stderr: HF_TOKEN=…`: the value of a plain name may hold an assignment itself
-                pos = match.start(group)
+        resume = 0  # the end of the last secret: a name inside it is part of it
+        for head in pattern.finditer(line):  # `stderr: HF_TOKEN=…`: a plain name's value holds one
+            name = head.group("name")
+            if head.start() < resume or not credential_name(name):
+                continue
+            values = values or _Values(line)
+            found = values.at(head.end())
+            if found is None:
+                continue
+            start, end, unquoted = found
+            spaced = flag and unquoted and head.group("sep") != "="  # `--token --next`: may be the next flag
+            if secret_value(f"--{name}" if spaced else name, line[start:end]):
+                if unquoted and _PASSWORD_NAME.search(name):
+                    end = _MORE_WORDS.match(line, end).end()  # type: ignore[union-attr]  # always matches
+                yield "a credential", start, end, f"--{name}" if flag else name
+                resume = end
+
+
+def _context_hits(line: str) -> Iterator[Hit]:
+    """Secrets a command's words make: `Authorization: Bearer …`, `wandb login KEY`, `-p PASS` of a login
+    command (docker login, sshpass, mysql) in the same shell command."""
+    for match in _AUTHORIZATION.finditer(line):
+        if secret_value("token", match.group("value")):
+            yield "an HTTP credential", match.start("value"), match.end("value"), "Authorization"
+    for match in _WANDB_LOGIN.finditer(line):
+        if secret_value("wandb login", match.group("value")):
+            yield "a W&B API key", match.start("value"), match.end("value"), "wandb login"
+    logins = [m.start() for m in _LOGIN_PROGRAM.finditer(line)]
+    if not logins:
+        return
+    ends = [m.start() for m in _COMMAND_END.finditer(line)]
+    for match in _P_FLAG.finditer(line):
+        command_start = ends[i - 1] if (i := bisect.bisect_left(ends, match.start())) else -1
+        login = bisect.bisect_left(logins, command_start)
+        if login == len(logins) or logins[login] > match.start():
+            continue  # no login command before this `-p` in its shell command
+        group = next(g for g in ("dq", "sq", "spaced", "joined") if match.group(g) is not None)
+        if secret_value("-p", match.group(group)):
+            yield "a password (-p of a login command)", match.start(group), match.end(group), "-p"
 
 
 def _url_hits(line: str) -> Iterator[Hit]:
@@ -263,6 +356,7 @@ _RULES = (  # a token's format says more than the name it is under: first, where
     _Detector(("hf_", "nvapi-", "sk-", "github_pat_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"), _token_hits),
     _Detector(_CREDENTIAL_PROBES, _rule_hits, also=(("=", ":", "--"),)),
     _Detector(("://",), _url_hits),
+    _Detector(_folded("bearer", "authorization", "login", *_LOGIN_PROGRAMS), _context_hits),
 )
 # Without detect-secrets imported: a line its plugins may flag holds one of these (with keyword's `also`).
 _PLUGIN_GATES_UNLOADED = (*((gate, ()) for _, gate in _PLUGIN_GATES.values()), (_CREDENTIAL_PROBES, _KEYWORD_ALSO),
@@ -315,7 +409,7 @@ def _pieces(text: str) -> Iterator[tuple[int, str]]:
         if len(line) <= WINDOW:
             yield offset, line
         else:
-            for start in range(0, len(line) - WINDOW_STEP, WINDOW_STEP):
+            for start in range(0, len(line) - WINDOW + WINDOW_STEP, WINDOW_STEP):  # the last reaches the end
                 yield offset + start, line[start : start + WINDOW]
         offset += len(line) + 1
 
@@ -506,18 +600,44 @@ def mask(text: str, findings: list[Finding] | None = None) -> str:
     return "".join([*out, text[last:]])
 
 
+def mask_many(texts: list[str]) -> list[str]:
+    """`mask` of each text, all scanned together."""
+    found = scan_many(("", "", text) for text in texts)
+    return [mask(text, findings) for text, findings in zip(texts, found, strict=True)]
+
+
 # ---- documents ---------------------------------------------------------------------------------------------------
 _LONE_FLAG = re.compile(r"^--?([A-Za-z][\w-]*)$")
 
 
 def item_keys(items: list[Any] | tuple[Any, ...], key: str) -> list[str]:
-    """The key each item of a list is under: the list's, or for an argv the flag before it (`--wandb-key`, X)."""
+    """The key each item of a list is under: the list's, or for an argv the flag before it with its dashes
+    (`--wandb-key`, X: a value that may be the next flag), `-p` of a login command (docker login, sshpass, mysql)
+    or `wandb login`."""
     keys = []
-    for i, _ in enumerate(items):
+    login = False  # inside a login command whose `-p` is a password
+    for i, item in enumerate(items):
         before = items[i - 1] if i else None
         flag = _LONE_FLAG.match(before) if isinstance(before, str) else None
-        keys.append(flag.group(1) if flag and credential_name(flag.group(1)) else key)
+        if flag and credential_name(flag.group(1)):
+            keys.append(before)  # type: ignore[arg-type]  # a str: the flag matched it
+        elif login and before == "-p":
+            keys.append("-p")
+        elif before == "login" and i > 1 and _program(items[i - 2]) == "wandb":
+            keys.append("wandb login")
+        else:
+            keys.append(key)
+        registry_login = item == "login" and i and _program(items[i - 1]) in _REGISTRY_CLIENTS
+        if _program(item) in _LOGIN_PROGRAMS or registry_login:
+            login = True
+        elif item in (";", "&&", "||", "|"):
+            login = False
     return keys
+
+
+def _program(item: Any) -> str:
+    """The program an argv item names (`/usr/bin/mysql` → mysql); "" for anything else."""
+    return item.rsplit("/", 1)[-1] if isinstance(item, str) else ""
 
 
 def _under_credential(node: Any, key: str) -> bool:
@@ -570,13 +690,42 @@ def scan_and_redact(document: Any, path: str = "") -> tuple[list[Finding], Any]:
     found = [f for where, key, text in items
              if text in hits or (key and credential_name(key)) or len(text) > WINDOW or "\n" in text
              for f in _text_findings(text, where, key, hits)]  # fmt: skip
-    return found, (_redacted(document, "", hits) if found else document)
+    return masked_paths(found), (_redacted(document, "", hits) if found else document)
+
+
+def masked_paths(findings: list[Finding]) -> list[Finding]:
+    """`findings` with their key paths masked: a mapping key can be a secret itself (`env.values.hf_…: x`), and
+    the path of a finding under it would show it."""
+    paths = list(dict.fromkeys(f.where for f in findings if f.where))
+    shown = dict(zip(paths, mask_many(paths), strict=True))
+    return [f._replace(where=shown[f.where]) if f.where else f for f in findings]
 
 
 def redact_tree(document: Any, key: str = "") -> Any:
     """A copy of `document` with every secret value masked (strings keep their non-secret parts): the one way mbx
     masks what it writes (W&B, launch.json, status.json's log tail, pages, summaries)."""
     return _redacted(document, key, _hits_of([text for _, _, text in strings(document, "", key)]))
+
+
+_DISTINCT: dict[str, int] = {}  # raw value -> its number in `redact_distinct` (this process's memory only)
+
+
+def redact_distinct(document: Any) -> Any:
+    """`redact_tree`, each masked value told apart: `<redacted #N>`, the same N for the same raw value in this
+    process (compare's config diff: a difference only in a secret still shows as one, the secret never does)."""
+    return _numbered(document, redact_tree(document))
+
+
+def _numbered(raw: Any, masked: Any) -> Any:
+    if isinstance(raw, dict) and isinstance(masked, dict) and len(raw) == len(masked):
+        pairs = zip(raw.values(), masked.items(), strict=True)
+        return {key: _numbered(value, shown) for value, (key, shown) in pairs}
+    if isinstance(raw, (list, tuple)) and isinstance(masked, list) and len(raw) == len(masked):
+        return [_numbered(value, shown) for value, shown in zip(raw, masked, strict=True)]
+    if isinstance(masked, str) and masked != raw and MASK in masked:
+        number = _DISTINCT.setdefault(str(raw), len(_DISTINCT) + 1)
+        return masked.replace(MASK, f"<redacted #{number}>")
+    return masked
 
 
 def _redacted(document: Any, key: str, hits: dict[str, tuple[Hit, ...]]) -> Any:

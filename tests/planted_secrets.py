@@ -1,4 +1,4 @@
-"""The 17 planted secrets of issue 32: the forms the scanner missed (a value starting with `-`, an ALL_CAPS password,
+"""The planted secrets of issue 32 (17, then 7 more its review found missed): the forms the scanner missed (a value starting with `-`, an ALL_CAPS password,
 an all-digit 40-character key, `user:pass@host`, JSON `"api_key": "…"`) in every field of a campaign that validate
 skipped (tags, entity, cluster, launchers, container, pip args, description, params, argv, env, sweeps), and one a
 trainer prints into its own log. Each value is unique, so a grep for it finds only that secret."""
@@ -29,6 +29,15 @@ PLANTED: dict[str, tuple[str, str]] = {
     "aws_note": ("env.values.NOTE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
     "cell": ("sweep.cells[0].env.CELL_TOKEN", "cellTok3nValue55xyz"),
     "log": ("", "hf_logAbcdefghijklmnopqrstuvwxyz012345"),  # printed by the trainer, in no campaign field
+    # the review of issue 32: a value starting with `--`, an ALL_CAPS value under a secret name, `DB_PASS`, a
+    # passphrase of several words, an HTTP bearer token, `wandb login KEY`, `-p` of a login command
+    "dashdash_env": ("env.values.DB2_PASSWORD", "--hunter2hunterZ"),
+    "caps_secret": ("env.values.CLIENT_SECRET", "HUNTER_THREE_2025"),
+    "db_pass": ("env.values.DB_PASS", "dbPass7hunter"),
+    "passphrase": ("env.values.NOTE2", "horse battery staple"),
+    "bearer": ("env.values.CURL", "bearerAbcdefghijklmnop1234567890"),
+    "wandb_login": ("env.values.SETUP", "0a1b2c3d4e5f0a1b2c3d4e5f0a1b2c3d4e5f0a1b"),
+    "docker_p": ("env.values.LOGIN", "dockerPw0rdX9"),
 }
 VALUES = [value for _, value in PLANTED.values()]
 LOG_LINE = f"warning: HF_TOKEN={PLANTED['log'][1]} was set in the environment"
@@ -49,6 +58,7 @@ def plant(campaign: dict[str, Any], which: list[str] | None = None) -> dict[str,
         env["WANDB_API_KEY"] = value["digits_key"]
     if "aws_note" in chosen:
         env["NOTE"] = f"AWS_SECRET_ACCESS_KEY={value['aws_note']}"
+    _plant_review(env, value, chosen)
     if "dash_argv" in chosen:
         trainer["command"] = [
             *trainer["command"][:3],
@@ -86,3 +96,21 @@ def plant(campaign: dict[str, Any], which: list[str] | None = None) -> dict[str,
     if "json_description" in chosen:
         data["description"] = f'settings {{"api_key": "{value["json_description"]}"}} for the run'
     return data
+
+
+def _plant_review(env: dict[str, Any], value: dict[str, str], chosen: set[str]) -> None:
+    """The values the review of issue 32 found missed, in env values (the trainer prints its environment)."""
+    if "dashdash_env" in chosen:
+        env["DB2_PASSWORD"] = value["dashdash_env"]
+    if "caps_secret" in chosen:
+        env["CLIENT_SECRET"] = value["caps_secret"]
+    if "db_pass" in chosen:
+        env["DB_PASS"] = value["db_pass"]
+    if "passphrase" in chosen:
+        env["NOTE2"] = f"PASSWORD=correct {value['passphrase']}"
+    if "bearer" in chosen:
+        env["CURL"] = f'curl -H "Authorization: Bearer {value["bearer"]}" https://example.com'
+    if "wandb_login" in chosen:
+        env["SETUP"] = f"wandb login {value['wandb_login']} && python train.py"
+    if "docker_p" in chosen:
+        env["LOGIN"] = f"docker login -u me -p {value['docker_p']} registry.example.com"

@@ -190,3 +190,18 @@ def test_an_unknown_failure_quotes_its_first_error_line(tmp_path: Path) -> None:
     quiet = tmp_path / "quiet.log"
     quiet.write_text("starting\n")
     assert "first error line" not in classify_failure([quiet], exit_codes=[1]).reason
+
+
+def test_a_quoted_error_line_is_masked_before_it_is_cut(tmp_path: Path) -> None:
+    """The quoted line goes into status.json's reason, the store and the terminal (issue 32's review): a secret in
+    it is masked, and masked before the line is cut to its length (a cut token no longer reads as a token)."""
+    token = "hf_errAbcdefghijklmnopqrstuvwxyz0123"
+    log = tmp_path / "rank-0.log"
+    log.write_text(f"starting\nERROR: could not reach the hub, HF_TOKEN={token} rejected\n"
+                   "ERROR: later\n")  # fmt: skip
+    found = classify_failure([log], exit_codes=[1])
+    assert "HF_TOKEN=<redacted> rejected" in found.reason and "hf_errAbc" not in found.reason
+    cut = tmp_path / "cut.log"
+    cut.write_text(f"starting\nERROR: {'x' * 217} {token} at the end {'y' * 100}\n")  # across character 240
+    reason = classify_failure([cut], exit_codes=[1]).reason
+    assert reason.endswith("…") and "hf_errAbc" not in reason and "<re" in reason

@@ -92,3 +92,15 @@ def test_a_planted_secret_is_masked_in_the_schema_messages_too(tmp_path):
     with pytest.raises(ConfigError) as refused:
         load_campaign(path)
     assert "env.values.WANDB_API_KEY: contains" in str(refused.value) and "1234567890" * 4 not in str(refused.value)
+
+
+def test_a_secret_that_is_a_mapping_key_is_not_shown(tmp_path):
+    """A key can be the secret (issue 32's review): the key path in the message is masked too."""
+    path = _campaign(tmp_path, env={"values": {HF: "x"}})
+    data = yaml.safe_load(path.read_text())
+    data["trainer"]["params"] = {"password=hunterKey9": 1}
+    path.write_text(yaml.safe_dump(data))
+    result = run_mbx("campaign", "validate", str(path))
+    assert result.returncode == 2 and "env.values.<redacted>: contains" in result.stderr, result.stderr
+    assert "trainer.params.password=<redacted>: contains" in result.stderr
+    assert HF not in result.stdout + result.stderr and "hunterKey9" not in result.stdout + result.stderr

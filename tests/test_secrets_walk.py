@@ -1,12 +1,13 @@
-"""The planted-secret walk (issue 32): the 17 values of tests/planted_secrets.py followed through every writer of
+"""The planted-secret walk (issue 32): the values of tests/planted_secrets.py followed through every writer of
 mbx, and no raw value found in any file it wrote: run dirs (status.json's log tail, launch.json, metrics), the report
-site and summary, W&B's offline run files and the Report spec, a freeze output and a card.
+site and summary, W&B's offline run files and the Report spec, a freeze output and a card, and `compare`'s
+terminal, Markdown, JSON and page (its config diff shows both sides' env and argv).
 
 Two campaigns share one workspace. `leak` holds 16 of the values in its fields: `campaign validate` refuses it
 (every key path named, no value shown), so it reaches the writers the way a campaign stored before this release
 would: through the real lifecycle with only the file's checks left out (the input files it gave, mbx.sqlite,
 campaign.json and each attempt's recipe.yaml, hold what it gave; so does the trainer's own log, which mbx never
-rewrites). Its trainer prints its argv, its environment and the 17th value, which a trainer may print anytime:
+rewrites). Its trainer prints its argv, its environment and a value of its own (`log`), which a trainer may print anytime:
 `clean` validates and runs through the CLI, and its freeze output and card are written. Every other file is grepped.
 """
 
@@ -27,7 +28,8 @@ import os, subprocess, sys
 rc = subprocess.call([sys.executable, os.environ["FAKE_MEGATRON"], "--replay", os.environ["MEGATRON_LOG"],
                       "--sleep-s", "0", *sys.argv[1:]])
 print("argv:", " ".join(sys.argv[1:]))
-names = ("DB_PASSWORD", "ADMIN_PASSWORD", "WANDB_API_KEY", "NOTE", "SWEEP_PASSWORD", "CELL_TOKEN")
+names = ("DB_PASSWORD", "ADMIN_PASSWORD", "WANDB_API_KEY", "NOTE", "SWEEP_PASSWORD", "CELL_TOKEN", "DB2_PASSWORD",
+         "CLIENT_SECRET", "DB_PASS", "NOTE2", "CURL", "SETUP", "LOGIN")
 print("env:", " ".join(f"{k}={os.environ.get(k, '')}" for k in names))
 print(os.environ["LOG_LINE"])
 sys.exit(rc)
@@ -77,15 +79,21 @@ def walked(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert unchecked.returncode == 0, unchecked.stdout[-3000:] + unchecked.stderr[-3000:]
     results["run"] = run_mbx("campaign", "run", str(clean), "-w", str(ws), env=env)
     assert results["run"].returncode == 0, results["run"].stdout[-3000:] + results["run"].stderr[-3000:]
+    first = {}
     for name in ("leak", "clean"):
         results[f"report {name}"] = run_mbx("report", name, "-w", str(ws), "-m", "--wandb-report", env=env)
         cells = sorted(p.name for p in (ws / name).glob("*-r0"))
+        first[name] = cells[0]
         results[f"freeze {name}"] = run_mbx("freeze", name, "-w", str(ws), "-o", str(root / f"frozen-{name}"),
                                             "--point", cells[0], env=env)  # fmt: skip
         results[f"card {name}"] = run_mbx("card", "export", name, "-w", str(ws), "--point", cells[0],
                                           "-o", str(root / f"{name}.card.yaml"), env=env)  # fmt: skip
         results[f"golden {name}"] = run_mbx("golden", "export", name, "-w", str(ws), "--point", cells[0],
                                             "-o", str(root / f"{name}.golden.json"), env=env)  # fmt: skip
+    compare = ("compare", "clean", "leak", "-w", str(ws), "--pair", f"{first['clean']}:{first['leak']}")
+    for flag in ("-m", "--json"):  # and the terminal, with the page (its file is grepped with the others)
+        results[f"compare {flag}"] = run_mbx(*compare, flag, env=env)
+    results["compare"] = run_mbx(*compare, "--html", str(root / "compared"), env=env)
     return {"root": root, "ws": ws, "results": results}
 
 
@@ -150,3 +158,8 @@ def test_no_planted_value_in_any_file_mbx_wrote(walked):
     ):
         assert results[command].returncode == 0, (command, results[command].stderr[-2000:])
         assert not [value for value in VALUES if value in results[command].stdout + results[command].stderr]
+    for command in ("compare", "compare -m", "compare --json"):  # its config diff shows both sides' env, argv
+        output = results[command].stdout + results[command].stderr
+        assert results[command].returncode in (0, 1, 3) and "DB_PASSWORD" in output, (command, output[-2000:])
+        assert not [value for value in VALUES if value in output], command
+    assert (root / "compared" / "index.html").is_file()

@@ -38,6 +38,7 @@ from orchestrator.judge.run_floor import FloorBook, run_fingerprint, workspace_f
 from orchestrator.run.baseline import params_key, summary_from_dict
 from orchestrator.run.store import CellRow, Store
 from reports import compare as stats
+from reports import secrets
 from reports.window import DEFAULT_WINDOW, summarize, window_rows
 from trainer import rundir
 
@@ -176,7 +177,8 @@ def load_points(store: Store, name: str) -> list[Point]:
     points: dict[str, Point] = {}
     cells: dict[str, list[CellRow]] = {}
     for cell in store.cells(name):
-        point = points.setdefault(cell.point_id, Point(name, cell.point_id, cell.label, cell.params, []))
+        label = secrets.mask(cell.label)  # shown everywhere (terminal, -m, --json, page); params only match
+        point = points.setdefault(cell.point_id, Point(name, cell.point_id, label, cell.params, []))
         point.cell_ids.append(cell.cell_id)
         cells.setdefault(cell.point_id, []).append(cell)
         attempt = latest.get(cell.cell_id)
@@ -543,9 +545,9 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
     for r in comparison.pairs:
         pairs.append({
             "config_diff": r.config_diff, "config_lines": config_lines(r),
-            "a": {"campaign": r.a.campaign, "point_id": r.a.point_id, "label": r.a.label, "params": r.a.params,
+            "a": {"campaign": r.a.campaign, "point_id": r.a.point_id, "label": r.a.label, "params": secrets.redact_tree(r.a.params),
                   "repeats": [x.cell_id for x in r.a.repeats], "source": r.a.source},
-            "b": {"campaign": r.b.campaign, "point_id": r.b.point_id, "label": r.b.label, "params": r.b.params,
+            "b": {"campaign": r.b.campaign, "point_id": r.b.point_id, "label": r.b.label, "params": secrets.redact_tree(r.b.params),
                   "repeats": [x.cell_id for x in r.b.repeats], "source": r.b.source},
             "metrics": {name: d.to_dict() for name, d in r.decisions.items()},
             "worse": r.worse(), "unknown": r.unknown(), "diagnosis": r.diagnosis,

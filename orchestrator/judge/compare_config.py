@@ -25,6 +25,7 @@ from fnmatch import fnmatchcase
 from typing import Any, TypeVar
 
 from orchestrator.run.store import CellRow
+from reports import secrets
 
 T = TypeVar("T")
 SECTIONS = ("container", "cluster", "software")  # campaign sections that shape a run, besides the cell's
@@ -104,7 +105,7 @@ def cell_config(spec: dict[str, Any], launcher: str | None, cell: CellRow) -> di
         tree["launchers"] = {launcher: (spec.get("launchers") or {}).get(launcher)}
     tree.update({key: spec.get(key) for key in SECTIONS})
     tree["collect"] = {"window": (spec.get("collect") or {}).get("window")}
-    return flatten(tree)
+    return flatten(secrets.redact_distinct(tree))  # masked before flatten cuts it: a cut token is no token
 
 
 def point_config(spec: dict[str, Any], launcher: str | None, cells: list[CellRow]) -> dict[str, str]:
