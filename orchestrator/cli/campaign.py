@@ -337,7 +337,6 @@ def regate(
 
     from orchestrator.flow import lifecycle
     from orchestrator.judge.closing import closing_text, parity_lines
-    from orchestrator.judge.outcome import campaign_outcome
     from orchestrator.run.progress import print_changes
 
     done = lifecycle.regate_campaign(workspace, name, file)
@@ -346,7 +345,7 @@ def regate(
     gates = "gates updated" if done.gates_changed else "gates unchanged"
     console().print(Text(f"{name}: {len(points)} point(s) judged; {gates}; {done.rewritten} stored result(s) "
                          f"rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
-    judged = campaign_outcome([p.verdict for p in points], done.parity, infeasible=done.judged.infeasible)
+    judged = lifecycle.regated_outcome(done)  # a search's answer, as status says it (judge/outcome.py)
     console().print(closing_text(judged), soft_wrap=True)
     for line in parity_lines(done.parity)[1:]:  # a parity campaign: its pairs are judged again too
         console().print(line, soft_wrap=True)

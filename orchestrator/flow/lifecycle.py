@@ -33,6 +33,7 @@ from orchestrator.flow.runner import (
 )
 from orchestrator.judge.closing import print_closing, run_outcome
 from orchestrator.judge.outcome import Outcome as Judged
+from orchestrator.judge.outcome import campaign_outcome
 from orchestrator.judge.views import campaign_view, cell_view
 from orchestrator.run.baseline import baseline_summaries
 from orchestrator.run.engine import Engine, Event, Outcome, adoptable
@@ -329,7 +330,14 @@ def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Reg
             done = regate(store, name, gates)
             if record["spec"].get("parity"):  # the pairs judged again from their run dirs, and stored
                 done.parity = record_parity(store, Campaign.model_validate(record["spec"]), quiet=True)
+            done.trials = store.trials(name)  # a search: its outcome is its answer, as status says it
             return done
+
+
+def regated_outcome(done: Regated) -> Judged:
+    """The outcome `mbx campaign regate` closes with: orchestrator/judge/outcome.py's, as status says it."""
+    verdicts = [p.verdict for p in done.judged.points]
+    return campaign_outcome(verdicts, done.parity, infeasible=done.judged.infeasible, trials=done.trials)
 
 
 def run_points(workspace: Path, campaign: Campaign, points: list[Point], file: Path | None, *,

@@ -20,6 +20,7 @@ from orchestrator.spec.campaign import Campaign, Sweep
 from orchestrator.spec.search import Search
 from orchestrator.spec.sweep import Point as SweepPoint
 from orchestrator.trainers import expand
+from trainer import rundir
 
 console = Console(highlight=False, markup=False, emoji=False)  # labels are user text: never markup
 
@@ -151,7 +152,6 @@ class CampaignEvaluator:
             console.print(Text(f"{self.campaign.name}: search {self.search.method}: {len(todo)} point(s){with_base} "
                                f"at {steps} steps"))  # fmt: skip
             self.runner(self.workspace, self.campaign, run, self.file, make_report=False, **self.options)
-            self.ran.update({p.cell_id: p for p in cells + base_cells})
         with Store(self.workspace, create=False) as store:
             read = StoreReader(store, self.campaign.name)
             found = {
@@ -163,6 +163,12 @@ class CampaignEvaluator:
             )
         if base_evidence is not None and {p.cell_id for p in base_cells} <= {p.cell_id for p in cells}:
             base_evidence.cost_steps = base_evidence.gpu_hours = 0  # a swept point: its run is counted there
+        if run:  # the cells that ran, for the report: not those of a point its node refused (infeasible)
+            refused = {c.key for c in todo if found[c.key].state == "infeasible"}
+            if base_evidence is not None and base_evidence.state == "infeasible":
+                refused.add(BASE_KEY)
+            keyed = [(c.key, p) for c in todo for p in at[c.key]] + [(BASE_KEY, p) for p in base_cells]
+            self.ran.update({p.cell_id: p for key, p in keyed if key not in refused})
         return found, base_evidence
 
 
@@ -226,10 +232,14 @@ class StoreReader:
         )
 
     def evidence(self, candidate: Candidate, cells: list[SweepPoint], steps: int) -> Evidence:
-        attempts = [self.latest[p.cell_id] for p in cells if p.cell_id in self.latest]
+        """The candidate's evidence at `steps`; an attempt its node refused (the GPU check: class infeasible,
+        exit 78, the trainer never started) costs nothing: not in the steps, GPU-hours or points spent."""
+        ran = [(self.latest[p.cell_id], p) for p in cells if p.cell_id in self.latest]
+        attempts = [a for a, _ in ran]
+        charged = [(a, p) for a, p in ran if a.failure_class != rundir.INFEASIBLE]
         hours = sum(max(0.0, (a.ended_at or a.submitted_at or 0) - (a.submitted_at or 0)) * p.world_size
-                    for a, p in zip(attempts, cells, strict=False)) / 3600  # fmt: skip
-        ev = Evidence(candidate, steps, "completed", cost_steps=steps * len(attempts), gpu_hours=hours)
+                    for a, p in charged) / 3600  # fmt: skip
+        ev = Evidence(candidate, steps, "completed", cost_steps=steps * len(charged), gpu_hours=hours)
         point_id = cells[0].point_id if cells else None
         point = self.points.get(point_id) if point_id else None
         estimate = self.estimates.get(point_id) if point_id else None
