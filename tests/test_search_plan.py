@@ -3,12 +3,15 @@ refuses (the GPU check: exit 78, class infeasible, the trainer never started) co
 counted as infeasible, not as ran; `campaign regate` of a search says what `campaign status` says (the one
 outcome owner, orchestrator/judge/outcome.py) and every `--json` exit_code is the process's exit code. No GPU
 needed: a stand-in nvidia-smi (tests/fixtures_cmd/fake_nvidia_smi.py) reports an H100 80 GB to a search planned
-for an H200; the fake Megatron replays a real log."""
+for an H200; the fake Megatron replays a real log. And `mbx campaign plan` and `mbx campaign run --dry-run` share
+lifecycle.prepare (the same estimates, the same attempt numbers), a search's included; the search itself
+takes no lock, registers nothing and writes no report of its own (lifecycle.execute does, once)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -100,3 +103,68 @@ def test_regate_of_a_search_says_what_status_says(refused_search, mbx) -> None:
         "campaign", "regate", "search-h100", "-w", str(workspace), "--json", "--inconclusive-ok", env=env
     )
     assert accepted.returncode == json.loads(accepted.stdout)["exit_code"] == 0
+
+
+# ---- `campaign plan` and `run --dry-run` share prepare --------------------------------------------------------
+def _estimate_rows(text: str, first: str, count: int) -> list[list[str]]:
+    """The estimate columns (est GiB, gpu, headroom, feasible) of the `count` rows of the table whose header
+    line starts with `first`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first)) + 2  # past the header and rule
+    return [line.split()[-4:] for line in lines[start : start + count]]
+
+
+def test_plan_and_dry_run_show_the_same_estimates_and_attempt_numbers(mbx, write_campaign, tmp_path) -> None:
+    """`mbx campaign plan` and `mbx campaign run --dry-run` both go through lifecycle.prepare: the same memory
+    estimates (hidden 12288 under the headroom gate on the H200) and the same attempt numbers (a run dir left on
+    disk at attempt 1 makes both say 2)."""
+    data = h200_search()
+    del data["sweep"]["search"]
+    data["name"] = "plain-h200"
+    data["sweep"]["axes"]["params.hidden_size"] = [1024, 10240, 12288]
+    path = write_campaign(data)
+    workspace = tmp_path / "ws"
+    plan_json = mbx("campaign", "plan", str(path), "-w", str(workspace), "--json")
+    assert plan_json.returncode == 0, plan_json.stderr
+    cells = {c["cell_id"]: c for c in json.loads(plan_json.stdout)}
+    (first, second, third) = cells
+    (workspace / "plain-h200" / first / "1").mkdir(
+        parents=True
+    )  # a leftover run dir: a run would number it 2
+    plan_json = mbx("campaign", "plan", str(path), "-w", str(workspace), "--json")
+    plan_text = mbx("campaign", "plan", str(path), "-w", str(workspace))
+    dry = mbx("campaign", "run", str(path), "-w", str(workspace), "--dry-run")
+    assert plan_text.returncode == dry.returncode == 0, plan_text.stderr + dry.stdout + dry.stderr
+    attempts = {c["cell_id"]: c["attempt"] for c in json.loads(plan_json.stdout)}
+    assert attempts == {first: 2, second: 1, third: None}  # the infeasible point is not run: no attempt
+    rendered = dict(re.findall(r"--run-dir \S+/plain-h200/([0-9a-f]+-r\d+)/(\d+) ", dry.stdout))
+    assert {cell: int(n) for cell, n in rendered.items()} == {first: 2, second: 1}
+    planned = _estimate_rows(plan_text.stdout, "#  cell id", 3)
+    dry_rows = _estimate_rows(dry.stdout, "point ", 3)
+    assert planned == dry_rows and [r[-1] for r in planned] == ["ok", "ok", "INFEASIBLE"], (planned, dry_rows)
+    why = "point [hidden_size=12288]: memory: estimated headroom 7.91 GiB on the H200"
+    assert why in plan_text.stdout and why in dry.stdout
+
+
+def test_a_searchs_plan_and_dry_run_rule_out_the_same_points(mbx, write_campaign, tmp_path) -> None:
+    data = h200_search(budget_points=3)
+    data["sweep"]["axes"]["params.hidden_size"] = [1024, 12288, 8192]
+    path = write_campaign(data)
+    plan = mbx("campaign", "plan", str(path), "--json")
+    assert plan.returncode == 0, plan.stderr
+    feasible = [c["estimate"]["feasible"] for c in json.loads(plan.stdout)]
+    assert feasible == [True, False, True]
+    dry = mbx("campaign", "run", str(path), "-w", str(tmp_path / "ws"), "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "search grid over 2 feasible point(s) (1 infeasible)" in dry.stdout
+    assert "search grid would first run 2 point(s) at 15 steps (2 cell(s))" in dry.stdout
+    assert not (tmp_path / "ws").exists()  # nothing written
+
+
+def test_the_search_takes_no_lock_registers_nothing_and_writes_no_report_of_its_own() -> None:
+    """Registration, locking, the report and the W&B outcome happen in lifecycle.execute only; the search's
+    modules decide and record trials, and reach the lifecycle only through the runner it passes them."""
+    for name in ("search_run.py", "search_evaluators.py", "search_strategies.py"):
+        source = (ROOT / "orchestrator" / "flow" / name).read_text()
+        for word in ("CampaignLock", "register_campaign", "write_report", "log_outcome", "flow.lifecycle"):
+            assert word not in source, f"orchestrator/flow/{name} names {word}"

@@ -208,11 +208,11 @@ def next_repeat(cells: list[CellRow], point: Point) -> CellRow:
 
 
 def with_cells(plan: Plan, new: list[CellRow]) -> Plan:
-    """The stored campaign's plan with `new` cells after its active ones, to be registered (spec, source and
-    launcher kept) when it is executed."""
+    """The stored campaign's plan (not executed yet) with `new` cells after its active ones: `execute`
+    registers them with the rest (spec, source and launcher kept)."""
     start = max((c.ordinal for c in plan.cells), default=-1) + 1
     mine = [dataclasses.replace(c, ordinal=start + i) for i, c in enumerate(new)]
-    return dataclasses.replace(plan, cells=plan.cells + mine, registered=False)
+    return dataclasses.replace(plan, cells=plan.cells + mine)
 
 
 def one_round(workspace: Path, pairs: list[tuple[Point, Point]], launcher: str | None) -> Driven:

@@ -25,6 +25,7 @@ from orchestrator.spec.campaign import Campaign
 from reports.views import CampaignView
 
 if TYPE_CHECKING:
+    from orchestrator.flow.search_run import SearchFinished
     from reports.site_data import SiteExtras
 
 # markup and emoji off: campaign names, labels, paths and reasons are user text, printed as they are
@@ -42,6 +43,7 @@ class Finished:
     # on/off pair verdicts (orchestrator/judge/parity_verdicts.py)
     parity: list[dict[str, Any]] = field(default_factory=list)
     judged: Judged | None = None
+    search: SearchFinished | None = None  # a search's answer: its best point, ledger and trials
 
     def exit_code(self, inconclusive_ok: bool = False) -> int:
         """The campaign outcome's exit code (0 pass, 1 fail, 3 inconclusive or 0 with `inconclusive_ok`)."""
