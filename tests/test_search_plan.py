@@ -168,3 +168,20 @@ def test_the_search_takes_no_lock_registers_nothing_and_writes_no_report_of_its_
         source = (ROOT / "orchestrator" / "flow" / name).read_text()
         for word in ("CampaignLock", "register_campaign", "write_report", "log_outcome", "flow.lifecycle"):
             assert word not in source, f"orchestrator/flow/{name} names {word}"
+
+
+def test_compare_run_of_two_search_files_runs_every_point_of_each(mbx, write_campaign, tmp_path) -> None:
+    """`mbx compare --run` compares points, it does not search: each side's whole grid runs, as before issue 34."""
+    files = []
+    for name in ("ab-a", "ab-b"):
+        data = h200_search()
+        data["name"] = name
+        data["sweep"]["axes"]["params.hidden_size"] = [1024, 8192]
+        files.append(str(write_campaign(data, name=f"{name}.yaml")))
+    workspace = tmp_path / "ws"
+    proc = mbx("compare", "--run", *files, "-w", str(workspace))
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr  # 3: the replayed logs are the same (a tie)
+    with Store(workspace) as store:
+        for name in ("ab-a", "ab-b"):
+            assert {a.state for a in store.attempts(name)} == {"completed"}
+            assert len(store.attempts(name)) == 2 and store.trials(name) == []

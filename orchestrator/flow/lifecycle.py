@@ -179,8 +179,24 @@ def prepare_search(campaign: Campaign, points: list[Point], source: Path | None,
 
 
 def prepare_stored(workspace: Path, name: str, options: Options) -> Plan:
-    """The Plan of a campaign recorded in the store (`mbx campaign resume`, more repeats of `compare --run`):
-    its stored spec and active cells, with the launcher it was started with (or `options.launcher`)."""
+    """The Plan of a campaign recorded in the store, to go on with (`mbx campaign resume`): its stored spec and
+    active cells, with the launcher it was started with (or `options.launcher`); a search's Plan for a search
+    (its finished trials read back, not rerun)."""
+    plan = prepare_stored_cells(workspace, name, options)
+    if plan.campaign.sweep.search is None:
+        return plan
+    from orchestrator.trainers import expand
+
+    campaign, source = plan.campaign, plan.source
+    file = source if source is not None and source.exists() else None  # a recipe_file is relative to it
+    searched = prepare_search(campaign, expand(campaign, file, None, strict=False), file, plan.options)
+    searched.stored = True
+    return searched
+
+
+def prepare_stored_cells(workspace: Path, name: str, options: Options) -> Plan:
+    """The Plan of a campaign's stored active cells (a search's too: more repeats of `compare --run`), with
+    the launcher it was started with (or `options.launcher`)."""
     workspace = check_workspace(workspace, create=False)  # no workspace or store: one line, nothing made
     with read_only(workspace) as store:
         if store is None:  # removed since the line above
@@ -193,13 +209,6 @@ def prepare_stored(workspace: Path, name: str, options: Options) -> Plan:
     campaign = Campaign.model_validate(record["spec"])
     source = Path(record["source_file"]) if record.get("source_file") else None
     options = replace(options, workspace=workspace, launcher=options.launcher or record["launcher"])
-    if campaign.sweep.search is not None:  # the search goes on: finished trials are read back, not rerun
-        from orchestrator.trainers import expand
-
-        file = source if source is not None and source.exists() else None  # a recipe_file is relative to it
-        plan = prepare_search(campaign, expand(campaign, file, None, strict=False), file, options)
-        plan.stored = True
-        return plan
     backend = make_launcher(campaign, options.launcher, workspace, options.parallel)
     plan = Plan(workspace, campaign, source, backend, cells, options, stored=True, gpu_needs=needs)
     return _numbered(plan)
