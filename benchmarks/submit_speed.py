@@ -94,7 +94,7 @@ def time_mbx(backend: str, c: Campaign, workspace: Path, points: int, cluster) -
 
 def time_raw_nemo(c: Campaign, workspace: Path, points: int, cluster) -> dict:
     """One Experiment, one task per point, built with nemo_run directly (same per-rank entry, no mbx render)."""
-    from launchers.backends.nemo_run import inside_experiment
+    from launchers.nemo import inside_experiment
 
     start = time.perf_counter()
     import nemo_run as run

@@ -157,6 +157,17 @@ class Launcher(abc.ABC):
         check_value("--workspace", self.workspace)
         self.profile = profile if profile is not None else SlurmProfile()
 
+    @classmethod
+    def create(
+        cls,
+        settings: LauncherSettings | dict[str, Any] | None,
+        workspace: Path,
+        profile: SlurmProfile | None = None,
+    ) -> Launcher:
+        """The launcher a campaign's settings ask for: this backend (one whose settings still carry an old
+        spelling of another backend, as NeMo-Run's `executor: local`, answers with that one)."""
+        return cls(settings, workspace, profile)
+
     @property
     def max_in_flight(self) -> int | None:
         """Attempts to keep submitted at once (None: submit everything at once)."""

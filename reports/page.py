@@ -81,12 +81,12 @@ EAGER_ROWS = 100  # table rows laid out with the page; the rest join it from a <
 CURVE_CELLS_MAX = 20  # cells drawn in the index's per-step figures (every cell's curves are on its own page)
 
 
-def _axis_figures(view: CampaignView, best: PointView | None, lengths: dict[str, int] | None = None) -> list[dict[str, Any]]:
+def _axis_figures(view: CampaignView, best: PointView | None, lengths: dict[str, int] | None = None,
+                  full: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     """TFLOP/s/GPU against each swept axis (discrete knobs as categories); one marker per cell (repeats
     separate), grouped by their point's verdict; a search's trials (`lengths`: point id → run length) each say
-    their run length, shorter runs as open markers."""
+    their run length, runs shorter than its full length (`full`) as open markers."""
     verdicts = {c.cell_id: p.verdict for p in view.points for c in p.repeats}
-    full = max(lengths.values(), default=0) if lengths else 0
 
     def steps(cell: CellView) -> str:
         n = (lengths or {}).get(cell.point_id)
@@ -300,7 +300,8 @@ def index_context(view: CampaignView, extras: SiteExtras, hrefs: dict[str, str])
     curves[2:2] = [grad] if grad is not None else []
     pareto = site_figures.pareto(every.points, point_names, best, None if scope is None else scope.front,
                                  None if scope is None else scope.lengths,
-                                 frozenset() if scope is None else scope.memory_front)  # fmt: skip
+                                 frozenset() if scope is None else scope.memory_front,
+                                 None if scope is None else scope.full)  # fmt: skip
     heat = site_figures.heatmap_data(figured.points, view.axes, fmt_param)
     point_hrefs = {p.point_id: hrefs[p.repeats[0].cell_id] for p in view.points if p.repeats[0].cell_id in hrefs}
     known = {p.point_id for p in view.points}
@@ -313,7 +314,7 @@ def index_context(view: CampaignView, extras: SiteExtras, hrefs: dict[str, str])
         "rows": list(row_of.values()), "best": row_of.get(best.point_id) if best is not None else None,
         "completed": sum(1 for c in view.cells if c.state == "completed"),
         "states": _counts([c.state for c in view.cells]), "verdicts": _counts([p.verdict for p in view.points]),
-        "axis_figures": _axis_figures(every, best, None if scope is None else scope.lengths),
+        "axis_figures": _axis_figures(every, best, *((scope.lengths, scope.full) if scope else (None, 0))),
         "curve_figures": curves, "scope": scope,
         "curve_note": curve_note(view, figured, shown),
         "heatmap": heat,

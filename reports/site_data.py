@@ -28,6 +28,7 @@ class SiteExtras:
     baselines: dict[str, Summary] = field(default_factory=dict)  # cell id → the matched baseline summary
     estimates: list[dict[str, Any]] = field(default_factory=list)  # Store.estimates rows
     trials: list[dict[str, Any]] = field(default_factory=list)  # Store.trials rows (search)
+    search_steps: int | None = None  # a search's full length (orchestrator/flow/search_length.py); None: unknown
     gpu_hours: float | None = None
     gpu_hours_note: str = ""
     compare_href: str | None = None  # the comparison page, relative to the index
@@ -88,13 +89,15 @@ class SearchScope:
 
 
 def search_scope(extras: SiteExtras) -> SearchScope | None:
-    """None when the campaign is not a search. Full length is the longest run of its trials (a halving's last
-    rung); shorter rungs' runs, the base recipe run as the loss reference and trials a constraint excluded are
-    left out of `shown`, as are the points the verdicts rejected as no trial result."""
+    """None when the campaign is not a search. Full length is the search's (`extras.search_steps`: a halving's
+    last rung, else the recipe's length), which no trial may have reached when its budget ran out; without it,
+    the longest run of its trials. Shorter rungs' runs, the base recipe run as the loss reference and trials a
+    constraint excluded are left out of `shown`, as are the points the verdicts rejected as no trial result."""
     rows = [r for r in extras.trials if r.get("point_id")]
-    full = max((r["steps"] for r in extras.trials if isinstance(r.get("steps"), int)), default=None)
-    if full is None:
+    longest = max((r["steps"] for r in extras.trials if isinstance(r.get("steps"), int)), default=None)
+    if longest is None:
         return None
+    full = extras.search_steps or longest
     off = {r["point_id"] for r in extras.rejected if r.get("kind") in NOT_CANDIDATES}
     shown = {r["point_id"] for r in rows if r.get("steps") == full and r.get("state") not in LEFT_OUT} - off
     front = {r["point_id"] for r in rows if r.get("pareto") and r.get("pareto_by") != "memory"} & shown

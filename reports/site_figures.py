@@ -266,11 +266,13 @@ def frontier(pairs: list[tuple[float, float]]) -> list[int]:
 
 
 def pareto(points: list[PointView], names: dict[str, str], best: PointView | None, front: set[str] | None = None,
-           lengths: dict[str, int] | None = None, memory_front: frozenset[str] = frozenset()) -> dict[str, Any] | None:  # fmt: skip
+           lengths: dict[str, int] | None = None, memory_front: frozenset[str] = frozenset(),
+           full: int | None = None) -> dict[str, Any] | None:  # fmt: skip
     """TFLOP/s/GPU against peak memory per point, the frontier drawn through the non-dominated points (`front`:
     the point ids a search put on its Pareto front, used as they are: one notion, orchestrator/judge/best.py's).
-    A search (`lengths`: point id → run length) draws every trial, one trace per run length, and marks the points
-    on its front for memory from a shorter run (`memory_front`) apart from the frontier of full-length ones."""
+    A search (`lengths`: point id → run length) draws every trial, one trace per run length (`full`: its full
+    length, so named; None: the longest), and marks the points on its front for memory from a shorter run
+    (`memory_front`) apart from the frontier of full-length ones."""
     rows = [(p, point_memory(p), p.mean("tflops_per_gpu")) for p in points if p.completed]
     rows = [(p, m, v) for p, m, v in rows if m[0] is not None and finite(v)]
     if not rows:
@@ -283,7 +285,7 @@ def pareto(points: list[PointView], names: dict[str, str], best: PointView | Non
                       key=lambda i: pairs[i][0])  # fmt: skip
     rss = any(m[1] == "rss" for _, m, _ in rows)
     label = [t(names.get(p.point_id, p.label)) for p, _, _ in rows]
-    data = _length_traces(rows, pairs, label, lengths) + [
+    data = _length_traces(rows, pairs, label, lengths, full) + [
         {"type": "scatter", "mode": "lines+markers", "name": f"frontier ({len(kept)})", "line": {"shape": "hv", "color": "#d62728"},
          "x": [pairs[i][0] for i in kept], "y": [pairs[i][1] for i in kept], "text": [label[i] for i in kept],
          "marker": {"size": 12, "symbol": "diamond-open", "color": "#d62728"},
@@ -312,10 +314,12 @@ def length_name(steps: int, full: int) -> str:
 
 
 def _length_traces(rows: list[Any], pairs: list[tuple[float, float]], label: list[str],
-                   lengths: dict[str, int] | None) -> list[dict[str, Any]]:  # fmt: skip
-    """The points as one trace ('points'), or a search's as one trace per run length, longest first."""
+                   lengths: dict[str, int] | None, full: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The points as one trace ('points'), or a search's as one trace per run length, longest first; only the
+    search's full length (`full`; None: the longest run) is called so."""
     groups: dict[str, list[int]] = {}
-    full = max(lengths.values(), default=0) if lengths else 0
+    if full is None:
+        full = max(lengths.values(), default=0) if lengths else 0
     for i, (p, _, _) in enumerate(rows):
         name = length_name(lengths[p.point_id], full) if lengths and p.point_id in lengths else "points"
         groups.setdefault(name, []).append(i)

@@ -143,6 +143,8 @@ def test_bisect_refuses_ends_that_do_not_differ(tmp_path, mbx, write_campaign):
                "--min-effect", "40", "--repeats", "2", "--max-repeats", "8")  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "refused: the ends do not differ" in done.stdout
+    closing = [line for line in done.stdout.splitlines() if "refused:" in line]
+    assert closing[0].startswith("FAIL refused: the ends do not differ"), closing  # one word, as every judge says
     assert len([p for p in (tmp_path / "ws").glob("replayed.bisect-*/*/*") if p.name.isdigit()]) == 2 * 2, (
         "the two ends, their first repeats only: no probe"
     )

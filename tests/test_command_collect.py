@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import MEGATRON_LOG, ROOT
 
-from orchestrator.trainers.command import finalize_command_attempt
+from orchestrator.trainers.kinds.command import finalize_command_attempt
 from reports.parsers import parse_log, parse_rank_logs
 from reports.parsers.follow import LogFollower
 

@@ -115,7 +115,7 @@ def test_a_collection_problem_is_recorded_not_raised(tmp_path):
 
 def test_exit_json_stop_decides_over_the_wrapper_status(tmp_path):
     """The wrapper's time limit (exit.json) is a timeout even when its status.json only says failed."""
-    from orchestrator.trainers.command import finalize_command_attempt
+    from orchestrator.trainers.kinds.command import finalize_command_attempt
 
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)

@@ -86,7 +86,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_identical_campaigns_are_same(workspace: Path) -> None:
     proc = compare(workspace, "base", "base")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SAME: base → base" in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1] == ("PASS base → base (practical threshold 1.0%), compare SAME: "
+                                                     "every metric SAME, below the threshold or better")
     assert "fingerprint: no difference" in proc.stdout
 
 

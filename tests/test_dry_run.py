@@ -190,7 +190,7 @@ def test_hostile_values_never_reach_a_shell(tmp_path: Path) -> None:
     import submitit
 
     argv_file = _fake_srun(tmp_path / "bin")
-    plan, _, _ = launcher.plan(item.specs)
+    plan = launcher.plan(launcher.batch(item.specs))
     submitit.helpers.CommandFunction(plan.command, verbose=False, env=env)()
     argv = json.loads(argv_file.read_text())
     assert f"--container-image=img{HOSTILE}" in argv
@@ -283,6 +283,28 @@ def test_dry_run_cli_renders_the_campaigns_own_launcher(tmp_path: Path, mbx, wri
     )
     assert "#SBATCH --array" not in result.stdout
     assert not marker.exists() and _attempt_rows(tmp_path / "ws") == 0
+
+
+@pytest.mark.parametrize("chosen", ["nemo-run-local", "nemo-run"])
+def test_nemo_run_local_is_its_own_backend(tmp_path: Path, mbx, write_campaign, chosen: str) -> None:
+    """`launcher: nemo-run-local`, and its old spelling `launchers.nemo-run.executor: local`, render NeMo-Run's
+    local executor (a task table, no sbatch); the old spelling keeps the name it was chosen by."""
+    pytest.importorskip("nemo_run", reason="pip install 'mbx[nemo]' (nemo-run==0.11.1, leptonai==0.27.3)")
+    from launchers.backends.nemo_run import NemoRunLauncher
+    from launchers.backends.nemo_run_local import NemoRunLocalLauncher
+
+    data = yaml.safe_load((ROOT / "campaigns" / "quickstart.yaml").read_text())
+    data.update(resources={"nodes": 1, "gpus_per_node": 2}, wandb={"mode": "disabled"}, launcher=chosen,
+                sweep={"axes": {"model.moe.top_k": [1, 2]}}, launchers={"nemo-run": {"executor": "local"}})  # fmt: skip
+    result = mbx("campaign", "run", str(write_campaign(data)), "--dry-run", "--workspace", str(tmp_path / "ws"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"dry run with launcher {chosen}" in result.stdout
+    assert "NeMo-Run local executor: 2 task(s)" in result.stdout and "sbatch" not in result.stdout
+    made = NemoRunLauncher.create({"executor": "local", "stop_margin_s": 7}, tmp_path / "ws")
+    assert isinstance(made, NemoRunLocalLauncher) and made.name == "nemo-run"
+    assert made.settings.stop_margin_s == 7
+    with pytest.raises(ValueError, match="nemo-run-local backend"):
+        NemoRunLauncher({"executor": "local"}, tmp_path / "ws")
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -1,7 +1,7 @@
-"""The import rules of ARCHITECTURE.md, checked on the source (every import statement, function-level ones
-included) and on the login-node CLI as it runs: no upward arrows, no cycles, no private names of other packages,
-and no heavy library (scipy, numpy, wandb, optuna, torch, plotly, jinja2) loaded by `mbx --help`,
-`mbx campaign validate` or `mbx campaign plan`."""
+"""The import rules of ARCHITECTURE.md, checked on the source (every import statement, function-level ones and
+those under `if TYPE_CHECKING:` included) and on the login-node CLI as it runs: no upward arrows, no cycles, no
+private names of other packages, and no heavy library (scipy, numpy, wandb, optuna, torch, plotly, jinja2) loaded
+by `mbx --help`, `mbx campaign validate` or `mbx campaign plan`."""
 
 from __future__ import annotations
 
@@ -54,17 +54,17 @@ def own_module(name: str) -> str | None:
     return name or None
 
 
+def arrows_of(name: str, path: Path) -> set[tuple[str, int]]:
+    """{(imported mbx module, line)} of one module: every import statement counts, a function-level one and one
+    under `if TYPE_CHECKING:` (a type the checker needs is a dependency too) alike."""
+    targets = {(own_module(n), line) for n, line in imported_names(name, path) if n.split(".")[0] in PACKAGES}
+    return {(t, line) for t, line in targets if t and t != name}
+
+
 @cache
 def arrows() -> dict[str, set[tuple[str, int]]]:
-    """module → {(imported mbx module, line)}, function-level imports included (those under `if TYPE_CHECKING:`
-    never run and are left out)."""
-    found: dict[str, set[tuple[str, int]]] = {}
-    for name, path in modules().items():
-        runs = {node.lineno for node in runtime_imports(path)}
-        targets = {(own_module(n), line) for n, line in imported_names(name, path)
-                   if n.split(".")[0] in PACKAGES and line in runs}  # fmt: skip
-        found[name] = {(t, line) for t, line in targets if t and t != name}
-    return found
+    """module → {(imported mbx module, line)}, function-level and typing-only imports included."""
+    return {name: arrows_of(name, path) for name, path in modules().items()}
 
 
 def violations(package: str, allowed) -> list[str]:
@@ -112,6 +112,32 @@ def test_launchers_import_no_torch_no_orchestrator_and_two_trainer_modules() -> 
     assert violations("launchers", allowed) == []
 
 
+def test_a_launcher_backend_is_one_module_of_hooks() -> None:
+    """ARCHITECTURE.md, "Where a new part goes": a launcher backend is one module of launchers/backends/ that no
+    other module imports (the registry loads it by name) and that imports no other backend; a Slurm backend leaves
+    the common path to the Slurm base: it imports neither the packing (launchers.slurm.pack) nor the node side, and
+    writes hooks only (render and launch are the base's template methods)."""
+    from launchers import registry
+    from launchers.slurm.launcher import SlurmLauncher
+
+    backends = {name for name in modules() if name.startswith("launchers.backends.")}
+    base_only = ("launchers.slurm.pack", "launchers.node")
+    out = []
+    for name, path in modules().items():
+        for imported, line in imported_names(name, path):
+            target = own_module(imported) if imported.split(".")[0] in PACKAGES else None
+            where = f"{path.relative_to(ROOT)}:{line} imports {target}"
+            if target in backends and target != name:
+                out.append(f"{where}, another backend")
+            if name in backends and target and target.startswith(base_only):
+                out.append(f"{where} (the Slurm base's packing, or the node side)")
+    for backend in registry.backends().values():
+        if issubclass(backend, SlurmLauncher):
+            out += [f"{backend.__module__}.{backend.__name__} overrides {method}"
+                    for method in ("render", "launch") if method in vars(backend)]  # fmt: skip
+    assert out == []
+
+
 def test_no_module_imports_an_underscore_module_of_another_mbx_package() -> None:
     found = []
     for name, path in modules().items():
@@ -124,7 +150,8 @@ def test_no_module_imports_an_underscore_module_of_another_mbx_package() -> None
 
 
 def cycles() -> list[list[str]]:
-    """Strongly connected groups of more than one module (Tarjan), function-level imports counted."""
+    """Strongly connected groups of more than one module (Tarjan), function-level and typing-only imports
+    counted."""
     graph = {name: {t for t, _ in targets} for name, targets in arrows().items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -153,8 +180,18 @@ def cycles() -> list[list[str]]:
     return groups
 
 
-def test_no_import_cycles_counting_function_level_imports() -> None:
+def test_no_import_cycles_counting_function_level_and_typing_imports() -> None:
     assert cycles() == []
+
+
+def test_typing_only_and_function_level_imports_are_arrows(tmp_path: Path) -> None:
+    """An import under `if TYPE_CHECKING:` is an arrow like any other: the layer order and the cycle check see it."""
+    path = tmp_path / "kind.py"
+    path.write_text("from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from orchestrator.run.store import Store\n"
+                    "def f():\n    from orchestrator.spec import campaign\n")
+    found = arrows_of("orchestrator.trainers.kind", path)
+    assert found == {("orchestrator.run.store", 3), ("orchestrator.spec.campaign", 5)}
 
 
 def test_no_private_names_of_other_libraries() -> None:
@@ -204,60 +241,145 @@ def test_login_commands_load_no_heavy_library(args: tuple[str, ...]) -> None:
     assert loaded(*args) == []
 
 
-# orchestrator/ by role, lowest first (ARCHITECTURE.md): a package imports only from its own layer and below.
-LAYERS = ("orchestrator.errors", "orchestrator.owned_dirs", "orchestrator.spec", "orchestrator.trainers",
-          "orchestrator.run", "orchestrator.judge", "orchestrator.flow", "orchestrator.cli", "orchestrator.__main__")  # fmt: skip
+# orchestrator/ by role, lowest first (ARCHITECTURE.md): a package imports only from its own layer and below, typing
+# imports included.
+LAYERS = ("orchestrator.errors", "orchestrator.owned_dirs", "orchestrator.rows", "orchestrator.spec",
+          "orchestrator.trainers", "orchestrator.run", "orchestrator.judge", "orchestrator.flow", "orchestrator.cli",
+          "orchestrator.__main__")  # fmt: skip
 
 
 def layer_of(module: str) -> int | None:
     return next((i for i, top in enumerate(LAYERS) if module == top or module.startswith(top + ".")), None)
 
 
-def runtime_imports(path: Path) -> Iterator[ast.AST]:
-    """Import statements that run (those under `if TYPE_CHECKING:` only name types for the checker)."""
-    tree = ast.parse(path.read_text(), str(path))
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING"
-                   for n in ast.walk(node)}  # fmt: skip
-    yield from (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in typing_only)
-
-
 def test_the_orchestrator_top_level_holds_only_its_role_packages() -> None:
     top = {p.name for p in (ROOT / "orchestrator").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
-    assert top == {"__init__.py", "__main__.py", "errors.py", "owned_dirs.py", "spec", "trainers", "run", "judge",
-                   "flow", "cli"}  # fmt: skip
+    assert top == {"__init__.py", "__main__.py", "errors.py", "owned_dirs.py", "rows.py", "spec", "trainers", "run",
+                   "judge", "flow", "cli"}  # fmt: skip
 
 
 def test_no_orchestrator_package_imports_a_higher_one() -> None:
+    """Typing-only imports included: a module that names a higher layer's type depends on that layer."""
     upward = []
-    for name, path in modules().items():
+    for name, targets in arrows().items():
         mine = layer_of(name)
-        if mine is None:
-            continue
-        for node in runtime_imports(path):
-            targets = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                       [f"{node.module}.{a.name}" for a in node.names] if node.module else [])  # fmt: skip
-            for target in targets:
-                theirs = layer_of(own_module(target) or "") if target.startswith("orchestrator") else None
-                if theirs is not None and theirs > mine:
-                    upward.append(f"{path.relative_to(ROOT)}:{node.lineno} ({LAYERS[mine]}) imports {target}")
-    assert upward == []
+        for target, line in targets if mine is not None else ():
+            theirs = layer_of(target)
+            if theirs is not None and theirs > mine:
+                upward.append(f"{modules()[name].relative_to(ROOT)}:{line} ({LAYERS[mine]}) imports {target}")
+    assert sorted(upward) == []
 
 
-def test_no_trainer_kind_branches_outside_the_trainer_kinds() -> None:
-    """A kind's differences live in orchestrator/trainers/ (ARCHITECTURE.md): elsewhere nothing compares a kind's
-    name (`trainer_kind == "bundled"`, `campaign.trainer.kind != "command"`)."""
-    names = {"bundled", "command"}
+# A kind's name may stand outside its own module only here, each for its reason.
+KIND_NAMED_ELSEWHERE = {
+    "orchestrator/rows.py": "DEFAULT_KIND, the kind of a campaign whose `trainer:` names none",
+    "orchestrator/run/store.py": "the schema-1 migration's frozen list of the kinds that existed then",
+}
+
+
+def kind_literals(tree: ast.AST, names: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, what) where code names a trainer kind: compares a kind with a name, lists two or more kinds, types
+    a field `Literal[<kind>]`, or gives a kind field one as its value (`trainer_kind="bundled"`, `{"kind": ...}`)."""
+    kindish = ("kind", "trainer_kind")
+
+    def named(node: ast.AST | None) -> bool:  # a kind's name, or one of an `a if c else b` / `a or b`
+        if isinstance(node, ast.IfExp):
+            return named(node.body) or named(node.orelse)
+        if isinstance(node, ast.BoolOp):
+            return any(map(named, node.values))
+        return isinstance(node, ast.Constant) and node.value in names
+
+    def about_kind(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and "kind" in n.id or isinstance(n, ast.Attribute) and "kind" in n.attr
+                   or isinstance(n, ast.Constant) and n.value in kindish for n in ast.walk(node))  # fmt: skip
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr in kindish for s in sides) and any(map(named, sides)):
+                yield node.lineno, "compares a kind with a name"
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and sum(map(named, node.elts)) > 1:
+            yield node.lineno, "lists kinds"
+        elif isinstance(node, ast.Dict) and sum(map(named, node.keys)) > 1:
+            yield node.lineno, "lists kinds"
+        elif isinstance(node, ast.Dict) and any(
+            isinstance(k, ast.Constant) and k.value in kindish and named(v)
+            for k, v in zip(node.keys, node.values, strict=True)
+        ):
+            yield node.lineno, "gives a kind field a kind's name"
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("Literal"):
+            if any(named(n) for n in ast.walk(node.slice)):
+                yield node.lineno, "types a field as a kind"
+        elif isinstance(node, ast.keyword) and node.arg in kindish and named(node.value):
+            yield node.value.lineno, "gives a kind field a kind's name"
+        elif isinstance(node, ast.AnnAssign) and ast.unparse(node.target).split(".")[-1] in kindish:
+            if named(node.value):
+                yield node.lineno, "gives a kind field a kind's name"
+        elif isinstance(node, ast.BoolOp) and named(node) and about_kind(node):
+            yield node.lineno, "defaults a kind"
+        elif isinstance(node, ast.Call) and any(map(named, node.args)) and any(map(about_kind, node.args)):
+            yield node.lineno, "defaults a kind"
+
+
+def test_no_module_but_a_kinds_own_names_it() -> None:
+    """A kind's name, schema and differences live in its module, orchestrator/trainers/kinds/<kind>.py
+    (ARCHITECTURE.md, "Where a new part goes"): no other login-side module branches on a kind's name, lists
+    the kinds or spells a kind's schema."""
+    from orchestrator.trainers import registry
+
+    names = set(registry.names())
+    assert {"bundled", "command"} <= names
     found = []
     for name, path in modules().items():
-        if name.startswith("orchestrator.trainers") or not name.startswith(("orchestrator", "reports", "launchers")):
+        relative = str(path.relative_to(ROOT))
+        own = name.startswith("orchestrator.trainers.kinds.")
+        login_side = name.split(".")[0] in ("orchestrator", "reports", "launchers")
+        if own or relative in KIND_NAMED_ELSEWHERE or not login_side:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not isinstance(node, ast.Compare):
-                continue
-            sides = [node.left, *node.comparators]
-            kinds = [s for s in sides if isinstance(s, ast.Attribute) and s.attr in ("kind", "trainer_kind")]
-            literal = [s for s in sides if isinstance(s, ast.Constant) and s.value in names]
-            if kinds and literal:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        named = set(kind_literals(ast.parse(path.read_text()), names))
+        found += [f"{relative}:{line} {what}" for line, what in named]
     assert found == []
+
+
+@pytest.mark.parametrize(
+    "code",
+    ['if cell.trainer_kind == "command": pass', 'KINDS = ("bundled", "command")',
+     'class T(BaseModel):\n    kind: Literal["command"]', 'Point(trainer_kind="bundled")',
+     'spec = {"trainer": {"kind": "bundled"}}', 'class P:\n    trainer_kind: str = "bundled"',
+     'CellRow(trainer_kind="command" if argv else "bundled")', 'model = SCHEMAS.get(kind or "bundled")',
+     'kind = section.get("kind", "bundled")'],
+)  # fmt: skip
+def test_each_way_of_naming_a_kind_is_found(code: str) -> None:
+    assert len(set(kind_literals(ast.parse(code), {"bundled", "command"}))) == 1
+
+
+def test_every_kinds_module_registers_its_kind() -> None:
+    """Each module of orchestrator/trainers/kinds/ registers the kind it is named after (registry.get refuses
+    one that does not)."""
+    from orchestrator.trainers import registry
+
+    for name in registry.names():
+        assert registry.get(name).name == name and registry.get(name).Section.model_fields["kind"].annotation
+
+
+# The modules that import by a computed name, each a seam the static import rules cannot see, and what it loads.
+IMPORTS_BY_NAME = {
+    "orchestrator.spec.trainer_section": "a trainer kind's module, orchestrator/trainers/kinds/<kind>.py",
+    "orchestrator.cli.app": "a CLI noun's module when its command runs, orchestrator/cli/<noun>.py",
+    "launchers.registry": "a launcher backend's module, launchers/backends/<name>.py",
+    "trainer.bridge_entry": "Megatron-Bridge's recipe module of a model family",
+    "trainer.te_support": "Transformer Engine, when it is installed",
+}
+
+
+def test_only_the_documented_seams_import_by_name() -> None:
+    """An import by a computed name (importlib.import_module, __import__) is an arrow the layer and cycle checks
+    do not see: only the registries that find their parts by name may make one."""
+    found = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            called = node.func if isinstance(node, ast.Call) else None
+            spelled = ast.unparse(called) if called is not None else ""
+            if spelled.endswith(("import_module", "__import__")):
+                found.add(name)
+    assert found == set(IMPORTS_BY_NAME)

@@ -139,9 +139,10 @@ def test_one_tie_rule_and_reasons_that_agree_with_the_verdicts(h200: Path, mbx) 
     assert tied.returncode == 3, (
         tied.stdout + tied.stderr
     )  # was 0: base frozen, capacity "slower" by an UNKNOWN
-    assert (
-        "TIE: 2 points are not DIFFERENT in step time (ms)" in tied.stderr and "some UNKNOWN" in tied.stderr
-    )
+    assert tied.stdout.startswith("INCONCLUSIVE singles: TIE: 2 points are not DIFFERENT in step time (ms)")
+    assert "some UNKNOWN" in tied.stdout and tied.stdout.strip().endswith("(exit 3; --inconclusive-ok accepts it)")
+    as_json = mbx("freeze", "singles", "--by", "step_time", "-w", str(h200), "--json")  # printed nothing on a tie
+    assert as_json.returncode == 3 and json.loads(as_json.stdout)["closing"] == tied.stdout.strip(), as_json.stdout
     frozen = freeze(h200, "singles", point=BASE, objective="step_time")
     kinds = {r.point_id: r for r in frozen.rejected}
     assert kinds[CAPACITY].kind == "not chosen" and "(UNKNOWN" in kinds[CAPACITY].why

@@ -175,8 +175,8 @@ def test_node_code_imports_only_the_standard_library() -> None:
 
 
 def test_registry_names_settings_and_duplicates() -> None:
-    assert set(registry.backends()) == {"local", "submitit", "nemo-run"}
-    with pytest.raises(KeyError, match="no such launcher 'dry-run'; known: local, nemo-run, submitit"):
+    assert set(registry.backends()) == {"local", "submitit", "nemo-run", "nemo-run-local"}
+    with pytest.raises(KeyError, match="no such launcher 'dry-run'; known: local, nemo-run, nemo-run-local, submitit"):
         registry.get("dry-run")
     model = registry.settings_model("submitit")
     assert model.model_validate({"poll_interval_s": 1}).poll_interval_s == 1

@@ -66,11 +66,11 @@ def test_a_search_that_spent_its_budget_with_nothing_failed_is_inconclusive() ->
 
 
 def test_parity_failures_name_the_changed_side_only() -> None:
-    from orchestrator.judge.outcome import parity_failures
+    from orchestrator.judge.outcome import parity_blame
 
     pairs = [{"verdict": "fail", "on_cell": "wide-r0", "off_cell": "narrow-r0", "title": "t", "label": "base",
               "reason": "loss: |Δ| 0.2"}, {"verdict": "pass", "on_cell": "other-r0", "off_cell": "narrow-r0"}]  # fmt: skip
-    assert list(parity_failures(pairs)) == ["wide-r0"]
+    assert list(parity_blame(pairs)) == ["wide-r0"]
 
 
 # ---- through the CLI: a parity campaign whose faster point fails its parity check ---------------------------
@@ -161,6 +161,10 @@ def test_the_page_and_summary_lead_with_fail_and_offer_no_freeze_of_the_failed_p
     assert f'data-point="{wide}"' not in page.split('id="best"')[1].split("</section>")[0]
 
 
+# reports/templates/site.css: --pass #1a7f37, --fail #cf222e, --inc #9a6700, as Chromium computes them
+VERDICT_RGB = {"pass": "rgb(26, 127, 55)", "fail": "rgb(207, 34, 46)", "inconclusive": "rgb(154, 103, 0)"}
+
+
 @pytest.mark.skipif(
     not __import__("chromium_cdp").CHROMIUM, reason="chromium not installed (apt-get install -y chromium)"
 )
@@ -172,13 +176,20 @@ def test_the_page_badge_says_fail_in_chromium(widefail: dict[str, Any], tmp_path
       return {verdict: o.dataset.verdict, word: b.textContent, color: getComputedStyle(b).color,
               text: o.textContent, parity: p.dataset.verdict, top: o.getBoundingClientRect().top,
               parityTop: p.getBoundingClientRect().top, gates: document.getElementById("gate-counts").textContent,
-              greenBadges: Array.from(document.querySelectorAll("header .badge.verdict-pass")).length}; })()"""
+              greenBadges: Array.from(document.querySelectorAll("header .badge.verdict-pass")).length,
+              badges: Array.from(document.querySelectorAll(".badge[class*='verdict-']"), e => ({
+                verdict: Array.from(e.classList).find(c => c.startsWith("verdict-")).slice(8),
+                color: getComputedStyle(e).color, border: getComputedStyle(e).borderTopColor}))}; })()"""
     with Browser(tmp_path / "profile") as browser:
         session = browser.open(widefail["report"] / "index.html")
         got = browser.evaluate(session, read)
         assert browser.problems(session) == []
     assert (got["verdict"], got["word"], got["parity"]) == ("fail", "FAIL", "fail")
-    assert got["color"] == "rgb(214, 39, 40)" or got["color"].startswith("rgb(2")  # the fail colour, not green
+    assert got["color"] == VERDICT_RGB["fail"]  # #cf222e (a prefix test passed green, rgb(26, 127, 55), too)
+    assert {b["verdict"] for b in got["badges"]} >= {"fail", "pass"}, got["badges"]  # the outcome's, the gates'
+    for badge in got["badges"]:  # every verdict badge on the page in its own verdict's colour, text and border
+        if badge["verdict"] != "none":  # not judged: muted
+            assert badge["color"] == badge["border"] == VERDICT_RGB[badge["verdict"]], badge
     assert "parity FAIL: 1 of 1 pair(s) failed" in got["text"] and "every gate passed" not in got["text"]
     assert got["top"] < got["parityTop"] and got["greenBadges"] == 0 and got["gates"] == "pass 2"
 

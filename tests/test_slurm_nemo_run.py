@@ -139,15 +139,16 @@ def test_nemo_run_launcher_directly(slurm, tmp_path: Path) -> None:
 
 
 def test_nemo_run_local_executor_directly(tmp_path: Path) -> None:
-    """executor: local — torchrun starts the rank entry with this machine's interpreter (the interpreter policy),
-    even with the venv off PATH; both ranks run; the run dir says how it ended."""
+    """The nemo-run-local backend — torchrun starts the rank entry with this machine's interpreter (the
+    interpreter policy), even with the venv off PATH; both ranks run; the run dir says how it ended."""
     pytest.importorskip("nemo_run", reason="NeMo-Run is optional: pip install 'mbx[nemo]'")
-    from launchers.backends.nemo_run import NemoRunLauncher
+    from launchers.backends.nemo_run_local import NemoRunLocalLauncher
     from launchers.base import JobState, LaunchSpec, Resources
     from trainer import rundir
 
     workspace = tmp_path / "ws"
-    launcher = NemoRunLauncher({"executor": "local", "poll_interval_s": 0.5}, workspace)
+    launcher = NemoRunLocalLauncher({}, workspace)
+    assert launcher.name == "nemo-run-local"
     launcher.settle_s = 0.5
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import os; from trainer import rundir; "
             "os.environ['RANK'] == '0' and rundir.write_status(os.environ['MBX_RUN_DIR'], "

@@ -385,3 +385,21 @@ def test_node_runner_isolates_points_and_resumes(tmp_path: Path) -> None:
     assert seen.read_text().split() == ["ok:-", "last:-", "last:0"], (
         "only the point that never started ran again"
     )
+
+
+def test_nemo_run_pack_runner_with_an_image_runs_with_pack_python(tmp_path: Path) -> None:
+    """With a container image the pack runner runs on the node outside the container: NeMo-Run's pack task starts it
+    with `pack_python`, as submitit's does (it ran with `cluster.python`, the container's interpreter)."""
+    pytest.importorskip("nemo_run", reason="NeMo-Run is optional: pip install 'mbx[nemo]'")
+    from launchers.backends.nemo_run import NemoRunLauncher
+
+    profile = SlurmProfile.model_validate({"cluster": {"gpus": False, "python": "/in/the/image/python"},
+                                          "container": {"image": "nvcr.io#nvidia/pytorch:25.01-py3"}})  # fmt: skip
+    specs = [_spec(tmp_path, f"p{i}", WRITE_STATUS) for i in range(2)]
+    settings = {"pack": 2, "pack_python": "/on/the/node/python3"}
+    (nemo,) = NemoRunLauncher(settings, tmp_path, profile).render(specs)
+    (script,) = nemo.scripts.values()
+    assert "/on/the/node/python3 -u " in script and "/in/the/image/python -u" not in script, script
+    (submitit,) = SubmititLauncher(SubmititSettings(**settings), tmp_path, profile).render(specs)
+    runs = "# each task runs (a submitit.helpers.CommandFunction): /on/the/node/python3 -u "
+    assert runs in submitit.describe()

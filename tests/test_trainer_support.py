@@ -144,7 +144,8 @@ def test_te_paths_are_selected_from_the_recipe(overrides, paths):
 
 
 def test_a_bf16_recipe_never_touches_te():
-    runtime = te_support.prepare_model(object(), _recipe(), torch.device("cpu"))  # no model walk, no import
+    paths = te_support.select_paths(_recipe())
+    runtime = te_support.prepare_model(object(), paths, torch.device("cpu"))  # no model walk, no import
     assert runtime.te is None and runtime.quant_recipe is None
     assert isinstance(runtime.forward_context(), type(te_support.contextlib.nullcontext()))
 

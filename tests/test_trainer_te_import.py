@@ -127,7 +127,7 @@ def test_no_te_knob_never_imports_te(fake_te):
     paths = te_support.select_paths(recipe)
     assert not paths.uses_te
     assert te_support.te_knobs(recipe) == []
-    runtime = te_support.prepare_model(object(), recipe, "cpu")
+    runtime = te_support.prepare_model(object(), paths, "cpu")
     assert runtime.te is None and "fake_te_log" not in sys.modules
 
 

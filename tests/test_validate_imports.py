@@ -24,7 +24,7 @@ print("MODULES:" + json.dumps([code, sorted(sys.modules)]))
 """
 LAZY = (
     "reports.parsers", "reports.parsers.follow", "reports.parsers.megatron_lm", "reports.parsers.megatron_bridge",
-    "trainer.memory", "orchestrator.trainers.command", "orchestrator.spec.command",
+    "trainer.memory", "orchestrator.trainers.kinds.command", "orchestrator.spec.command",
     "orchestrator.spec.megatron_layout", "launchers.slurm", "launchers.slurm.launcher",
     "reports.failures", "reports.wandb_log",  # the log signatures and the W&B logger: the schema needs their names only
 )  # fmt: skip
@@ -53,7 +53,7 @@ def test_a_named_backends_settings_are_still_checked_and_only_its_module_loads(t
     file.write_text(text.replace("  local:\n    parallel: 2", "  submitit:\n    partiton: gpu"))
     code, out, modules = validate(file)
     assert code == 2, out
-    assert "launcher: no such launcher 'locl'; known: local, nemo-run, submitit" in out
+    assert "launcher: no such launcher 'locl'; known: local, nemo-run, nemo-run-local, submitit" in out
     assert "launchers.submitit.partiton: unknown key" in out
     assert sorted(modules & set(BACKENDS)) == ["launchers.backends.submitit_slurm"]
     assert "Traceback" not in out

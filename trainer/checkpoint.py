@@ -23,19 +23,17 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from trainer import rundir
 from trainer.adamw_pa import PrecisionAwareAdamW
+from trainer.master import MasterWeights
 from trainer.moe import stacked_expert_weights
 from trainer.parallelize import unwrap
 from trainer.recipe import Recipe, model_shape
-
-if TYPE_CHECKING:
-    from trainer.loop import Trainer
 
 FORMAT = 1
 STATE = "state.pt"
@@ -44,6 +42,16 @@ _WRAPPERS = frozenset({"inner", "_orig_mod"})  # module-name segments of wrapper
 
 class CheckpointError(ValueError):
     """A checkpoint this run cannot continue from; the message starts with the recipe key it is about."""
+
+
+class Trained(NamedTuple):
+    """What a checkpoint saves and loads into: the trainer's model, its fp32 master weights (None without), the
+    optimizer and the device they live on."""
+
+    model: nn.Module
+    master: MasterWeights | None
+    optimizer: Any
+    device: torch.device
 
 
 class Slot(NamedTuple):
@@ -63,12 +71,12 @@ def canonical_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if part not in _WRAPPERS)
 
 
-def slots(trainer: Trainer) -> list[Slot]:
-    """Every trained parameter of the trainer's model, in model order."""
-    model = unwrap(trainer.model)
+def slots(state: Trained) -> list[Slot]:
+    """Every trained parameter of the model, in model order."""
+    model = unwrap(state.model)
     masters: dict[int, torch.Tensor] = {}
-    if trainer.master is not None:
-        masters = {id(p): m for p, m in zip(trainer.master.params, trainer.master.master, strict=True)}
+    if state.master is not None:
+        masters = {id(p): m for p, m in zip(state.master.params, state.master.master, strict=True)}
     stacked = stacked_expert_weights(model)
     return [Slot(canonical_name(name), p, masters.get(id(p), p), id(p) in stacked)
             for name, p in model.named_parameters() if p.requires_grad]
@@ -100,46 +108,47 @@ def _put(into: dict[str, torch.Tensor], slot: Slot, tensor: torch.Tensor) -> Non
         into[name] = part.to("cpu", copy=True)
 
 
-def state_dict(trainer: Trainer) -> dict[str, Any]:
+def state_dict(state: Trained) -> dict[str, Any]:
     """What state.pt holds (layout-neutral)."""
     weights: dict[str, torch.Tensor] = {}
     exp_avg: dict[str, torch.Tensor] = {}
     exp_avg_sq: dict[str, torch.Tensor] = {}
-    for slot in slots(trainer):
+    for slot in slots(state):
         _put(weights, slot, slot.weight)
-        moments = _moments(trainer.optimizer, slot.weight)
+        moments = _moments(state.optimizer, slot.weight)
         if moments is not None:
             _put(exp_avg, slot, moments[0])
             _put(exp_avg_sq, slot, moments[1])
     rng = {"cpu": torch.get_rng_state()}
-    if trainer.device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(trainer.device)
+    if state.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(state.device)
     return {"weights": weights, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq,
-            "optimizer_step": optimizer_step(trainer.optimizer), "rng": rng}
+            "optimizer_step": optimizer_step(state.optimizer), "rng": rng}
 
 
-def meta(trainer: Trainer, step: int) -> dict[str, Any]:
+def meta(recipe: Recipe, global_batch: int, master_weights: bool, step: int) -> dict[str, Any]:
     """checkpoint.json: where training stands and what model the tensors fit."""
-    recipe, moe = trainer.recipe, trainer.recipe.model.moe
+    moe = recipe.model.moe
     return {
-        "format": FORMAT, "step": step, "samples": step * trainer.global_batch,
-        "global_batch": trainer.global_batch, "seed": recipe.training.seed, "training_steps": recipe.training.steps,
+        "format": FORMAT, "step": step, "samples": step * global_batch,
+        "global_batch": global_batch, "seed": recipe.training.seed, "training_steps": recipe.training.steps,
         "model": model_shape(recipe.model), "expert_layout": "per expert (discrete names)",
         "saved_with": {"expert_weights": moe.expert_weights if moe else None, "precision": recipe.precision,
-                       "master_weights": trainer.master is not None, "moments": recipe.optimizer.moments},
+                       "master_weights": master_weights, "moments": recipe.optimizer.moments},
     }  # fmt: skip
 
 
-def save(trainer: Trainer, run_dir: Path, step: int) -> Path:
-    """Write checkpoint/step-<step>/ under `run_dir` (call on global rank 0 only; every rank holds the same state)."""
+def save(state: Trained, recipe: Recipe, global_batch: int, run_dir: Path, step: int) -> Path:
+    """Write checkpoint/step-<step>/ under `run_dir` after `step` of a run of `recipe` at `global_batch` sequences
+    (call on global rank 0 only; every rank holds the same state)."""
     final = rundir.checkpoint_dir(run_dir, step)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     old = final.with_name(f".{final.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        torch.save(state_dict(trainer), tmp / STATE)
-        rundir.write_json(tmp / rundir.CHECKPOINT_META, meta(trainer, step))
+        torch.save(state_dict(state), tmp / STATE)
+        rundir.write_json(tmp / rundir.CHECKPOINT_META, meta(recipe, global_batch, state.master is not None, step))
         if final.exists():  # an earlier run's in this run dir (a requeued job): replaced whole
             os.replace(final, old)
         os.replace(tmp, final)
@@ -243,32 +252,35 @@ def _set_moments(optimizer: Any, weight: torch.Tensor, exp_avg: torch.Tensor, ex
 
 
 @torch.no_grad()
-def load(trainer: Trainer, where: str | Path) -> int:
-    """Load a checkpoint into a freshly built trainer (every rank); returns the step it was saved after."""
-    problem = load_problem(trainer.recipe, trainer.dist.world_size)
+def load(state: Trained, recipe: Recipe, world_size: int) -> int:
+    """Load the recipe's `checkpoint.load_from` into a freshly built trainer's state (every rank); returns the step
+    it was saved after."""
+    problem = load_problem(recipe, world_size)
     if problem:
         raise CheckpointError(problem)
-    path = resolve(where)
-    state = torch.load(path / STATE, map_location="cpu", weights_only=True)
-    step = float(state["optimizer_step"])
+    if recipe.checkpoint.load_from is None:
+        return 0
+    path = resolve(recipe.checkpoint.load_from)
+    saved = torch.load(path / STATE, map_location="cpu", weights_only=True)
+    step = float(saved["optimizer_step"])
     expected = set()
-    for slot in slots(trainer):
+    for slot in slots(state):
         expected.update(slot.names())
-        weight = _take(state["weights"], slot, path, "weight")
+        weight = _take(saved["weights"], slot, path, "weight")
         if weight is None:
             raise CheckpointError(f"checkpoint.load_from: {path} has no weight {slot.names()[0]}")
         slot.weight.copy_(weight)
         if slot.param is not slot.weight:  # master weights: the model's bf16 copy, as after an optimizer step
             slot.param.copy_(slot.weight)
-        exp_avg = _take(state["exp_avg"], slot, path, "exp_avg")
-        exp_avg_sq = _take(state["exp_avg_sq"], slot, path, "exp_avg_sq")
+        exp_avg = _take(saved["exp_avg"], slot, path, "exp_avg")
+        exp_avg_sq = _take(saved["exp_avg_sq"], slot, path, "exp_avg_sq")
         if exp_avg is not None and exp_avg_sq is not None:
-            _set_moments(trainer.optimizer, slot.weight, exp_avg, exp_avg_sq, step)
-    if extra := sorted(set(state["weights"]) - expected):
+            _set_moments(state.optimizer, slot.weight, exp_avg, exp_avg_sq, step)
+    if extra := sorted(set(saved["weights"]) - expected):
         raise CheckpointError(f"checkpoint.load_from: {path} holds {extra[0]}, which this model does not have")
-    if isinstance(trainer.optimizer, PrecisionAwareAdamW):
-        trainer.optimizer.step_count.fill_(step)
-    torch.set_rng_state(state["rng"]["cpu"])
-    if trainer.device.type == "cuda" and "cuda" in state["rng"]:
-        torch.cuda.set_rng_state(state["rng"]["cuda"], trainer.device)
+    if isinstance(state.optimizer, PrecisionAwareAdamW):
+        state.optimizer.step_count.fill_(step)
+    torch.set_rng_state(saved["rng"]["cpu"])
+    if state.device.type == "cuda" and "cuda" in saved["rng"]:
+        torch.cuda.set_rng_state(saved["rng"]["cuda"], state.device)
     return int(rundir.read_json(path / rundir.CHECKPOINT_META)["step"])

@@ -24,6 +24,7 @@ from trainer import checkpoint, expert_parallel, grad_accum
 from trainer.data import MockData
 from trainer.distributed import Dist, all_reduce_sum
 from trainer.energy import StepEnergy
+from trainer.expert_parallel import ExpertParallel
 from trainer.flops import padded_vocab_size, step_flops, tflops_per_gpu
 from trainer.grad_reduce import OutsideDDP, Reduction, data_parallel_group
 from trainer.green import dispatcher_stream
@@ -40,9 +41,19 @@ from trainer.parallelize import (
     unwrap,
 )
 from trainer.profiling import StepProfiler
-from trainer.recipe import QUANTIZED_PRECISIONS, Recipe, arch_number, te_knobs
+from trainer.recipe import (
+    QUANTIZED_PRECISIONS,
+    ModelConfig,
+    MoEConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    Recipe,
+    TrainingConfig,
+    arch_number,
+    te_knobs,
+)
 from trainer.support import check_supported
-from trainer.te_support import prepare_model, te_import_error
+from trainer.te_support import prepare_model, select_paths, te_import_error
 
 GIB = float(1 << 30)
 # Test hook: comma-separated 1-based steps at which global rank 0 multiplies its loss by NaN, to check that
@@ -60,44 +71,53 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
 
 
+def _refuse_unsupported(recipe: Recipe, world_size: int, device: torch.device) -> None:
+    """NotSupportedError naming the recipe keys this machine cannot run (its GPU's compute capability, TE)."""
+    cuda = device.type == "cuda"
+    arch = arch_number(torch.cuda.get_device_capability(device)) if cuda else None
+    te_error = te_import_error() if te_knobs(recipe) else None
+    check_supported(recipe, world_size, device.type, arch, te_error)
+
+
+def _dispatcher_stream(moe: MoEConfig | None, device: torch.device) -> tuple[object, object]:
+    """(green context, stream) the MoE dispatcher runs on: a green context's with dispatcher_sms, a plain
+    side stream with chunked overlapped dispatch on a GPU, else (None, None): no separate stream."""
+    if moe is None or device.type != "cuda":
+        return None, None
+    if moe.dispatcher_sms is not None:
+        return dispatcher_stream(moe.dispatcher_sms, device)  # NotSupportedError where it cannot work
+    if moe.dispatch_chunk_tokens is not None and moe.dispatch_overlap:
+        return None, torch.cuda.Stream(device)
+    return None, None
+
+
+def _compute(precision: str, device: torch.device) -> tuple[bool, str]:
+    """(bf16 autocast?, what computes): bf16 autocast on a GPU (fp8/mxfp8/nvfp4: TE's quantized GEMMs inside
+    it); the CPU computes in fp32."""
+    bf16 = device.type == "cuda" and precision in ("bf16", *QUANTIZED_PRECISIONS)
+    if device.type == "cpu" and precision == "bf16":
+        return bf16, "fp32 (precision bf16 on CPU means fp32 compute: no bf16 autocast on CPU)"
+    return bf16, "bf16 autocast" if bf16 else "fp32"
+
+
 class Trainer:
     def __init__(self, recipe: Recipe, dist: Dist, log: Callable[[str], None] = print,
                  expert_wgrad: str | None = None):
         """`expert_wgrad` overrides the recipe's fused expert weight-gradient backend (grad_accum.ACCUMULATORS):
-        "torch" is the CPU stand-in for `model.moe.expert_wgrad: te` (the tests' way to fuse experts on a CPU)."""
+        "torch" is the CPU stand-in for `model.moe.expert_wgrad: te` (the tests' way to fuse experts on a CPU).
+        Each part is built from its own section of the recipe (the support check alone reads all of it)."""
         self.recipe, self.dist, self.log = recipe, dist, log
         self.device = dist.device
-        # Refuse what this machine cannot run before anything is built (status.json names the key).
-        cuda = self.device.type == "cuda"
-        arch = arch_number(torch.cuda.get_device_capability(self.device)) if cuda else None
-        te_error = te_import_error() if te_knobs(recipe) else None
-        check_supported(recipe, dist.world_size, self.device.type, arch, te_error)
-        self.green_context, self.dispatcher = self._dispatcher_stream()
-        t, m = recipe.training, recipe.model
-
+        _refuse_unsupported(recipe, dist.world_size, self.device)  # before anything is built; status.json names the key
+        self.green_context, self.dispatcher = _dispatcher_stream(recipe.model.moe, self.device)
+        t, opt = recipe.training, recipe.optimizer
         self.dp = recipe.data_parallel_size(dist.world_size)
         self.global_batch = recipe.global_batch(dist.world_size)
         self.accum = self.global_batch // (t.micro_batch_size * self.dp)
         self.flops = step_flops(recipe, dist.world_size)
-
-        # Precision: bf16 autocast on GPU (fp8/mxfp8/nvfp4: TE's quantized GEMMs inside it); the CPU computes
-        # in fp32.
-        self.bf16 = cuda and recipe.precision in ("bf16", *QUANTIZED_PRECISIONS)
-        self.compute = "bf16 autocast" if self.bf16 else "fp32"
-        if self.device.type == "cpu" and recipe.precision == "bf16":
-            self.compute = "fp32 (precision bf16 on CPU means fp32 compute: no bf16 autocast on CPU)"
-
-        torch.manual_seed(t.seed)  # weights are drawn on the device, so CPU and GPU inits differ
-        with torch.device(self.device):
-            model = GPT(m, t.seq_length, padded_vocab_size(m.vocab_size, recipe.parallel.tensor),
-                        cross_entropy=recipe.cross_entropy)
-        attach_dispatcher(model, self.dispatcher)
-        # EP > 1: keep this rank's experts only (drawn in full first: every EP layout starts from EP = 1's weights).
-        self.ep = expert_parallel.build(recipe.parallel.expert, dist.world_size, dist.rank, self.device,
-                                        m.moe.dispatcher_sms if m.moe else None)
-        if self.ep:
-            apply_expert_parallel(model, self.ep)
-        self.te = prepare_model(model, recipe, self.device)  # TE modules in, before master weights are taken
+        self.bf16, self.compute = _compute(recipe.precision, self.device)
+        model, self.ep = self._build_model(recipe.model, recipe.parallel, t, recipe.cross_entropy)
+        self.te = prepare_model(model, select_paths(recipe), self.device)  # TE modules in, before master weights
         if self.te.paths.uses_te:
             self.compute += f" + {self.te.describe()}"
         # The sharded experts' parameters, taken after TE may have swapped GroupedLinear experts in.
@@ -105,25 +125,8 @@ class Trainer:
         self._expert_ids = {id(p) for p in self.expert_params}
         expert_numel = sum(p.numel() for p in self.expert_params)
         self.params = sum(p.numel() for p in model.parameters()) + expert_numel * (recipe.parallel.expert - 1)
-        opt = recipe.optimizer
-        use_master = opt.master_weights if opt.master_weights is not None else self.bf16
-        self.master: MasterWeights | None = None
-        if use_master:
-            # fp32 main grads go through per-parameter hooks, which DDP's bucketed gradients do not allow:
-            # with DP > 1 the bf16 gradients are all-reduced and cast to fp32 once per step instead.
-            self.master = MasterWeights(model, opt, fp32_main_grads=opt.main_grads == "fp32" and not dist.initialized)
-            self.master.to_bf16(model)
-            self.compute += " with bf16 weights, fp32 master weights"
-        if self.ep and self.master and self.master.fp32_main_grads:  # the hooks would move expert grads away
-            raise RuntimeError("expert parallelism reduces expert gradients on the parameters: fp32 main grads "
-                               "through hooks cannot be used with it")
-        self.fused_weights: list = []
-        if opt.grad_accumulation_fusion:  # the weights whose gradient GEMMs accumulate (trainer/grad_accum.py)
-            # grouped_mm experts only with expert_wgrad: te (torch's grouped GEMM cannot accumulate)
-            expert_backend = expert_wgrad or ("te" if m.moe is not None and m.moe.expert_wgrad == "te" else None)
-            dtype = torch.bfloat16 if self.bf16 or self.master else torch.float32  # what the GEMMs compute in
-            self.fused_weights = grad_accum.fused_weights(model, expert_backend, dtype)
-            self.compute += f" + gradient-accumulation fusion ({len(self.fused_weights)} weights)"
+        self.master = self._master_weights(model, opt)
+        self.fused_weights = self._fused_weights(model, opt, recipe.model.moe, expert_wgrad)
         self._stacked_experts = stacked_expert_weights(model)  # their grads count per expert in the grad norm
         self.outside = self._outside_ddp()
         self.model = parallelize(model, recompute=recipe.recompute, compile=recipe.compile, dist=dist,
@@ -132,15 +135,66 @@ class Trainer:
         self.param_list = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.master.optimizer if self.master else build_optimizer(self.model, opt)
         # With TP = PP = CP = 1 every rank is its own data-parallel rank.
-        self.data = MockData(t.seed, m.vocab_size, t.seq_length, t.micro_batch_size, dist.rank, self.dp,
+        self.data = MockData(t.seed, recipe.model.vocab_size, t.seq_length, t.micro_batch_size, dist.rank, self.dp,
                              self.accum, self.device)
         self.inject_nan = _inject_nan_steps()
         self.skipped = self.nan_steps = self.completed = 0
-        # checkpoint.load_from: weights, moments, RNG of a saved step; training goes on from the next one.
-        self.start_step = 0
-        if recipe.checkpoint.load_from is not None:
-            self.start_step = self.completed = checkpoint.load(self, recipe.checkpoint.load_from)
-            log(f"continuing from {checkpoint.resolve(recipe.checkpoint.load_from)} after step {self.start_step}")
+        self.start_step = self.completed = self._load_checkpoint(recipe)
+
+    def _build_model(self, m: ModelConfig, parallel: ParallelConfig, t: TrainingConfig,
+                     cross_entropy: str) -> tuple[GPT, ExpertParallel | None]:
+        """(the GPT drawn from `training.seed` on the device with its dispatcher attached, its expert parallelism):
+        with EP > 1 this rank's experts only, drawn in full first (every EP layout starts from EP = 1's weights)."""
+        torch.manual_seed(t.seed)  # weights are drawn on the device, so CPU and GPU inits differ
+        with torch.device(self.device):
+            model = GPT(m, t.seq_length, padded_vocab_size(m.vocab_size, parallel.tensor), cross_entropy=cross_entropy)
+        attach_dispatcher(model, self.dispatcher)
+        ep = expert_parallel.build(parallel.expert, self.dist.world_size, self.dist.rank, self.device,
+                                   m.moe.dispatcher_sms if m.moe else None)
+        if ep:
+            apply_expert_parallel(model, ep)
+        return model, ep
+
+    def _master_weights(self, model: GPT, opt: OptimizerConfig) -> MasterWeights | None:
+        """bf16 weights with fp32 master copies when the optimizer section asks (default: with bf16 compute)."""
+        use_master = opt.master_weights if opt.master_weights is not None else self.bf16
+        if not use_master:
+            return None
+        # fp32 main grads go through per-parameter hooks, which DDP's bucketed gradients do not allow:
+        # with DP > 1 the bf16 gradients are all-reduced and cast to fp32 once per step instead.
+        master = MasterWeights(model, opt, fp32_main_grads=opt.main_grads == "fp32" and not self.dist.initialized)
+        master.to_bf16(model)
+        self.compute += " with bf16 weights, fp32 master weights"
+        if self.ep and master.fp32_main_grads:  # the hooks would move expert grads away
+            raise RuntimeError("expert parallelism reduces expert gradients on the parameters: fp32 main grads "
+                               "through hooks cannot be used with it")
+        return master
+
+    def _fused_weights(self, model: GPT, opt: OptimizerConfig, moe: MoEConfig | None,
+                       expert_wgrad: str | None) -> list:
+        """The weights whose gradient GEMMs accumulate (trainer/grad_accum.py) under
+        optimizer.grad_accumulation_fusion; grouped_mm experts only with expert_wgrad: te (torch's grouped GEMM
+        cannot accumulate)."""
+        if not opt.grad_accumulation_fusion:
+            return []
+        expert_backend = expert_wgrad or ("te" if moe is not None and moe.expert_wgrad == "te" else None)
+        dtype = torch.bfloat16 if self.bf16 or self.master else torch.float32  # what the GEMMs compute in
+        fused = grad_accum.fused_weights(model, expert_backend, dtype)
+        self.compute += f" + gradient-accumulation fusion ({len(fused)} weights)"
+        return fused
+
+    def _load_checkpoint(self, recipe: Recipe) -> int:
+        """checkpoint.load_from: weights, moments and RNG of a saved step (training goes on from the next one);
+        returns that step, 0 without one."""
+        if recipe.checkpoint.load_from is None:
+            return 0
+        step = checkpoint.load(self.state(), recipe, self.dist.world_size)
+        self.log(f"continuing from {checkpoint.resolve(recipe.checkpoint.load_from)} after step {step}")
+        return step
+
+    def state(self) -> checkpoint.Trained:
+        """What a checkpoint saves and loads: the model, its master weights, the optimizer, the device."""
+        return checkpoint.Trained(self.model, self.master, self.optimizer, self.device)
 
     def _outside_ddp(self) -> OutsideDDP | None:
         """With world > 1: the gradients DDP cannot reduce (EP experts over the expert-data-parallel group, fused
@@ -154,18 +208,6 @@ class Trainer:
         if dense_fused:  # replicated on every rank: summed over all of them
             reductions.append(Reduction(dense_fused, data_parallel_group(self.dist.world_size), self.dp))
         return OutsideDDP(reductions, self.fused_weights)
-
-    def _dispatcher_stream(self) -> tuple[object, object]:
-        """(green context, stream) the MoE dispatcher runs on: a green context's with dispatcher_sms, a plain
-        side stream with chunked overlapped dispatch on a GPU, else (None, None): no separate stream."""
-        moe = self.recipe.model.moe
-        if moe is None or self.device.type != "cuda":
-            return None, None
-        if moe.dispatcher_sms is not None:
-            return dispatcher_stream(moe.dispatcher_sms, self.device)  # NotSupportedError where it cannot work
-        if moe.dispatch_chunk_tokens is not None and moe.dispatch_overlap:
-            return None, torch.cuda.Stream(self.device)
-        return None, None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.bf16:
@@ -324,7 +366,8 @@ class Trainer:
             if step % t.log_interval == 0 or step == t.steps:
                 self.log(format_row(row, t.steps))
             if step == save_at and self.dist.rank == 0:  # outside the timed step; every rank holds the state
-                self.log(f"checkpoint saved: {checkpoint.save(self, out_dir, step)}")
+                saved = checkpoint.save(self.state(), self.recipe, self.global_batch, out_dir, step)
+                self.log(f"checkpoint saved: {saved}")
 
 
 def format_row(row: dict, steps: int) -> str:

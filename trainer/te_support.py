@@ -164,6 +164,7 @@ class TEPaths:
     quant_recipe: str | None  # transformer_engine.common.recipe class name, None = no quantized GEMMs
     expert_wgrad: str = "torch"  # grouped_mm experts' weight gradient: "torch" | "te" (grouped GEMM, accumulate)
     fuse_wgrad: bool = False  # TE layers built with fuse_wgrad_accumulation (optimizer.grad_accumulation_fusion)
+    knobs: tuple[str, ...] = ()  # the recipe's `key: value` settings that chose TE (te_knobs), named in errors
 
     @property
     def uses_te(self) -> bool:
@@ -184,6 +185,7 @@ def select_paths(recipe: Recipe) -> TEPaths:
         quant_recipe=quant,
         expert_wgrad=moe.expert_wgrad if moe is not None else "torch",
         fuse_wgrad=recipe.optimizer.grad_accumulation_fusion,
+        knobs=tuple(te_knobs(recipe)),
     )
 
 
@@ -298,14 +300,14 @@ class TERuntime:
         return ", ".join(parts)
 
 
-def prepare_model(model: Any, recipe: Recipe, device: Any) -> TERuntime:
-    """Swap in the TE modules this recipe asks for (before master weights are taken) and return the runtime."""
-    paths = select_paths(recipe)
+def prepare_model(model: Any, paths: TEPaths, device: Any) -> TERuntime:
+    """Swap in the TE modules of `paths` (`select_paths` of the recipe; before master weights are taken) and return
+    the runtime."""
     if not paths.uses_te:
         return TERuntime(paths)
     import torch
 
-    te = require_te(te_knobs(recipe)[0])
+    te = require_te(paths.knobs[0])
     version = getattr(import_module("transformer_engine"), "__version__", "unknown")
     dtype = torch.float32  # master-weight set-up casts to bf16 afterwards, as for the torch modules
     if paths.expert_wgrad == "te":
@@ -330,7 +332,7 @@ def prepare_model(model: Any, recipe: Recipe, device: Any) -> TERuntime:
             swap_linears(model, te_linear_factory(te, device, dtype, paths.fuse_wgrad))
             from transformer_engine.common import recipe as te_recipe
         except Exception as err:  # noqa: BLE001
-            raise NotSupportedError(f"precision: {recipe.precision}: could not build TE Linear layers with "
+            raise NotSupportedError(f"{paths.knobs[0]}: could not build TE Linear layers with "
                                     f"transformer_engine {version}: {type(err).__name__}: {err}") from err
         quant = make_quant_recipe(paths.quant_recipe, te_recipe)
     return TERuntime(paths, quant, te)

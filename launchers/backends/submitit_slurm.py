@@ -30,36 +30,12 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from launchers.base import JobState, LaunchSpec, Rendered, Submitted
-from launchers.command import node_entry_argv, node_python
 from launchers.registry import register
 from launchers.safety import check_value, refuse_control
-from launchers.slurm.launcher import SlurmLauncher
-from launchers.slurm.pack import (
-    PACK_FILE,
-    PackLayout,
-    describe,
-    pack_file,
-    pack_minutes,
-    packs,
-    point_info,
-    point_job_id,
-    runner_argv,
-    runner_python,
-    scheduler_id,
-)
-from launchers.slurm.query import Scheduler, SchedulerState, SlurmQuery
-from launchers.slurm.render import (
-    TASKS_FILE,
-    JobRequest,
-    batch_dir,
-    batch_key,
-    group_by_shape,
-    job_request,
-    safe_name,
-    shape_label,
-    shape_of,
-    task_table,
-)
+from launchers.scheduler import Scheduler, SchedulerState
+from launchers.slurm.launcher import Batch, JobFile, Launched, SlurmLauncher
+from launchers.slurm.query import SlurmQuery
+from launchers.slurm.render import JobRequest, batch_dir, batch_key, safe_name, shape_label
 from launchers.slurm.settings import SlurmSettings
 
 SUBMISSION_FILE = "%j_submission.sh"  # submitit's name for the job script (%j: the job id, an array's own id)
@@ -183,15 +159,15 @@ def sbatch_text(plan: JobPlan) -> str:
     return "\n".join(out)
 
 
-def setup_lines(specs: list[LaunchSpec], folder: Path, command: list[str], packed: bool) -> list[str]:
+def setup_lines(batch: Batch, command: list[str]) -> list[str]:
     """Comments for the batch shell (nothing runs): where the values are, what each task runs."""
     setup = ["# every value reaches the ranks through the task table, never through this shell",
-             f"# task table: {shlex.quote(str(folder / TASKS_FILE))}"]  # fmt: skip
-    if packed:
+             f"# task table: {shlex.quote(str(batch.table))}"]  # fmt: skip
+    if batch.packed:
         setup.append(
-            f"# pack file (one srun step per point, back to back): {shlex.quote(str(folder / PACK_FILE))}"
+            f"# pack file (one srun step per point, back to back): {shlex.quote(str(batch.layout.file))}"
         )
-    env_pass = sorted({name for s in specs for name in s.env_pass})
+    env_pass = sorted({name for s in batch.specs for name in s.env_pass})
     if env_pass:
         setup.append("# passed by name from the submitting environment (--export=ALL): " + " ".join(env_pass))
     setup.append("# each task runs (a submitit.helpers.CommandFunction): " + shlex.join(command))
@@ -256,81 +232,46 @@ class SubmititLauncher(SlurmLauncher):
         s = self.settings
         return SubmititQuery(self.scheduler_command, s.poll_interval_s, s.poll_max_interval_s)
 
-    def plan(self, group: list[LaunchSpec]) -> tuple[JobPlan, dict[Path, str], list[str]]:
-        """The batch of one group, the files mbx writes for it (task table, pack file), the dry run's notes."""
-        folder = batch_dir(self.workspace, group[0], batch_key(group))
-        request = job_request(group, self.profile, self.settings, self.workspace)
-        python = node_python(self.profile)
-        files = {folder / TASKS_FILE: task_table(group, self.profile, self.settings, python)}
-        notes: list[str] = []
-        count = len(group)
-        if self.settings.pack > 1:
-            cut = packs(group, self.settings.pack)
-            minutes = [pack_minutes(chunk, self.settings) for chunk in cut]
-            request = dataclasses.replace(
-                request, time_min=None if None in minutes else max(m or 0 for m in minutes)
-            )
-            layout = PackLayout(folder)
-            files[layout.file] = pack_file(
-                cut, layout, folder / TASKS_FILE, [request] * len(cut), python, self.settings
-            )
-            command = runner_argv(runner_python(self.profile, self.settings, request.container_image), layout.file)
-            notes.append(describe(cut, request.time_min))
-            count = len(cut)
+    def job_folder(self, specs: list[LaunchSpec]) -> Path:
+        return batch_dir(self.workspace, specs[0], batch_key(specs))
+
+    def plan(self, batch: Batch) -> JobPlan:
+        """The submitit batch: one array task per point (srun of the rank entry) or per pack (the pack runner)."""
+        request = self.request(batch.specs)
+        if batch.packed:
+            request = dataclasses.replace(request, time_min=self.pack_minutes(batch))
+            command = self.runner_argv(batch, request.container_image)
         else:
-            command = srun_line(request, node_entry_argv(python, folder / TASKS_FILE, self.settings.master_port_base))
-        setup = setup_lines(group, folder, command, self.settings.pack > 1)
-        entry_python = runner_python(self.profile, self.settings, request.container_image)
-        plan = JobPlan(folder, entry_python, plan_parameters(group, request, self.settings, setup), command, count)
-        notes.append(f"submitit: {count} task(s) of one SlurmExecutor(folder={shlex.quote(str(folder))}).batch()")
-        return plan, files, notes
+            command = srun_line(request, self.rank_argv(batch))
+        setup = setup_lines(batch, command)
+        entry_python = self.outside_python(request.container_image)
+        parameters = plan_parameters(batch.specs, request, self.settings, setup)
+        return JobPlan(batch.folder, entry_python, parameters, command, len(batch.tasks))
 
-    def render(self, specs: list[LaunchSpec]) -> list[Rendered]:
-        self.check_specs(specs)
-        rendered = []
-        for group in group_by_shape(specs):
-            plan, files, notes = self.plan(group)
-            script = {plan.folder / SUBMISSION_FILE: sbatch_text(plan)}  # submitit writes it (not in files)
-            rendered.append(Rendered(group, files, script, [], notes))
-        return rendered
+    def render_job(self, batch: Batch) -> JobFile:
+        plan = self.plan(batch)
+        folder = shlex.quote(str(plan.folder))
+        note = f"submitit: {plan.count} task(s) of one SlurmExecutor(folder={folder}).batch()"
+        # submitit writes the script itself: a script of the job, not one of the files mbx writes
+        return JobFile({plan.folder / SUBMISSION_FILE: sbatch_text(plan)}, [], [note])
 
-    def launch(self, rendered: Rendered) -> list[Submitted]:
-        plan, _, _ = self.plan(rendered.specs)
+    def submit_job(self, batch: Batch, rendered: Rendered) -> list[Launched]:
+        plan = self.plan(batch)
         if {plan.folder / SUBMISSION_FILE: sbatch_text(plan)} != rendered.scripts:
             raise RuntimeError(f"the job in {plan.folder} is no longer what was rendered")
         jobs = submit(plan)
-        common = {"argv": plan.command, "folder": str(plan.folder), "tasks": str(plan.folder / TASKS_FILE),
+        common = {"argv": plan.command, "folder": str(plan.folder), "tasks": str(batch.table),
                   "script": str(jobs[0].paths.submission_file), "array_job_id": jobs[0].job_id.split("_")[0],
-                  "time_min": shape_of(rendered.specs[0])[2], "submitted_at": time.time()}  # fmt: skip
-        if isinstance(self.query, SubmititQuery):
+                  "submitted_at": time.time()}  # fmt: skip
+        if isinstance(self.query, SubmititQuery):  # (a test may ask Slurm through a plain SlurmQuery)
             self.query.jobs.update((job.job_id, job) for job in jobs)
-        if self.settings.pack > 1:
-            return self._packed_jobs(rendered.specs, plan.folder, jobs, common)
-        return [
-            Submitted(spec.cell_id, spec.attempt, job.job_id,
-                      {"run_dir": str(spec.run_dir), "index": index, **common, **task_logs(job)})  # fmt: skip
-            for index, (spec, job) in enumerate(zip(rendered.specs, jobs, strict=True))
-        ]
+        return [Launched(job.job_id, {**common, **task_logs(job)}) for job in jobs]
 
     def poll(self, jobs: list[Submitted]) -> dict[str, JobState]:
         if isinstance(self.query, SubmititQuery):
             for job in jobs:
-                self.query.adopt(scheduler_id(job), job.info.get("folder"))
+                self.query.adopt(self.scheduler_id(job), job.info.get("folder"))
         return super().poll(jobs)
-
-    def _packed_jobs(
-        self, specs: list[LaunchSpec], folder: Path, jobs: list[Any], common: dict[str, Any]
-    ) -> list[Submitted]:
-        """One Submitted per point, `<allocation>#<position>`: the engine follows each point as its own job."""
-        submitted, index, layout = [], 0, PackLayout(folder)
-        cut = packs(specs, self.settings.pack)
-        for number, (chunk, job) in enumerate(zip(cut, jobs, strict=True)):
-            for pos, spec in enumerate(chunk):
-                info = {"run_dir": str(spec.run_dir), "index": index, **common,
-                        **task_logs(job), **point_info(layout, job.job_id, number, pos, len(chunk))}  # fmt: skip
-                submitted.append(Submitted(spec.cell_id, spec.attempt, point_job_id(job.job_id, pos), info))
-                index += 1
-        return submitted
 
 
 def submit(plan: JobPlan) -> list[Any]:

@@ -29,7 +29,7 @@ from typing import Any
 from launchers.base import LaunchSpec, Submitted
 from launchers.command import ROOT, node_entry_argv
 from launchers.profile import SlurmProfile
-from launchers.slurm.query import SchedulerState
+from launchers.scheduler import SchedulerState
 from launchers.slurm.render import JobRequest, slurm_minutes
 from launchers.slurm.settings import SlurmSettings
 from trainer import rundir

@@ -7,10 +7,9 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Protocol
 
 from launchers.node.environ import JIT_CACHE_VARIABLES
+from launchers.scheduler import SchedulerState
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
@@ -58,27 +57,6 @@ def _expand_ids(job_id: str) -> list[str]:
         low, _, high = part.partition("-")
         ids += [f"{match.group(1)}_{n}" for n in range(int(low), int(high or low) + 1)]
     return ids
-
-
-@dataclass
-class SchedulerState:
-    """What the scheduler last said about one job."""
-
-    state: str  # Slurm's word, e.g. RUNNING, TIMEOUT, CANCELLED
-    reason: str = ""
-    source: str = ""  # sacct | squeue | mbx | nemo-run
-    seen_at: float = 0.0
-
-
-class Scheduler(Protocol):
-    """What the Slurm base class asks of a scheduler (SlurmQuery; NeMo-Run's local executor has its own)."""
-
-    states: dict[str, SchedulerState]
-    queries: int
-
-    def refresh(self, job_ids: list[str], force: bool = False) -> bool: ...
-
-    def cancel(self, job_ids: list[str]) -> None: ...
 
 
 SACCT_GIVE_UP = 3  # sacct failures in a row after which only squeue (and the run dirs) are asked

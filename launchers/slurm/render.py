@@ -76,11 +76,10 @@ def batch_dir(workspace: Path, spec: LaunchSpec, key: str) -> Path:
 
 
 # ---- the task table (what launchers/node/rank.py reads) --------------------------------------------------
-def task_entry(
-    spec: LaunchSpec, profile: SlurmProfile, settings: SlurmSettings, python: str
-) -> dict[str, Any]:
+def task_entry(spec: LaunchSpec, profile: SlurmProfile, stop_margin_s: float, python: str) -> dict[str, Any]:
     """One attempt as the rank entry reads it: run dir, argv (run with `python`: see launchers.command),
-    environment values (never pass-through values), and what its GPU must hold (`gpu_need`, when known)."""
+    environment values (never pass-through values), the wrapper's time limit (`stop_margin_s` before the
+    scheduler's whole minutes) and what its GPU must hold (`gpu_need`, when known)."""
     entry = {
         "cell_id": spec.cell_id,
         "attempt": spec.attempt,
@@ -88,7 +87,7 @@ def task_entry(
         "argv": program_argv(spec, python),
         "env": runtime_env(spec),
         "env_passed_by_name": sorted(spec.env_pass),
-        "time_limit_s": wrapper_limit_s(spec.resources.time_limit_min, settings.stop_margin_s),
+        "time_limit_s": wrapper_limit_s(spec.resources.time_limit_min, stop_margin_s),
         "container_image": point_image(spec.env, profile.container),
         "git_sha": profile.git_sha,
     }
@@ -97,8 +96,9 @@ def task_entry(
     return entry
 
 
-def task_table(specs: list[LaunchSpec], profile: SlurmProfile, settings: SlurmSettings, python: str) -> str:
-    return json.dumps([task_entry(s, profile, settings, python) for s in specs], indent=1) + "\n"
+def task_table(specs: list[LaunchSpec], profile: SlurmProfile, stop_margin_s: float, python: str) -> str:
+    """The task table launchers/node/rank.py reads (NeMo-Run's local executor starts the same entry)."""
+    return json.dumps([task_entry(s, profile, stop_margin_s, python) for s in specs], indent=1) + "\n"
 
 
 # ---- the job request -------------------------------------------------------------------------------------

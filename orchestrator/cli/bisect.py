@@ -112,12 +112,13 @@ def bisect(
     elif markdown:
         typer.echo(search.to_markdown(result), nl=False)
     else:
-        show(result)
+        show(result, inconclusive_ok)
     raise typer.Exit(result.exit_code(inconclusive_ok))
 
 
-def show(result: object) -> None:
-    """The final table: every measurement, then the first bad version (or why there is none) and the diagnosis."""
+def show(result: object, inconclusive_ok: bool = False) -> None:
+    """The final table: every measurement, then the first bad version (or why there is none), the closing line
+    (`inconclusive_ok`: the command was given --inconclusive-ok) and the diagnosis."""
     from rich.table import Table
     from rich.text import Text
 
@@ -132,7 +133,10 @@ def show(result: object) -> None:
         table.add_row(str(m.index), Text(m.label), m.role, str(m.repeats), search.fmt_mean(m),
                       Text(search.fmt_verdict(m), style=_STYLE.get(m.verdict, "")))  # fmt: skip
     console().print(table)
-    style = "bold red" if result.culprit is not None else "bold yellow"
-    console().print(Text(result.message, style=style), soft_wrap=True)
+    from orchestrator.judge.closing import closing_text
+    from orchestrator.judge.outcome import Outcome, Part
+
+    bisected = Outcome("", (Part("bisect", result.verdict, result.message),))
+    console().print(closing_text(bisected, inconclusive_ok), soft_wrap=True)
     for line in result.diagnosis:
         console().print(Text(f"  diagnosis: {line}"), soft_wrap=True)

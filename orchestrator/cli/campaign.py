@@ -278,7 +278,7 @@ def run(
 
     gpu = auto_gpu(gpu)  # --gpu auto: this machine's GPU (a local run's allocation)
     options = lifecycle.Options(workspace, launcher, parallel, gpu, strict, max_cells, make_report=report,
-                                log_wandb=wandb)  # fmt: skip
+                                log_wandb=wandb, inconclusive_ok=inconclusive_ok)  # fmt: skip
     plan = lifecycle.prepare(file, options)  # a search too: its rungs are plans executed in turn
     finished = lifecycle.render(plan) if dry_run else lifecycle.execute(plan)
     raise typer.Exit(finished.exit_code(inconclusive_ok))
@@ -304,7 +304,8 @@ def resume(
     """
     from orchestrator.flow import lifecycle
 
-    options = lifecycle.Options(workspace, parallel=parallel, make_report=report, log_wandb=wandb)
+    options = lifecycle.Options(workspace, parallel=parallel, make_report=report, log_wandb=wandb,
+                                inconclusive_ok=inconclusive_ok)
     finished = lifecycle.execute(lifecycle.prepare_stored(workspace, name, options))
     raise typer.Exit(finished.exit_code(inconclusive_ok))
 
@@ -339,7 +340,7 @@ def regate(
     console().print(Text(f"{name}: {len(points)} point(s) judged; {gates}; {done.rewritten} stored result(s) "
                          f"rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
     judged = lifecycle.regated_outcome(done)  # a search's answer, as status says it (judge/outcome.py)
-    console().print(closing_text(judged), soft_wrap=True)
+    console().print(closing_text(judged, inconclusive_ok), soft_wrap=True)
     for line in parity_lines(done.parity)[1:]:  # a parity campaign: its pairs are judged again too
         console().print(line, soft_wrap=True)
     raise typer.Exit(judged.exit_code(inconclusive_ok))

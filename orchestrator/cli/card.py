@@ -10,6 +10,7 @@ import typer
 
 from orchestrator.cli.options import (
     DEFAULT_WORKSPACE,
+    AllowFailedOpt,
     CampaignNameArg,
     InconclusiveOkOpt,
     JsonOpt,
@@ -49,6 +50,7 @@ def export(
     item: ExportItemOpt = "pretrain_performance",
     margin: ExportMarginOpt = None,
     title: Annotated[str | None, typer.Option(help="The card's title [default: the campaign name].")] = None,
+    allow_failed: AllowFailedOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a card's performance item for one point, from all its completed repeats.
@@ -63,14 +65,26 @@ def export(
     --json prints the card as JSON instead of YAML (with --out, the file is YAML and --json prints what was
     written).
 
+    A point that failed a check is not exported, as mbx freeze --point refuses it: a gate not passed, a parity
+    pair not passed that rules it out (the side under test: the on side of a toggle or pair, the reloading
+    side of a checkpoint check, the evaluating side of eval_check), a failed or unstable repeat. That exits 1
+    naming the check, unless --allow-failed "REASON" says why: then the card is written `unverified`, with
+    `failed_check` naming the check and the reason.
+
+    Exit codes: 0 written; 1 the point failed a check (without --allow-failed); 2 bad input.
+
     Example: mbx card export quickstart --point 3f2a9c01d2 --out quickstart.card.yaml
     """
     from rich.text import Text
 
+    from orchestrator.errors import UsageError
     from orchestrator.judge.card import export_card, write_card
     from orchestrator.spec.yamlio import dump_yaml
 
-    done = export_card(workspace, campaign, point, item=item, margin=margin, title=title)
+    if allow_failed is not None and not allow_failed.strip():
+        raise UsageError('--allow-failed "REASON": give a reason (it is written in the card\'s failed_check)')
+    done = export_card(workspace, campaign, point, item=item, margin=margin, title=title,
+                       allow_failed=allow_failed)  # fmt: skip
     for note in done.notes:
         _note(note)
     if out is None:

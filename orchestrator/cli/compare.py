@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,6 +24,9 @@ from orchestrator.cli.options import (
 )
 from orchestrator.cli.terminal import console, noun_app
 from orchestrator.errors import RunError, UsageError
+
+if TYPE_CHECKING:
+    from orchestrator.judge.outcome import Outcome
 
 app = noun_app("Compare two campaigns (or golden-values files) metric by metric: SAME / DIFFERENT / UNKNOWN.")
 
@@ -110,17 +113,20 @@ def compare(
     A side may be a Megatron-LM golden-values file (a path ending in .json; `mbx golden export` writes one): one
     point, `golden`, with one repeat of per-step samples and no fingerprint. One repeat on a side follows the
     single-repeat rule: the within-run CI is widened by the run-to-run floor (the workspace's own repeats of
-    that trainer and GPU, else 1%: "1 run a side: within-run CI widened by the run-to-run floor X%"); never
-    SAME, DIFFERENT only for a large effect (about 4% at 1%), else UNKNOWN.
+    that trainer and GPU, else 1%; never below 1%, the minimum: "1 run a side: within-run CI widened by the
+    run-to-run floor 1.00% (minimum; measured 0.12%: …)"); never SAME, DIFFERENT only for a large effect
+    (about 4% at 1%), else UNKNOWN.
 
     `--run A.yaml B.yaml` runs both campaigns first, interleaved (A B A B …) so that drift of the machine
     falls on both alike; their points must match by swept values. `--until-conclusive` then (or on stored
     campaigns) adds repeat cells to undecided points until decided or out of --budget; running the campaign
     file again keeps those extra repeats active (and says so).
 
-    Exit codes: 0 every metric SAME (or below --min-effect, or better); 1 a metric DIFFERENT in the bad
-    direction (slower, fewer TFLOP/s, more memory, higher loss), or with --run a cell that did not complete;
-    3 an UNKNOWN (more repeats needed) and nothing worse (`--inconclusive-ok` turns it into 0); 2 bad input.
+    It ends with one closing line, PASS / FAIL / INCONCLUSIVE as every judging command says it (`--json`:
+    `verdict`, `closing` and `exit_code`, the code the command exits with). Exit codes: 0 every metric SAME
+    (or below --min-effect, or better); 1 a metric DIFFERENT in the bad direction (slower, fewer TFLOP/s, more
+    memory, higher loss), or with --run a cell that did not complete; 3 an UNKNOWN (more repeats needed) and
+    nothing worse (`--inconclusive-ok` turns it into 0); 2 bad input.
 
     --min-effect is a percent [default: 1], for every metric and per metric: `2,final_loss=0.5` (a `%` sign
     may follow each number). --launcher/-l applies with --run or --until-conclusive.
@@ -140,10 +146,11 @@ def compare(
 
         page = cmp.write_page(result, html)
         print(f"comparison page: {page}", file=sys.stderr if as_json or markdown else sys.stdout)
-    _output(result, as_json, markdown)
-    from orchestrator.judge.outcome import FAIL, PASS, combine, exit_code
+    from orchestrator.judge.compare_outcome import compare_outcome
 
-    raise typer.Exit(exit_code(combine([result.verdict, FAIL if failed else PASS]), inconclusive_ok))
+    judged = compare_outcome(result, failed)
+    _output(result, judged, as_json, markdown, inconclusive_ok)
+    raise typer.Exit(judged.exit_code(inconclusive_ok))
 
 
 def _options(
@@ -157,8 +164,9 @@ def _options(
 
 
 def _decide(workspace: Path, a: str, b: str, run: bool, repeats: int | None, launcher: str | None,
-            until_conclusive: bool, budget: int | None, options: dict[str, Any]) -> tuple[Any, bool]:  # fmt: skip
-    """Run (with --run), compare, run more repeats (with --until-conclusive); (comparison, cells failed)."""
+            until_conclusive: bool, budget: int | None, options: dict[str, Any]) -> tuple[Any, list[str]]:  # fmt: skip
+    """Run (with --run), compare, run more repeats (with --until-conclusive); (comparison, "cell id: why" of
+    each cell run that did not complete)."""
     from orchestrator.flow import interleave
     from orchestrator.judge import compare as cmp
 
@@ -184,18 +192,25 @@ def _decide(workspace: Path, a: str, b: str, run: bool, repeats: int | None, lau
             workspace, result, again, interleave.DEFAULT_BUDGET if budget is None else budget, launcher
         )
         failed = failed + extra.failed
-    return result, bool(failed)
+    return result, [f"{cell.cell_id}: {why}" for cell, why in failed]
 
 
-def _output(result: Any, as_json: bool, markdown: bool) -> None:
+def _output(result: Any, judged: Outcome, as_json: bool, markdown: bool, inconclusive_ok: bool) -> None:
+    """The comparison as JSON (with the outcome's verdict, closing line and the exit code the process exits
+    with), Markdown or a table; the latter two end with the closing line."""
     from orchestrator.judge import compare as cmp
 
     if as_json:
-        typer.echo(json.dumps(cmp.to_json(result), indent=2))
+        typer.echo(json.dumps({**cmp.to_json(result), **judged.to_dict(inconclusive_ok)}, indent=2))
     elif markdown:
-        typer.echo(cmp.to_markdown(result), nl=False)
+        from reports.markdown import md_text
+
+        typer.echo(cmp.to_markdown(result) + f"\n**{md_text(judged.closing(inconclusive_ok))}**\n", nl=False)
     else:
         _print(result)
+        from orchestrator.judge.closing import closing_text
+
+        console().print(closing_text(judged, inconclusive_ok), soft_wrap=True)
 
 
 def _print(result: object) -> None:
@@ -228,9 +243,4 @@ def _print(result: object) -> None:
             out.print(Text.assemble((head, "bold"), text))
     for line in result.unmatched:
         out.print(Text.assemble(("unmatched: ", "yellow"), line))
-    from orchestrator.judge.outcome import FAIL, PASS
-
-    word = {PASS: "SAME", FAIL: "WORSE"}.get(result.verdict, "UNKNOWN")
     out.print(Text(f"rule: {cmp.rule_text(result)}", style="dim"))
-    out.print(Text(f"{word}: {result.a} → {result.b}, practical threshold {cmp.threshold_text(result)}",
-                       style="bold"))  # fmt: skip

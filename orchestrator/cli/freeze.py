@@ -10,6 +10,7 @@ import typer
 from orchestrator.cli.options import (
     CHANGED,
     DEFAULT_WORKSPACE,
+    AllowFailedOpt,
     CampaignNameArg,
     InconclusiveOkOpt,
     JsonOpt,
@@ -58,16 +59,7 @@ def freeze(
     frozen_repeats: FrozenRepeatsOpt = None,
     old_repeats: OldRepeatsOpt = None,
     margin: MarginOpt = None,
-    allow_failed: Annotated[
-        str | None,
-        typer.Option(
-            "--allow-failed",
-            metavar="REASON",
-            help="With --point: freeze a point that failed a gate or parity check (or had a failed or "
-            "unstable repeat) anyway; REASON is written beside the check in FROZEN.md and frozen.json.",
-            show_default=False,
-        ),
-    ] = None,
+    allow_failed: AllowFailedOpt = None,
     out: OutOpt = None,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     as_json: JsonOpt = False,
@@ -81,12 +73,16 @@ def freeze(
     at least the 1% minimum effect) lost; every other point (SAME, SAME in practice, UNKNOWN) is tied with the
     leader. A tie is settled by the tie-break (less peak memory by default) only when every tied point has that
     figure and it separates them by more than the minimum effect; otherwise there is no winner ("tie — no
-    figure separates them", exit 3: pick one with --point; `--inconclusive-ok` exits 0, nothing written). The search, the report and status name the same
-    point by the same rule (orchestrator/judge/best.py).
+    figure separates them", exit 3: pick one with --point; `--inconclusive-ok` exits 0, nothing written). The
+    search, the report and status name the same point by the same rule (orchestrator/judge/best.py).
 
     A point that failed a check never wins: a failed or unfinished repeat, NaN/skipped steps, a gate not passed,
-    a parity pair not passed (the side under test), and in a search any trial shorter than full length. --point
-    of such a point exits 1 naming the check, unless --allow-failed "REASON" says why it is frozen anyway.
+    a parity pair not passed, and in a search any trial shorter than full length. Which side a parity pair
+    rules out (the one rule, orchestrator/judge/outcome.py, that status, the report and card export read too):
+    a pair that did not pass (FAIL, or INCONCLUSIVE: not shown to train the same) rules out the side under
+    test: the on side of a toggle or pair, the reloading side of a checkpoint check, the evaluating side of
+    eval_check (train-only is its reference); the reference (off) side stays eligible. --point of a ruled-out
+    point exits 1 naming the check, unless --allow-failed "REASON" says why it is frozen anyway.
 
     Writes recipe.yaml (the resolved recipe), campaign.yaml (the winner with --frozen-repeats repeats and
     portable gates, --margin percent from the measured values), FROZEN.md (Frozen configuration, Performance
@@ -99,16 +95,18 @@ def freeze(
     WORKSPACE/CAMPAIGN/frozen]; --json prints the winner, the rejected points and the files written as JSON.
     Before 2026-12-06 --frozen-repeats was --repeats and --margin a fraction (0.03 for 3%).
 
-    Exit codes: 0 frozen; 1 nothing can be frozen, or --point names a point that failed a check; 2 bad input;
-    3 a tie no figure separates.
+    When nothing is frozen, one closing line says why (INCONCLUSIVE or FAIL, as every judging command; with
+    --json, the verdict, closing line, exit code and rejected points). Exit codes: 0 frozen; 1 every point
+    failed a check (or is infeasible), or --point names a point that failed a check; 2 bad input; 3 undecided:
+    a tie no figure separates, or a point not decided yet (an inconclusive gate or parity pair, a repeat not
+    finished) and none eligible; `--inconclusive-ok` turns 3 into 0 (nothing is written either way).
 
     Example: mbx freeze quickstart --out frozen/
     """
     from orchestrator.errors import UsageError
-    from orchestrator.judge.freeze import Tied
+    from orchestrator.judge.freeze import NoWinner
     from orchestrator.judge.freeze import freeze as pick
     from orchestrator.judge.freeze_out import write_frozen
-    from orchestrator.judge.outcome import INCONCLUSIVE, exit_code
 
     if point is not None and best:
         raise UsageError("--point and --best: give one (without either, the best point is frozen)")
@@ -123,11 +121,8 @@ def freeze(
     try:
         frozen = pick(workspace, campaign, point=point, objective=by,
                       tie_break=tie_break, min_effect=effect, allow_failed=allow_failed)  # fmt: skip
-    except Tied as tie:  # undecided: exit 3, or 0 with --inconclusive-ok (nothing is written either way)
-        if not inconclusive_ok:
-            raise
-        console(stderr=True, soft_wrap=True).print(f"inconclusive: {tie}; nothing frozen (--inconclusive-ok)")
-        raise typer.Exit(exit_code(INCONCLUSIVE, inconclusive_ok)) from None
+    except NoWinner as none:  # the one closing line; 3 undecided (0 with --inconclusive-ok), 1 every point failed
+        raise typer.Exit(_no_winner(campaign, none, as_json, inconclusive_ok)) from None
     target = out or workspace / campaign / "frozen"
     check_out_dir(target)
     try:
@@ -142,6 +137,21 @@ def freeze(
                                 for r in frozen.rejected], "written": [str(p) for p in written]})  # fmt: skip
         return
     _print_frozen(campaign, frozen, written)
+
+
+def _no_winner(campaign: str, none: Any, as_json: bool, inconclusive_ok: bool) -> int:
+    """Print why nothing is frozen as the one closing line (orchestrator/judge/outcome.py), or with --json the
+    outcome and the rejected points; the exit code."""
+    from orchestrator.judge.closing import closing_text
+
+    outcome = none.outcome()
+    if as_json:
+        rejected = [{"point_id": r.point_id, "label": r.label, "kind": r.kind, "verdict": r.verdict, "why": r.why}
+                    for r in none.rejected]  # fmt: skip
+        emit_json({"campaign": campaign, **outcome.to_dict(inconclusive_ok), "rejected": rejected, "written": []})
+    else:
+        _out().print(closing_text(outcome, inconclusive_ok))
+    return outcome.exit_code(inconclusive_ok)
 
 
 def _frozen_repeats(frozen_repeats: int | None, old_repeats: int | None) -> int:

@@ -11,6 +11,7 @@ from orchestrator.cli.options import DEFAULT_WORKSPACE, InconclusiveOkOpt, JsonO
 from orchestrator.cli.terminal import console, emit_json, noun_app
 
 if TYPE_CHECKING:
+    from orchestrator.judge.outcome import Outcome
     from orchestrator.run.ingest import Ingested
 
 app = noun_app("Bring past Megatron-LM / Megatron-Bridge logs into the run store.")
@@ -94,11 +95,12 @@ def ingest(
     A log that stops before its planned iterations, or that holds impossible figures (a negative or non-finite step
     time, throughput, token rate or memory), is recorded failed with the reason, never passed.
 
-    Exit codes as for `mbx campaign run`, from the ingested cell's verdict: 0 it passed its gates, 1 it failed
-    (a failed or truncated run, impossible figures, a failed gate), 3 inconclusive (`--inconclusive-ok` turns
-    it into 0); 2 without writing anything when a log is missing or holds no iteration lines. The campaign
-    comes first, as everywhere (`LOG... --campaign NAME`, the old order, still works). --json prints the cell,
-    its state, verdict, window summary and exit code as JSON.
+    It ends with one closing line (PASS / FAIL / INCONCLUSIVE, the cell judged as `campaign run` judges it). Exit
+    codes as for `mbx campaign run`, from the ingested cell's verdict: 0 it passed its gates, 1 it failed (a failed or
+    truncated run, impossible figures, a failed gate), 3 inconclusive (`--inconclusive-ok` turns it into 0); 2
+    without writing anything when a log is missing or holds no iteration lines. The campaign comes first, as
+    everywhere (`LOG... --campaign NAME`, the old order, still works). --json prints the cell, its state, its
+    gates' verdict, window summary, the closing line, the outcome and the exit code as JSON.
 
     Example: mbx ingest past-runs logs/run-0412/*.log --format megatron-lm -w mbx-workspace
     """
@@ -114,18 +116,31 @@ def ingest(
         workspace, logs, campaign, log_format, seq_length=seq_length, num_gpus=num_gpus, steps=steps,
         label=label, params=_params(param or []), exit_code=exit_code, replace=replace,
     )  # fmt: skip
-    from orchestrator.judge.outcome import FAIL, PASS, combine, exit_code
-
-    # as `campaign run` judges a cell: one that did not complete fails, else its gates' verdict
-    code = exit_code(combine([result.verdict, PASS if result.state == "completed" else FAIL]), inconclusive_ok)
+    judged = ingested_outcome(result)
+    code = judged.exit_code(inconclusive_ok)
     if as_json:
         emit_json({"campaign": result.campaign, "cell_id": result.cell_id, "attempt": result.attempt,
                    "already": result.already, "steps": result.steps, "state": result.state,
                    "failure_class": result.failure_class, "reason": result.reason, "verdict": result.verdict,
-                   "summary": result.summary, "run_dir": result.run_dir, "exit_code": code})  # fmt: skip
+                   "summary": result.summary, "run_dir": result.run_dir, "closing": judged.closing(inconclusive_ok),
+                   "outcome": judged.verdict, "exit_code": code})  # fmt: skip
     else:
         _print_result(result, workspace)
+        from orchestrator.judge.closing import closing_text
+
+        console().print(closing_text(judged, inconclusive_ok), soft_wrap=True)
     raise typer.Exit(code)
+
+
+def ingested_outcome(result: Ingested) -> Outcome:
+    """The ingested cell's outcome, judged as `campaign run` judges a cell: one that did not complete fails its
+    gates, else its gates' verdict decides (`FAIL cell 96b5fefc28-r0 of 'past', gates FAIL: 1 failed, 1 cell(s)
+    did not complete`)."""
+    from orchestrator.judge.outcome import Outcome, gates_part
+
+    not_completed = int(result.state != "completed")
+    gates = gates_part([result.verdict], not_completed)
+    return Outcome(f"cell {result.cell_id} of {result.campaign!r}", (gates,))
 
 
 def _campaign_and_logs(first: str, rest: list[Path], old_campaign: str | None) -> tuple[str, list[Path]]:

@@ -82,6 +82,17 @@ PointOpt = Annotated[
 RequiredPointOpt = Annotated[
     str, typer.Option("--point", "-p", help="The point: its point id, label or a cell id.", show_default=False)
 ]
+AllowFailedOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--allow-failed",
+        metavar="REASON",
+        help="With --point: take a point that failed a check anyway (a gate or parity pair not passed, a failed or "
+        "unstable repeat); REASON is written beside the check (freeze: FROZEN.md and frozen.json; card export: "
+        "the card's failed_check, status unverified).",
+        show_default=False,
+    ),
+]
 
 # --- how it runs ------------------------------------------------------------------------------------------------
 LauncherOpt = Annotated[
@@ -89,7 +100,7 @@ LauncherOpt = Annotated[
     typer.Option(
         "--launcher",
         "-l",
-        help="Backend: local, submitit, nemo-run [default: the campaign's].",
+        help="Backend: local, submitit, nemo-run, nemo-run-local [default: the campaign's].",
         show_default=False,
     ),
 ]

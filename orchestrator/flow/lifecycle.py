@@ -343,7 +343,7 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
     regated.parity = record_parity(store, campaign)
     judged = run_outcome(outcome, points, regated.parity, infeasible)
     _publish(store, plan, judged, plan.options.make_report)
-    print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible)
+    print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible, plan.options.inconclusive_ok)
     return Finished(outcome, points, regated.parity, judged)
 
 
@@ -398,7 +398,7 @@ def _execute_search(plan: Plan) -> Finished:
             _publish(store, plan, judged, plan.options.make_report and bool(ran))
         for line in outcome_lines(found):
             console.print(Text(printable(line)), soft_wrap=True)
-        console.print(closing_text(judged), soft_wrap=True)
+        console.print(closing_text(judged, plan.options.inconclusive_ok), soft_wrap=True)
     return Finished(Outcome(name, total=len(ran)), points, judged=judged, search=found)
 
 

@@ -23,3 +23,4 @@ class Options:
     make_report: bool = True
     log_wandb: bool = True
     resume_hint: bool = True  # the closing line may name `mbx campaign resume` (not a rung's or batch's)
+    inconclusive_ok: bool = False  # --inconclusive-ok: an inconclusive closing line says it exits 0

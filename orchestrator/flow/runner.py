@@ -14,7 +14,7 @@ from rich.text import Text
 from launchers.base import Launcher
 from orchestrator.errors import EXIT_PASS, ConfigError, MbxError, RunError, UsageError
 from orchestrator.judge.outcome import Outcome as Judged
-from orchestrator.judge.outcome import parity_failures, view_outcome
+from orchestrator.judge.outcome import view_outcome
 from orchestrator.judge.views import campaign_view, parity_verdicts
 from orchestrator.run.baseline import baseline_summaries
 from orchestrator.run.engine import Event, Outcome
@@ -76,7 +76,7 @@ def make_launcher(campaign: Campaign, name: str, workspace: Path, parallel: int 
         raise ConfigError([f"launchers.{name}.{line}" for line in validation_problems(err)]) from None
     profile = SlurmProfile(cluster=campaign.cluster, container=campaign.container, git_sha=project_git_sha())
     try:
-        return backend(settings, workspace, profile)
+        return backend.create(settings, workspace, profile)
     except (ValueError, RuntimeError) as err:  # e.g. a newline in cluster.partition, NeMo-Run not installed
         raise ConfigError([f"launchers.{name}: {err}"]) from None
 
@@ -166,6 +166,7 @@ def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None
     """What the site shows beside the view, from what the store knows (read-only): the campaign's outcome (the
     closing line's word), the winner and the rejected points by the verdicts (orchestrator/judge/freeze.py;
     never a point that failed a parity check), baseline summaries, estimates, search trials, GPU-hours."""
+    from orchestrator.flow.search_length import search_full_steps
     from orchestrator.run.baseline import baseline_for
     from reports.site_data import SiteExtras, attempt_gpu_hours
 
@@ -177,6 +178,7 @@ def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None
         found = {cell_id: baseline_for(base, cell) for cell_id, cell in cells.items()} if base else {}
         extras.baselines = {k: v for k, v in found.items() if v is not None}
         extras.estimates, extras.trials = store.estimates(campaign.name), store.trials(campaign.name)
+        extras.search_steps = search_full_steps(store.campaign(campaign.name)) if extras.trials else None
         attempts = store.attempts(campaign.name)
     extras.outcome = (judged or view_outcome(campaign, extras.trials)).to_dict()
 
@@ -192,20 +194,14 @@ def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None
 
 
 def pick_winner(workspace: Path, campaign: CampaignView, extras: SiteExtras) -> None:
-    """The winner and the rejected points by the verdicts (mbx freeze's pick), or why there is none; a point on
-    the changed side of a failed parity pair is never shown as the best to freeze."""
+    """The winner and the rejected points by the verdicts (mbx freeze's pick), or why there is none: never a point
+    a parity pair rules out (freeze reads orchestrator/judge/outcome.py's parity_blame, the one rule)."""
     from orchestrator.judge.freeze import freeze
 
     try:
         frozen = freeze(workspace, campaign.name)
     except (MbxError, KeyError, ValueError) as err:  # e.g. nothing eligible yet: the report says why
         extras.freeze_note = f"No winner picked by the verdicts: {err}"
-        return
-    failed = {c.point_id: why for c in campaign.cells for cell, why in parity_failures(campaign.parity).items()
-              if c.cell_id == cell}  # fmt: skip
-    if frozen.winner.point_id in failed:
-        extras.freeze_note = (f"No best point: {frozen.winner.point_id} [{frozen.winner.label}] is the fastest, but "
-                              f"it failed a parity check ({failed[frozen.winner.point_id]})")  # fmt: skip
         return
     extras.winner, extras.how = frozen.winner.point_id, frozen.how
     extras.rejected = [dict(vars(r)) for r in frozen.rejected]

@@ -9,14 +9,13 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator import trainers
-from orchestrator.errors import ConfigError
 from orchestrator.flow.options import Options
+from orchestrator.flow.search_length import full_steps
 from orchestrator.judge.compare import Point, Repeat, floors_of, load_points
 from orchestrator.judge.run_floor import FloorBook
 from orchestrator.judge.search_rank import BASE_KEY, Candidate, Evidence, candidate_key
 from orchestrator.run.regate import gates_of, judge_campaign
-from orchestrator.run.store import CellRow, Store
+from orchestrator.run.store import Store
 from orchestrator.spec.campaign import Campaign, Sweep
 from orchestrator.spec.search import Search
 from orchestrator.spec.sweep import Point as SweepPoint
@@ -200,24 +199,6 @@ class CampaignEvaluator:
 
 class FirstBatchShown(Exception):
     """Raised by a dry run's evaluator once the search's first batch is rendered: what runs next depends on it."""
-
-
-def full_steps(points: list[SweepPoint]) -> int:
-    """The planned run length of the sweep's points (every point must have the same)."""
-    lengths = set()
-    for p in points:
-        cell = cell_rows_of(p)
-        lengths.add(trainers.get(p.trainer_kind).planned_steps(cell))
-    if len(lengths) != 1 or None in lengths:
-        raise ConfigError(f"sweep.search: the points must share one known run length to search over "
-                          f"(found {sorted(str(n) for n in lengths)}); set it in the base recipe, not the sweep")  # fmt: skip
-    return int(next(iter(lengths)))  # type: ignore[arg-type]
-
-
-def cell_rows_of(point: SweepPoint) -> CellRow:
-    return CellRow(campaign="", cell_id=point.cell_id, point_id=point.point_id, repeat=point.repeat, ordinal=0,
-                   label=point.label, params=point.params, recipe=point.recipe, resources=point.resources,
-                   env=point.env, trainer_kind=point.trainer_kind)  # fmt: skip
 
 
 class StoreReader:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import trainers
-from orchestrator.errors import RunError, UsageError
-from orchestrator.judge.freeze import refuse_ingested
+from orchestrator.errors import UsageError
+from orchestrator.judge.freeze import freeze, refuse_ingested
 from orchestrator.judge.outcome import combine, exit_code
 from orchestrator.run.outfile import write_out
 from orchestrator.run.regate import PointVerdict, judge_campaign
@@ -113,27 +113,6 @@ def _expected(summaries: list[dict[str, Any]], figures: dict[str, list[float]], 
     return "".join(parts)
 
 
-def _frozen(workspace: Path, campaign: str, point_id: str) -> tuple[Any, str | None]:
-    """The point frozen as `mbx freeze --point` would (its rejected alternatives with reasons), and None; or, for
-    a point freeze refuses (a failed gate, an unstable repeat), the point alone and why it cannot be frozen."""
-    from orchestrator.judge.compare import METRICS, load_points
-    from orchestrator.judge.freeze import Frozen, freeze
-
-    try:
-        return freeze(workspace, campaign, point=point_id), None
-    except (UsageError, RunError) as err:
-        why = "; ".join(err.lines())
-    with Store(workspace, create=False) as store:
-        point = next(p for p in load_points(store, campaign) if p.point_id == point_id)
-        record = store.campaign(campaign) or {}
-        cell = next(c for c in store.cells(campaign) if c.point_id == point_id)
-    tflops = next(m for m in METRICS if m.name == "tflops")
-    frozen = Frozen(campaign, record.get("spec") or {}, record.get("source_file"), point,
-                    f"exported by mbx card export; {why}", tflops, recipe=cell.recipe, resources=cell.resources,
-                    trainer_kind=cell.trainer_kind)  # fmt: skip
-    return frozen, why
-
-
 def _reproduce(frozen: Any, margin: float | None) -> dict[str, Any]:
     """The frozen campaign (the point alone, FROZEN_REPEATS repeats, portable gates) without the site's sections."""
     from orchestrator.judge.freeze_out import frozen_campaign, portable_gates
@@ -151,10 +130,12 @@ def _rejected(frozen: Any) -> list[dict[str, str]]:
 
 def export_card(
     workspace: Path, campaign: str, ref: str, *, item: str = "pretrain_performance", margin: float | None = None,
-    title: str | None = None,
+    title: str | None = None, allow_failed: str | None = None,
 ) -> Export:  # fmt: skip
     """A card whose one item is the performance of point `ref` (all its completed repeats), the alternatives
-    that lost to it (freeze's reasons) and the frozen campaign that reproduces it (the command runs it)."""
+    that lost to it (freeze's reasons) and the frozen campaign that reproduces it (the command runs it). A point
+    that failed a check is refused (RunError, exit 1, naming it) unless `allow_failed` says why: then the card
+    is unverified and its `failed_check` names the check and the reason."""
     with Store(workspace, create=False) as store:
         record = store.campaign(campaign) or {}
         refuse_ingested(record, campaign, "a card's reproducing campaign")
@@ -173,10 +154,11 @@ def export_card(
     fingerprint = rundir.read_fingerprint(done[0][2]) or {}
     cell = done[0][0]
     clean = all(s.get("loss_finite") and not s.get("nan_iterations") for s in summaries)
-    frozen, refused = _frozen(workspace, campaign, cell.point_id)
+    # freeze --point's reasons; a point that failed a check: RunError naming it, unless allow_failed says why
+    frozen = freeze(workspace, campaign, point=cell.point_id, allow_failed=allow_failed, done="exported as a card")
     reproduce = _reproduce(frozen, margin)
     body: dict[str, Any] = {
-        "status": "verified" if clean and refused is None else "unverified",
+        "status": "verified" if clean and frozen.allowed_failed is None else "unverified",
         "precision": _precision(cell.recipe, done[0][2]),
         "command": f"mbx campaign run {reproduce['name']}.yaml",
         "last_verified": dt.date.today().isoformat(),
@@ -189,6 +171,8 @@ def export_card(
         "rejected": _rejected(frozen),
         "campaign": reproduce,
     }
+    if frozen.allowed_failed:
+        body["failed_check"] = cards.publishable(frozen.allowed_failed)
     recipe = trainers.get(cell.trainer_kind).resolved_recipe(cell.recipe)
     if recipe is not None:
         body["recipe"] = recipe
@@ -199,8 +183,8 @@ def export_card(
                 "items": {item: {_gpu(fingerprint): body}}}  # fmt: skip
     notes = [f"{len(cells) - len(done)} of {len(cells)} repeats did not complete and are left out"] if len(
         done) < len(cells) else []  # fmt: skip
-    if refused is not None:
-        notes.append(f"the card is unverified and lists no rejected alternatives: {refused}")
+    if frozen.allowed_failed:
+        notes.append(f"the card is unverified: {frozen.allowed_failed}")
     notes.append(f"`campaign` is the frozen campaign (this point, {FROZEN_REPEATS} repeats, portable gates); save "
                  f"it as {reproduce['name']}.yaml, add your launchers: section, and the command reruns it")  # fmt: skip
     problems = cards.card_problems(document)

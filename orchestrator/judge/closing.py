@@ -18,9 +18,9 @@ console = Console(highlight=False, markup=False, emoji=False)
 WORD_STYLE = {PASS: "bold green", FAIL: "bold red"}  # anything else: bold yellow
 
 
-def closing_text(outcome: Outcome) -> Text:
-    """The closing line, its word styled."""
-    word, _, rest = outcome.line.partition(" ")
+def closing_text(outcome: Outcome, inconclusive_ok: bool = False) -> Text:
+    """The closing line, its word styled (`inconclusive_ok`: the command was given --inconclusive-ok)."""
+    word, _, rest = outcome.closing(inconclusive_ok).partition(" ")
     return Text.assemble((word + " ", WORD_STYLE.get(outcome.verdict, "bold yellow")), rest)
 
 
@@ -46,15 +46,16 @@ def run_outcome(outcome: RunOutcome, points: list[PointVerdict], pairs: list[dic
 
 
 def print_closing(outcome: RunOutcome, points: list[PointVerdict], pairs: list[dict[str, Any]],
-                  resume_hint: bool = True, infeasible: int = 0) -> Outcome:  # fmt: skip
+                  resume_hint: bool = True, infeasible: int = 0, inconclusive_ok: bool = False) -> Outcome:  # fmt: skip
     """Print the closing line and what stands behind it: cells that did not complete (with `resume_hint`, that
     `mbx campaign resume` runs the retryable ones again), points refused on their node's GPU, points that
     failed or are undecided and why, parity pairs that did not pass. Returns the outcome the exit code comes
-    from (`infeasible`: points recorded infeasible, as run_outcome takes it)."""
+    from (`infeasible`: points recorded infeasible, as run_outcome takes it; `inconclusive_ok`: the command was
+    given --inconclusive-ok, which the closing line says)."""
     judged = run_outcome(outcome, points, pairs, infeasible)
     for cell, note in outcome.warnings:
         console.print(Text(f"  note: {cell.cell_id} [{cell.label}] {note}", style="yellow"), soft_wrap=True)
-    console.print(closing_text(judged), soft_wrap=True)
+    console.print(closing_text(judged, inconclusive_ok), soft_wrap=True)
     for line in infeasible_lines(outcome):
         console.print(Text(printable(line)), soft_wrap=True)
     for cell, why in outcome.failed:

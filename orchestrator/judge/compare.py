@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import RunError, UsageError
-from orchestrator.judge.compare_config import config_diff, diff_line, point_config, ranked
+from orchestrator.judge.compare_config import config_diff, point_config, ranked_groups, templates_of
 from orchestrator.judge.golden import load_golden
 from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, exit_code
 from orchestrator.judge.run_floor import FloorBook, run_fingerprint, workspace_floors
@@ -377,19 +377,20 @@ def compare_pair(a: Point, b: Point, metrics: tuple[Metric, ...], min_effect: fl
 
 def config_lines(result: PairResult) -> list[str]:
     """What the two sides ran differently, first of all: every `key: A → B` line, suspects first (known
-    performance keys, orchestrator/judge/compare_config.py's `ranked`), or why there are none."""
+    performance keys, orchestrator/judge/compare_config.py's `ranked_groups`), or why there are none."""
     return [line for line, _rule in config_suspects(result)]
 
 
 def config_suspects(result: PairResult) -> list[tuple[str, str | None]]:
-    """(line, the rule that makes its key a suspect or None) for every configuration difference, suspects first;
-    one line saying why there is none when the configuration is equal or not recorded."""
+    """(line, the rule that makes its key a suspect or None) for every configuration difference, suspects first,
+    each change once (a swept key with the keys it set); one line saying why there is none when the
+    configuration is equal or not recorded."""
     if result.a.config is None or result.b.config is None:
         sides = [f"{n} ({p.campaign})" for n, p in (("A", result.a), ("B", result.b)) if p.config is None]
         return [(f"not recorded for {' and '.join(sides)} (golden-values file): configuration not compared", None)]
     if not result.config_diff:
         return [("no difference in the resolved configuration", None)]
-    return [(diff_line(item), rule) for item, rule in ranked(result.config_diff)]
+    return ranked_groups(result.config_diff, templates_of(result.a.config))
 
 
 def parse_min_effect(text: str) -> tuple[float, dict[str, float]]:

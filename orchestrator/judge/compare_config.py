@@ -3,9 +3,13 @@
 A point's configuration is its swept values (`sweep.<key>`), its cells' resolved recipe (the base recipe with
 the swept values applied), their resources and environment, the campaign's trainer settings (command template, kind), the launcher it ran with
 and that launcher's settings, the container, cluster and software sections, and the measured window. Keys
-are dotted paths (`trainer.recipe.cross_entropy`); a command's argv is split into its flags
-(`trainer.recipe.argv --cross-entropy-fusion-impl`), so one changed flag is one line. A key whose value
-differs between a point's own repeats is shown as varying, not as a difference of the sides.
+are dotted paths (`trainer.recipe.cross_entropy`); a command's argv, and its template `trainer.command`, are split
+into their flags (`trainer.recipe.argv --cross-entropy-fusion-impl`), so one changed flag is one line. A key whose
+value differs between a point's own repeats is shown as varying, not as a difference of the sides.
+
+Each change is said once (`grouped`): a swept key (`sweep.env.SLOW`) and the keys it set with the same A → B
+(`env.SLOW`, the argv flag its template fills with `{env.SLOW}`, the flag a param renders to) are one line; a key
+that only happens to change alike stays on its own.
 
 Suspects (`ranked`): of the differing keys, the known performance keys come first, in the order of the rule that
 names them (PERFORMANCE_KEYS: precision, parallel layout, batch and sequence, recompute, kernels and fusions,
@@ -16,11 +20,13 @@ every other key follows in key order, untagged: no rule ranks it, so it is no su
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.run.store import CellRow
 
+T = TypeVar("T")
 SECTIONS = ("container", "cluster", "software")  # campaign sections that shape a run, besides the cell's
 UNSET = "(unset)"
 VARIES = "(varies by repeat)"
@@ -42,6 +48,11 @@ PERFORMANCE_KEYS = (  # (rule, key patterns): known performance keys, most likel
                           "*distributed-optimizer*", "*precision-aware-optimizer*")),
     ("container and software", ("container.*", "software.*", "trainer.kind")),
 )  # fmt: skip
+
+
+ARGV_KEYS = ("argv", "trainer.command")  # lists shown flag by flag: a command's argv and its template
+TEMPLATE = "trainer.command "  # a command template's flags as flattened: `trainer.command --flag` → `{env.X}`
+ARGV = "trainer.recipe.argv "  # the rendered argv's flags
 
 
 def _text(value: Any) -> str:
@@ -72,7 +83,7 @@ def flatten(value: Any, prefix: str = "", out: dict[str, str] | None = None) -> 
     if isinstance(value, dict):
         for key, item in value.items():
             flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
-    elif isinstance(value, list) and prefix.endswith("argv") and all(isinstance(x, str) for x in value):
+    elif isinstance(value, list) and prefix.endswith(ARGV_KEYS) and all(isinstance(x, str) for x in value):
         for key, item in argv_flags(value).items():
             out[f"{prefix} {key}"] = _text(item)
     elif isinstance(value, list) and value and all(isinstance(x, dict) for x in value):
@@ -117,6 +128,43 @@ def diff_line(item: dict[str, str]) -> str:
     return f"{item['key']}: {item['a']} → {item['b']}"
 
 
+def sets(source: str, key: str, templates: dict[str, str]) -> bool:
+    """Whether `key` is set from `source` (a swept `sweep.K` or any key K): K itself, a key ending in `.K` (the
+    recipe's), a command's argv flag its template fills with `{K}`, or the flag K renders to (`--micro-batch-size`
+    for `training.micro_batch_size`)."""
+    name = source.removeprefix("sweep.")
+    if key != source and (key == name or key.endswith(f".{name}")):
+        return True
+    if not key.startswith(ARGV):
+        return False
+    flag = key.removeprefix(ARGV)
+    rendered = "--" + name.rsplit(".", 1)[-1].replace("_", "-")
+    return templates.get(flag) in (f"{{{name}}}", f"{{params.{name}}}") or flag == rendered
+
+
+def grouped(diff: list[dict[str, str]], templates: dict[str, str]) -> list[tuple[dict[str, str], list[str]]]:
+    """Each change once: (its source's item, the keys set from it with the same A → B), swept keys first (what
+    the user changed: `sweep.env.SLOW` sets `env.SLOW` and the argv flag templated `{env.SLOW}`), then the
+    others in key order. `templates`: a command template's flags (`trainer.command --flag` keys, flag → value)."""
+    order = sorted(diff, key=lambda item: (not item["key"].startswith("sweep."), item["key"]))
+    taken: set[str] = set()
+    groups = []
+    for item in order:
+        if item["key"] in taken:
+            continue
+        same = [o["key"] for o in order if o["key"] not in taken and (o["a"], o["b"]) == (item["a"], item["b"])
+                and sets(item["key"], o["key"], templates)]  # fmt: skip
+        taken.update([item["key"], *same])
+        groups.append((item, same))
+    return groups
+
+
+def templates_of(config: dict[str, str] | None) -> dict[str, str]:
+    """A command template's flags (flag → its value, e.g. `--fake-slowdown` → `{env.SLOW}`) from a flattened
+    configuration."""
+    return {k.removeprefix(TEMPLATE): v for k, v in (config or {}).items() if k.startswith(TEMPLATE)}
+
+
 def suspect_rule(key: str) -> tuple[int, str] | None:
     """(rank, rule) of the PERFORMANCE_KEYS rule that names `key` (None: no known performance key)."""
     for rank, (rule, patterns) in enumerate(PERFORMANCE_KEYS):
@@ -125,9 +173,25 @@ def suspect_rule(key: str) -> tuple[int, str] | None:
     return None
 
 
+def _by_rule(entries: list[T], rule_of: Callable[[T], tuple[int, str] | None]) -> list[tuple[T, str | None]]:
+    """Entries with their rule, those a rule names first (by its rank, stable), the rest after with None."""
+    rules = [rule_of(e) for e in entries]
+    order = sorted(range(len(entries)), key=lambda i: (rules[i] or (len(PERFORMANCE_KEYS), ""))[0])
+    return [(entries[i], (rules[i] or (0, None))[1]) for i in order]
+
+
+def ranked_groups(diff: list[dict[str, str]], templates: dict[str, str]) -> list[tuple[str, str | None]]:
+    """One line per change (`grouped`), `key: A → B (also: keys it set)`, with the rule that makes any of its keys
+    a suspect: known performance keys first (by rule rank), then the others, each in `grouped`'s order."""
+
+    def best_rule(group: tuple[dict[str, str], list[str]]) -> tuple[int, str] | None:
+        return min(filter(None, (suspect_rule(k) for k in (group[0]["key"], *group[1]))), default=None)
+
+    return [(diff_line(item) + (f" (also: {', '.join(also)})" if also else ""), rule)
+            for (item, also), rule in _by_rule(grouped(diff, templates), best_rule)]  # fmt: skip
+
+
 def ranked(diff: list[dict[str, str]]) -> list[tuple[dict[str, str], str | None]]:
     """Every difference with the rule that makes it a suspect: known performance keys first (by rule rank, then
     key), then the others in key order with None."""
-    rules = {item["key"]: suspect_rule(item["key"]) for item in diff}
-    order = sorted(diff, key=lambda item: (rules[item["key"]] or (len(PERFORMANCE_KEYS), ""))[0])
-    return [(item, (rules[item["key"]] or (0, None))[1]) for item in order]
+    return _by_rule(diff, lambda item: suspect_rule(item["key"]))

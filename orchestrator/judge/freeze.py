@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import EXIT_INCONCLUSIVE, RunError, UsageError
+from orchestrator.errors import RunError, UsageError
 from orchestrator.judge.best import Choice, choose, figure, fmt_decision, full_length, loses, metric, versus
 from orchestrator.judge.compare import Metric, Point, floors_of, load_points
+from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, Outcome, Part, exit_code, parity_blame
 from orchestrator.judge.run_floor import FloorBook
 from orchestrator.judge.views import parity_verdicts
+from orchestrator.rows import DEFAULT_KIND
 from orchestrator.run.regate import gates_of, judge_campaign
 from orchestrator.run.store import INGEST_LAUNCHER, Store
 from orchestrator.spec.campaign import Campaign
@@ -25,9 +27,6 @@ from reports import compare as stats
 OBJECTIVES = {"tflops": "tflops", "step_time": "step_time"}
 SEARCH_OBJECTIVES = {"tflops_per_gpu": "tflops", "step_time_ms": "step_time"}  # sweep.search.objective → --by
 TIE_BREAKS = {"memory": "peak_alloc", "step_time": "step_time", "tflops": "tflops"}
-# The side a parity pair's check is about: the side under test of a toggle or pair, the reloading side of a
-# checkpoint check, the evaluating side of eval_check (evaluation must not perturb training).
-PARITY_SUBJECT = {"toggle": "on", "pair": "on", "checkpoint": "on", "eval": "off"}
 
 
 @dataclass
@@ -40,6 +39,7 @@ class Rejected:
     # slower | tie | not chosen | no figure | gate | parity | failed | oom | unstable | unfinished | infeasible |
     # short run | reference | constraint
     kind: str
+    verdict: str = FAIL  # inconclusive: not decided yet (a gate or parity pair undecided, a repeat not finished)
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Frozen:
     gate_lines: list[str] = field(default_factory=list)
     recipe: dict[str, Any] = field(default_factory=dict)
     resources: dict[str, Any] = field(default_factory=dict)
-    trainer_kind: str = "bundled"
+    trainer_kind: str = DEFAULT_KIND
     frozen_at: str = field(default_factory=lambda: dt.date.today().isoformat())
     allowed_failed: str | None = None  # --allow-failed: the failed check and the reason given
 
@@ -90,7 +90,8 @@ def _excluded(store: Store, name: str, points: list[Point]) -> dict[str, Rejecte
                 kind = (
                     "oom" if oom else "failed" if attempt and state in ("failed", "timeout") else "unfinished"
                 )
-                out[point.point_id] = Rejected(point.point_id, point.label, why + reason, kind)
+                verdict = INCONCLUSIVE if kind == "unfinished" else FAIL
+                out[point.point_id] = Rejected(point.point_id, point.label, why + reason, kind, verdict)
                 break
         if point.point_id in out:
             continue
@@ -100,26 +101,24 @@ def _excluded(store: Store, name: str, points: list[Point]) -> dict[str, Rejecte
             out[point.point_id] = Rejected(point.point_id, point.label, unstable, "unstable")
         elif verdict is not None and verdict.verdict in ("fail", "inconclusive"):
             out[point.point_id] = Rejected(point.point_id, point.label, f"gate {verdict.verdict}: {verdict.why()}",
-                                           "gate")  # fmt: skip
+                                           "gate", verdict.verdict)  # fmt: skip
     return {**parity_rejected(store, name, record), **out}
 
 
 def parity_rejected(store: Store, name: str, record: dict[str, Any]) -> dict[str, Rejected]:
-    """The points whose parity check did not pass (the pairs judged in memory from their run dirs,
-    orchestrator/judge/views.py): the side a pair is about (PARITY_SUBJECT) of every pair that failed or is
-    inconclusive, with the pair and its reason."""
+    """The points a parity pair that did not pass rules out (orchestrator/judge/outcome.py's parity_blame: the
+    side under test, never the reference), each with its pair and reason; the pairs judged in memory from their
+    run dirs (orchestrator/judge/views.py)."""
     spec = record.get("spec") or {}
     if not spec.get("parity"):
         return {}
+    pairs = [pair.to_dict() for pair in parity_verdicts(store, name, Campaign.model_validate(spec))]
     cells = {c.cell_id: c for c in store.cells(name)}
     out: dict[str, Rejected] = {}
-    for pair in parity_verdicts(store, name, Campaign.model_validate(spec)):
-        cell_id = pair.on_cell if PARITY_SUBJECT.get(pair.kind, "on") == "on" else pair.off_cell
-        cell = cells.get(cell_id or "")
-        if pair.verdict == "pass" or cell is None or cell.point_id in out:
-            continue
-        out[cell.point_id] = Rejected(cell.point_id, cell.label, f"parity {pair.verdict.upper()}: {pair.title} "
-                                      f"[{pair.label}, repeat {pair.repeat}]: {pair.reason}", "parity")  # fmt: skip
+    for cell_id, (verdict, why) in parity_blame(pairs).items():
+        cell = cells.get(cell_id)
+        if cell is not None and cell.point_id not in out:
+            out[cell.point_id] = Rejected(cell.point_id, cell.label, why, "parity", verdict)
     return out
 
 
@@ -138,10 +137,28 @@ def infeasible_rejected(store: Store, name: str) -> list[Rejected]:
     ]
 
 
-class Tied(RunError):
+class NoWinner(RunError):
+    """No point can be frozen: undecided (a tie no figure separates, or points whose checks are not decided yet:
+    exit 3) or failed (every point failed a check: exit 1); `outcome` is the closing line that says so."""
+
+    def __init__(self, message: str, verdict: str, rejected: list[Rejected] | None = None):
+        super().__init__(message)
+        self.verdict, self.rejected = verdict, rejected or []
+
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        return exit_code(self.verdict)
+
+    def outcome(self) -> Outcome:
+        """The one closing line (orchestrator/judge/outcome.py): its word, why nothing was frozen."""
+        return Outcome("", (Part("freeze", self.verdict, f"{self}; nothing frozen"),))
+
+
+class Tied(NoWinner):
     """The best is a tie that no figure separates: freeze one with --point (exit 3, as an undecided verdict)."""
 
-    exit_code = EXIT_INCONCLUSIVE
+    def __init__(self, message: str, rejected: list[Rejected] | None = None):
+        super().__init__(message, INCONCLUSIVE, rejected)
 
 
 def search_of(record: dict[str, Any]) -> Search | None:
@@ -219,19 +236,19 @@ def _standing(chosen: Point, choice: Choice, goal: Metric, min_effect: float, fl
 
 
 def _allowed(
-    chosen: Point, excluded: dict[str, Rejected], point: str, allow_failed: str | None
+    chosen: Point, excluded: dict[str, Rejected], point: str, allow_failed: str | None, done: str = "frozen"
 ) -> str | None:
-    """The check the chosen point failed and the reason it is frozen anyway (None: it failed none); RunError
+    """The check the chosen point failed and the reason it is `done` anyway (None: it failed none); RunError
     (exit 1) naming the check unless `--allow-failed` gives a reason and the point has completed repeats."""
     failed = excluded.get(chosen.point_id)
     if failed is None:
         return None
     if allow_failed and chosen.repeats:
-        return f"{failed.why}; frozen anyway with --allow-failed: {allow_failed}"
-    hint = (" (it has no completed repeat to freeze)" if not chosen.repeats else
-            '; --allow-failed "REASON" freezes it anyway, with that reason written beside the check')  # fmt: skip
+        return f"{failed.why}; {done} anyway with --allow-failed: {allow_failed}"
+    hint = (f" (it has no completed repeat to be {done})" if not chosen.repeats else
+            f'; --allow-failed "REASON" gets it {done} anyway, with that reason written beside the check')  # fmt: skip
     raise RunError(
-        f"--point {point!r} cannot be frozen: it failed a check ({failed.kind}): {failed.why}{hint}"
+        f"--point {point!r} cannot be {done}: it failed a check ({failed.kind}): {failed.why}{hint}"
     )
 
 
@@ -245,11 +262,13 @@ def refuse_ingested(record: dict[str, Any], campaign: str, what: str) -> None:
 def freeze(
     workspace: Path, campaign: str, *, point: str | None = None, objective: str | None = None,
     tie_break: str = "memory", min_effect: float | None = None, allow_failed: str | None = None,
+    done: str = "frozen",
 ) -> Frozen:  # fmt: skip
     """The winner (`point`, or the best by orchestrator/judge/best.py's rule) and every other point's reason. For a
-    search the objective and threshold default to its own, and only its full-length trials can win. A tie no
-    figure separates raises Tied (exit 3) unless `point` names one; a `point` that failed a check raises RunError
-    (exit 1) unless `allow_failed` gives the reason to freeze it anyway."""
+    search the objective and threshold default to its own, and only its full-length trials can win. No winner
+    raises NoWinner: Tied (exit 3) for a tie no figure separates unless `point` names one, else exit 3 while a
+    point is undecided, 1 when every point failed a check. A `point` that failed a check raises RunError (exit 1,
+    saying it cannot be `done`) unless `allow_failed` gives the reason to take it anyway."""
     with Store(workspace, create=False) as store:
         points = load_points(store, campaign)
         record = store.campaign(campaign) or {}
@@ -273,14 +292,13 @@ def freeze(
     allowed = None
     if point is not None:
         winner = _named(points, point, campaign)
-        allowed = _allowed(winner, excluded, point, allow_failed)
+        allowed = _allowed(winner, excluded, point, allow_failed, done)
         how = _standing(winner, choice, goal, min_effect, floors)
         rejected = [_not_chosen(winner, p, goal, min_effect, floors) for p in eligible if p is not winner]
     elif choice.undecided:
-        raise Tied(f"{campaign}: {choice.how}; freeze one of them with --point")
+        raise Tied(f"{campaign}: {choice.how}; freeze one of them with --point", [*excluded.values(), *infeasible])
     elif choice.winner is None:
-        lines = "; ".join(f"{r.point_id} [{r.label}]: {r.why}" for r in [*excluded.values(), *infeasible])
-        raise RunError(f"{campaign}: no point can be frozen: {lines or 'no completed point'}")
+        raise _nothing(campaign, [*excluded.values(), *infeasible], choice.how if eligible else None)
     else:
         winner, how = choice.winner, choice.how
         rejected = [_lost(p, choice, goal, breaker) for p in eligible if p is not winner]
@@ -289,6 +307,17 @@ def freeze(
     return Frozen(campaign, record.get("spec") or {}, record.get("source_file"), winner, how, goal, rejected,
                   recipe=cell.recipe, resources=cell.resources, trainer_kind=cell.trainer_kind,
                   allowed_failed=allowed)  # fmt: skip
+
+
+def _nothing(campaign: str, rejected: list[Rejected], eligible_how: str | None) -> NoWinner:
+    """No point can be frozen, with every point's reason (`eligible_how`: why the eligible points gave no best):
+    undecided (exit 3) while one of them is not decided yet (an inconclusive gate or parity pair, a repeat not
+    finished: more repeats or time may give a winner) or nothing is there to judge; a failure (exit 1) when each
+    failed a check, is infeasible or has no figure."""
+    reasons = [f"{r.point_id} [{r.label}]: {r.why}" for r in rejected] + [eligible_how] * bool(eligible_how)
+    undecided = any(r.verdict == INCONCLUSIVE for r in rejected) or not reasons
+    message = f"{campaign}: no point can be frozen: {'; '.join(reasons) or 'no completed point'}"
+    return NoWinner(message, INCONCLUSIVE if undecided else FAIL, rejected)
 
 
 def _named(points: list[Point], ref: str, campaign: str) -> Point:

@@ -19,6 +19,7 @@ from orchestrator.errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE)
 ACCEPT_HINT = "exit 3; --inconclusive-ok accepts it"
+ACCEPTED_HINT = "exit 0: --inconclusive-ok accepted it"
 
 
 def combine(verdicts: Iterable[str]) -> str:
@@ -70,19 +71,25 @@ class Outcome:
 
     @property
     def line(self) -> str:
+        """The closing line of a command run without `--inconclusive-ok` (`closing`)."""
+        return self.closing()
+
+    def closing(self, inconclusive_ok: bool = False) -> str:
         """`WORD head, parts`: failed parts first, then undecided, then passed ones; an inconclusive outcome says
-        how it exits. A part that passed says so briefly only when everything passed (a failed parity check
-        is never beside "every gate passed")."""
+        how it exits (3, or 0 as `inconclusive_ok` accepted it). A part that passed says so briefly only when
+        everything passed (a failed parity check is never beside "every gate passed")."""
         rank = {FAIL: 0, INCONCLUSIVE: 1, PASS: 2}
         parts = sorted(self.parts, key=lambda p: rank.get(p.verdict, 1))
         passed = self.verdict == PASS
         texts = [(p.brief or p.text) if passed else p.text for p in parts]
-        tail = f" ({ACCEPT_HINT})" if self.verdict == INCONCLUSIVE else ""
+        hint = ACCEPTED_HINT if inconclusive_ok else ACCEPT_HINT
+        tail = f" ({hint})" if self.verdict == INCONCLUSIVE else ""
         return f"{self.word} {', '.join(filter(None, [self.head, '; '.join(texts)]))}{tail}"
 
     def to_dict(self, inconclusive_ok: bool = False) -> dict[str, Any]:
         """What `--json` closings, status and the W&B summary carry."""
-        return {"verdict": self.verdict, "closing": self.line, "exit_code": self.exit_code(inconclusive_ok),
+        return {"verdict": self.verdict, "closing": self.closing(inconclusive_ok),
+                "exit_code": self.exit_code(inconclusive_ok),
                 "parts": {p.name: {"verdict": p.verdict, "text": p.text} for p in self.parts}}  # fmt: skip
 
 
@@ -192,12 +199,34 @@ def stored_search_outcome(trials: list[Mapping[str, Any]]) -> Outcome | None:
     return Outcome(f"search: {count} trial(s)", (part,))
 
 
-def parity_failures(pairs: list[Mapping[str, Any]]) -> dict[str, str]:
-    """Cell id → why, for the cells on the changed ("on") side of a failed parity pair: the side that did not
-    train the same as its reference. Such a point is never the best (the report, freeze)."""
-    out: dict[str, str] = {}
+# ---- which points a parity pair rules out ------------------------------------------------------------------
+# The one rule (freeze, the best that status and the report name, card export; `mbx freeze --help` says it): a
+# pair that did not pass (FAIL, or INCONCLUSIVE: not shown to train the same) rules out the side it is about,
+# never its reference. Seed 000 (performance features checked for convergence): the feature switched on is what
+# may break training (MXFP8 param gather, MTP recompute), and so is evaluating (the grad-norm spike on the step
+# after an eval); the side without it is the reference the other is held to.
+PARITY_SUBJECT = {"toggle": "on", "pair": "on", "checkpoint": "on", "eval": "off"}
+SUBJECT_WORDS = {"toggle": "the on side, the change under test", "pair": "the on side, the change under test",
+                 "checkpoint": "the reloading side", "eval": "the evaluating side: train-eval-train"}  # fmt: skip
+
+
+def parity_subject(pair: Mapping[str, Any]) -> str | None:
+    """The cell id of the side a pair is about (PARITY_SUBJECT by its kind; a pair of unknown kind: its on side)."""
+    side = PARITY_SUBJECT.get(str(pair.get("kind")), "on")
+    cell = pair.get("on_cell" if side == "on" else "off_cell")
+    return str(cell) if cell else None
+
+
+def parity_blame(pairs: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Cell id → (verdict, why) for every cell a pair that did not pass rules out (its side under test,
+    PARITY_SUBJECT), by its first such pair; what freeze, the report's and status's best and card export read."""
+    out: dict[str, tuple[str, str]] = {}
     for pair in pairs:
-        if pair.get("verdict") == FAIL and pair.get("on_cell"):
-            out.setdefault(str(pair["on_cell"]), f"parity FAIL {pair.get('title')} [{pair.get('label')}]: "
-                                                 f"{pair.get('reason')}")  # fmt: skip
+        verdict, cell = str(pair.get("verdict")), parity_subject(pair)
+        if verdict == PASS or cell is None or cell in out:
+            continue
+        side = SUBJECT_WORDS.get(str(pair.get("kind")), "the on side")
+        out[cell] = (verdict if verdict == FAIL else INCONCLUSIVE,
+                     f"parity {verdict.upper()}: {pair.get('title')} [{pair.get('label')}, repeat "
+                     f"{pair.get('repeat', 0)}; this point is {side}]: {pair.get('reason')}")  # fmt: skip
     return out

@@ -8,7 +8,10 @@ trainer kind and GPU model (`trainer.kind`, the fingerprint's `gpu_name`; "CPU" 
 on the recorded H200 samples a floor of 0.3% (an under-estimate) called 12% of one-run A/As DIFFERENT, 0.5% or
 more none (benchmarks/compare_stats.py). With fewer than MIN_DF degrees of freedom reports/compare.py's
 DEFAULT_RUN_FLOOR (1%) stands. The repeats of one campaign usually ran on one machine back to back: across
-machines the spread is larger (~1.4% for the same H200 recipe), which is why the floor never replaces repeats.
+machines the spread is larger (~1.4% for the same H200 recipe), which is why the floor never replaces repeats
+and never goes below MIN_RUN_FLOOR (1%): a very quiet workspace (a replayed log, back-to-back repeats on one
+node) would otherwise make a one-run CI as narrow as the step noise; the floor then says both numbers
+("1.00% (minimum; measured 0.12%: …)").
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ MIN_DF = (
     3  # pooled degrees of freedom (repeats beyond each point's first) before the workspace's floor counts
 )
 CONFIDENCE = 0.95  # of the upper bound the floor is
+# the least floor: the H200 samples' ~1.4% across machines, rounded down
+MIN_RUN_FLOOR = stats.DEFAULT_RUN_FLOOR.rel
 
 
 @dataclass
@@ -62,8 +67,11 @@ class FloorBook:
         from scipy import stats as sps  # here, not at import: listings never need it
 
         upper = math.sqrt(spread.squares / float(sps.chi2.ppf(1 - CONFIDENCE, spread.df)))
-        return stats.RunFloor(upper, f"{CONFIDENCE:.0%} upper bound of the run-to-run spread of {spread.points} "
-                                     f"point(s)' repeats in the workspace, {kind} on {gpu}, {spread.df} df")  # fmt: skip
+        source = (f"{CONFIDENCE:.0%} upper bound of the run-to-run spread of {spread.points} point(s)' repeats in "
+                  f"the workspace, {kind} on {gpu}, {spread.df} df")  # fmt: skip
+        if upper < MIN_RUN_FLOOR:
+            return stats.RunFloor(MIN_RUN_FLOOR, f"minimum; measured {upper:.2%}: {source}")
+        return stats.RunFloor(upper, source)
 
     def for_sides(self, sides: list[tuple[str, str]], key: str) -> stats.RunFloor:
         """The floor of a pair: the larger of its sides' ((trainer kind, GPU) each)."""

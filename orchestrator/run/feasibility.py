@@ -112,6 +112,29 @@ def gpu_text(gpu: str | None, gpu_gib: float | None) -> str:
     return f"{gpu_gib:.1f} GiB" if not gpu or _SIZE_RE.match(gpu) else f"{gpu}, {gpu_gib:.1f} GiB"
 
 
+PROBLEM_KINDS = (  # a problem's leading words (the messages below) → its short name (plan's feasible column)
+    ("memory: estimated headroom", "headroom gate"),
+    ("memory: estimated peak", "memory"),
+    ("memory estimate ", "peak limit"),
+)
+
+
+def problem_kind(problem: str) -> str:
+    """A point's problem in a word or two: memory, headroom gate, peak limit, or the key a layout problem names
+    (`parallel.tensor`)."""
+    text = problem.split("]: ", 1)[1] if problem.startswith("point [") else problem
+    for start, kind in PROBLEM_KINDS:
+        if text.startswith(start):
+            return kind
+    return text.split(":", 1)[0].strip()
+
+
+def the_gpu(gpu: str | None) -> str:
+    """A GPU as a reason's subject: "the H200", or "the GPU" when it is a size alone (`--gpu 80GiB`: never "the
+    80GiB's 80.0 GiB")."""
+    return "the GPU" if not gpu or _SIZE_RE.match(gpu) else f"the {gpu}"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # One point's feasibility.
 # ---------------------------------------------------------------------------------------------------------
@@ -189,7 +212,7 @@ def limit_problems(est: MemoryEstimate, gpu: str | None, gpu_gib: float | None, 
     if limits.headroom_gib_min is not None and gpu_gib is not None:
         room = gpu_gib - est.peak_gib
         if room < limits.headroom_gib_min:
-            problems.append(f"memory: estimated headroom {room:.2f} GiB on the {gpu} ({gpu_gib:.1f} GiB − estimated "
+            problems.append(f"memory: estimated headroom {room:.2f} GiB on {the_gpu(gpu)} ({gpu_gib:.1f} GiB − estimated "
                             f"peak {est.peak_gib:.2f}) < gates.headroom_gib_min {limits.headroom_gib_min:g}")  # fmt: skip
     return problems
 
@@ -200,7 +223,7 @@ def memory_problem(est: MemoryEstimate, gpu: str, gpu_gib: float) -> str | None:
         return None
     return (
         f"memory: estimated peak {est.peak_gib:.1f} GiB per GPU (at {est.peak_at}) + "
-        f"{est.reserve_bytes / GIB:.1f} GiB allocator slack exceeds the {gpu}'s {gpu_gib:.1f} GiB; lower the "
+        f"{est.reserve_bytes / GIB:.1f} GiB allocator slack exceeds {the_gpu(gpu)}'s {gpu_gib:.1f} GiB; lower the "
         "micro-batch size, recompute activations or shard more (TP/PP/EP, distributed optimizer)"
     )
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.owned_dirs import mark_owned, remove_owned_dir
+from orchestrator.rows import INGESTED
 from orchestrator.run.ingest_checks import check_rows, truncated
 from orchestrator.run.lock import CampaignLock
 from orchestrator.run.store import INGEST_LAUNCHER, CellRow, Store, check_workspace, next_attempt_number
@@ -207,7 +208,7 @@ def plan_ingest(
               "steps": parsed.planned, "label": label, "params": params}  # fmt: skip
     ordinal = len(store.cells(name))
     cell = CellRow(campaign=name, cell_id=cell_id, point_id=parsed.point_id, repeat=0, ordinal=ordinal,
-                   label=label, params=params, recipe=recipe, resources={}, env={}, trainer_kind="ingested")  # fmt: skip
+                   label=label, params=params, recipe=recipe, resources={}, env={}, trainer_kind=INGESTED)  # fmt: skip
     cells = list(spec.sweep.cells)
     if params and params not in cells:
         cells.append(params)

@@ -8,7 +8,7 @@ from typing import Any
 from rich.cells import cell_len
 
 from orchestrator.errors import printable
-from orchestrator.run.feasibility import Assessment, PointFeasibility, summary_lines
+from orchestrator.run.feasibility import Assessment, PointFeasibility, problem_kind, summary_lines
 from orchestrator.spec.sweep import Point
 
 
@@ -37,15 +37,18 @@ def _gib(value: float | None) -> str:
 
 
 def estimate_cells(row: PointFeasibility | None, with_gpu: bool) -> list[str]:
-    """A point's estimate columns: estimated peak GiB, (GPU, headroom GiB,) and ok / INFEASIBLE / not estimated
-    (a point whose settings give no estimate runs: only a layout rule could stop it)."""
+    """A point's estimate columns: estimated peak GiB, (GPU, headroom GiB,) and ok / INFEASIBLE: why (memory,
+    headroom gate, peak limit, a layout key; no headroom beside it, its reasons follow the table) / not
+    estimated (a point whose settings give no estimate runs: only a layout rule could stop it)."""
     if row is None:
         return [_ABSENT] * (4 if with_gpu else 2)
     cells = [_gib(row.estimate_gib)]
     if with_gpu:
-        cells += [shown(row.gpu or _ABSENT), _gib(row.headroom_gib)]
-    verdict = "INFEASIBLE" if not row.feasible else "ok" if row.estimate_gib is not None else "not estimated"
-    return [*cells, verdict]
+        cells += [shown(row.gpu or _ABSENT), _gib(row.headroom_gib if row.feasible else None)]
+    if not row.feasible:
+        why = ", ".join(dict.fromkeys(problem_kind(p) for p in row.problems))
+        return [*cells, shown(f"INFEASIBLE: {why}" if why else "INFEASIBLE")]
+    return [*cells, "ok" if row.estimate_gib is not None else "not estimated"]
 
 
 def estimate_header(with_gpu: bool) -> list[str]:

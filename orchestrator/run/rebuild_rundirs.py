@@ -2,8 +2,10 @@
 
 Each cell directory `<campaign>/<point>-r<repeat>/<n>/` keeps what its newest attempt ran: recipe.yaml (the
 bundled trainer's whole recipe; a command's recipe, rendered argv and environment) and launch.json (launcher,
-nodes, ranks per node, when). From these: the cells (their recipes, resources, and as params the recipe keys whose
-values differ between cells) and a campaign spec that sweeps those keys over a base recipe. When expanding that
+nodes, ranks per node, when). The trainer kind that claims the recipes (`TrainerKind.claims`, else the default
+kind) guesses the campaign's `trainer:` section (`TrainerKind.rebuilt`); with it the cells (their recipes,
+resources, and as params the recipe keys whose values differ between cells, where the kind sweeps its recipe) and
+a campaign spec that sweeps those keys. When expanding that
 spec gives back a cell's id, the cell takes the expansion's row (exact label, params, order). What run dirs never
 hold is said: the campaign file, its gates and window (defaults used to judge results), environment values of
 bundled cells, retry and launcher settings.
@@ -16,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from orchestrator.run.store import CellRow
+from orchestrator import trainers
+from orchestrator.rows import DEFAULT_KIND, CellRow
 from orchestrator.spec.campaign import Campaign
 from trainer import rundir
 
@@ -89,15 +92,15 @@ def rebuild_from_run_dirs(directory: Path) -> tuple[dict[str, Any], list[CellRow
     owners = {str(launch.get("campaign")) for _, _, launch in found} - {name}
     if owners:
         raise ValueError(f"its run dirs were launched for campaign {sorted(owners)[0]!r} (a copy?)")
-    command = any("argv" in recipe for _, recipe, _ in found)
     recipes = [{k: v for k, v in recipe.items() if k != "env"} for _, recipe, _ in found]
-    axes = {} if command else _swept(recipes)
+    kind = next((k for k in trainers.every_kind().values() if k.claims(recipes)), trainers.get(DEFAULT_KIND))
+    guess = kind.rebuilt(recipes)
+    axes = _swept(recipes) if guess.sweeps_recipe else {}
     first_launch = found[0][2]
     launcher = str(first_launch.get("launcher") or "local")
     spec: dict[str, Any] = {
         "name": name,
-        "trainer": ({"kind": "command", "command": list(recipes[0]["argv"])} if command
-                    else {"kind": "bundled", "recipe": recipes[0]}),
+        "trainer": guess.section,
         "resources": {"nodes": int(first_launch.get("nodes") or 1),
                       "gpus_per_node": int(first_launch.get("ranks_per_node") or 1)},
         "launcher": launcher,
@@ -108,14 +111,14 @@ def rebuild_from_run_dirs(directory: Path) -> tuple[dict[str, Any], list[CellRow
     expanded = _expanded(campaign)
     cells = []
     for ordinal, (cell_id, recipe, launch) in enumerate(found):
-        row = expanded.get(cell_id) or _guessed(name, cell_id, recipe, launch, axes, command)
+        row = expanded.get(cell_id) or _guessed(name, cell_id, recipe, launch, axes, guess.keeps_env, kind.name)
         row.ordinal = ordinal
         cells.append(row)
     times = [float(t) for _, _, launch in found if isinstance(t := launch.get("written_at"), (int, float))]
     record = {"name": name, "source_file": None, "spec": campaign.model_dump(mode="json"), "launcher": launcher,
               "created_at": min(times, default=0.0), "updated_at": max(times, default=0.0)}  # fmt: skip
     labels = "" if all(c.cell_id in expanded for c in cells) else "cell labels, "
-    env = "" if command else "environment values, "
+    env = "" if guess.keeps_env else "environment values, "
     note = (f"{len(cells)} cell(s) rebuilt from their run directories; not recoverable from them: {labels}{env}"
             f"{LOST}; `mbx campaign run <its file>` restores them")  # fmt: skip
     return record, cells, note
@@ -124,17 +127,16 @@ def rebuild_from_run_dirs(directory: Path) -> tuple[dict[str, Any], list[CellRow
 def _expanded(campaign: Campaign) -> dict[str, CellRow]:
     """The rebuilt spec's own cells by id (empty when it does not expand)."""
     from orchestrator.run.store import cell_rows
-    from orchestrator.trainers import expand
 
     try:
-        return {row.cell_id: row for row in cell_rows(campaign, expand(campaign, None, None, strict=False))}
+        cells = cell_rows(campaign, trainers.expand(campaign, None, None, strict=False))
+        return {row.cell_id: row for row in cells}
     except Exception:  # noqa: BLE001 - the run dirs' own recipes are used instead
         return {}
 
 
-def _guessed(
-    name: str, cell_id: str, recipe: dict[str, Any], launch: dict[str, Any], axes: dict[str, Any], command: bool
-) -> CellRow:
+def _guessed(name: str, cell_id: str, recipe: dict[str, Any], launch: dict[str, Any], axes: dict[str, Any],
+             keeps_env: bool, kind: str) -> CellRow:  # fmt: skip
     """A cell as its run dir shows it, when the rebuilt spec does not expand to it."""
     point_id, _, repeat = cell_id.rpartition("-r")
     flat = _flat(recipe)
@@ -145,5 +147,5 @@ def _guessed(
         campaign=name, cell_id=cell_id, point_id=point_id or cell_id, repeat=int(repeat) if repeat.isdigit() else 0,
         ordinal=0, label=label, params=params, recipe=cell_recipe,
         resources={"nodes": int(launch.get("nodes") or 1), "gpus_per_node": int(launch.get("ranks_per_node") or 1)},
-        env=dict(recipe.get("env") or {}) if command else {}, trainer_kind="command" if command else "bundled",
+        env=dict(recipe.get("env") or {}) if keeps_env else {}, trainer_kind=kind,
     )  # fmt: skip

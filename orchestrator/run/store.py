@@ -11,7 +11,7 @@ Tables (schema 2; `_migrate_1_to_2` upgrades a store written by schema 1)::
     meta       schema_version
     campaigns  name, source_file, spec_json, launcher, created_at, updated_at
     cells      (campaign, cell_id), point_id, repeat, ordinal, label, params/recipe/resources/env JSON, active,
-               trainer_kind ("bundled" | "command" | "ingested")
+               trainer_kind (a trainer kind's name, orchestrator/trainers/kinds/, or "ingested")
     attempts   (campaign, cell_id, attempt), launcher, job_id, job_info_json, run_dir, state, reason,
                failure_class, submitted_at, ended_at, try_number (which try of its cell, 1-based),
                steps_before (steps the previous try made)
@@ -32,11 +32,12 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import RunError, StoreDamaged, StoreTooNew, UsageError
+from orchestrator.rows import AttemptRow, CellRow, ResultRow
 from orchestrator.run.disk import DiskFull, is_full
 from trainer import rundir
 
@@ -51,7 +52,6 @@ MANIFEST = "campaign.json"  # <workspace>/<campaign>/campaign.json: what a rebui
 # Attempt states. Terminal ones never change again.
 ACTIVE_STATES = ("submitted", "running")
 TERMINAL_STATES = ("completed", "failed", "timeout", "cancelled", "preempted")
-TRAINER_KINDS = ("bundled", "command", "ingested")
 INGEST_LAUNCHER = "ingest"  # the launcher name of campaigns made by `mbx ingest`
 
 _CORRUPT_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
@@ -153,56 +153,6 @@ CREATE TABLE IF NOT EXISTS trials (
     PRIMARY KEY (campaign, trial, rung)
 )
 """
-
-
-@dataclass(kw_only=True)
-class CellRow:
-    """One cell: a point of the sweep and its repeat index, with everything needed to launch it."""
-
-    campaign: str
-    cell_id: str
-    point_id: str
-    repeat: int
-    ordinal: int
-    label: str
-    params: dict[str, Any]
-    recipe: dict[str, Any]
-    resources: dict[str, Any]
-    env: dict[str, str]
-    trainer_kind: str = "bundled"  # one of TRAINER_KINDS
-    active: bool = True
-
-
-@dataclass(kw_only=True)
-class AttemptRow:
-    """One attempt of a cell: one run dir, at most one scheduler job."""
-
-    campaign: str
-    cell_id: str
-    attempt: int
-    launcher: str
-    run_dir: str
-    state: str
-    job_id: str | None = None
-    job_info: dict[str, Any] = field(default_factory=dict)
-    reason: str | None = None
-    failure_class: str | None = None
-    try_number: int = 1  # which try of its cell this attempt is (the retry budget), 1-based
-    steps_before: int | None = None  # steps the previous try of the cell made (retry without progress stops)
-    submitted_at: float | None = None
-    ended_at: float | None = None
-
-
-@dataclass(kw_only=True)
-class ResultRow:
-    """What collection made of one finished attempt: window summary and gate verdict."""
-
-    campaign: str
-    cell_id: str
-    attempt: int
-    summary: dict[str, Any] | None
-    gate: dict[str, Any] | None
-    verdict: str | None = None
 
 
 def _dumps(value: Any) -> str | None:
@@ -874,6 +824,10 @@ def _bring_up_to_date(db: sqlite3.Connection, version: int | None) -> None:
     db.execute(_TRIALS_TABLE)
 
 
+# The trainer kinds a schema-1 store can name: its history, not today's kinds.
+_SCHEMA1_KINDS = ("bundled", "command", "ingested")
+
+
 def _migrate_1_to_2(db: sqlite3.Connection) -> None:
     """Schema 1 → 2 (inside the caller's transaction): the trainer kind out of recipe_json's "kind" into
     cells.trainer_kind, the retry budget out of job_info_json's "mbx_retry" into attempts.try_number and
@@ -883,7 +837,7 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE attempts ADD COLUMN steps_before INTEGER")
     for row in db.execute("SELECT campaign, cell_id, recipe_json FROM cells").fetchall():
         kind = (_loads(row["recipe_json"]) or {}).get("kind")
-        if kind in TRAINER_KINDS:
+        if kind in _SCHEMA1_KINDS:
             db.execute("UPDATE cells SET trainer_kind=? WHERE campaign=? AND cell_id=?",
                        (kind, row["campaign"], row["cell_id"]))  # fmt: skip
     for row in db.execute("SELECT campaign, cell_id, attempt, job_info_json FROM attempts").fetchall():

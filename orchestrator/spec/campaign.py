@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from launchers.profile import Cluster, Container
+from orchestrator.rows import DEFAULT_KIND
 from orchestrator.spec.parity import Parity
 from orchestrator.spec.profile_spec import Profile
 from orchestrator.spec.search import Search
 from orchestrator.spec.software import Software
+from orchestrator.spec.trainer_section import ByKind, TrainerSection, default_section
 from reports.failure_classes import FAILURE_CLASSES
 from reports.gates import GateSpec
 from reports.wandb_settings import WandbSettings
@@ -34,133 +26,6 @@ MAX_REPEATS = 1000  # repeats of one point; the sweep's cell limit (--max-cells)
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class BundledTrainer(_Strict):
-    """The bundled MoE GPT trainer (`python -m trainer`), configured by a recipe."""
-
-    kind: Literal["bundled"] = Field("bundled", description="Use the bundled trainer.")
-    recipe: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Base recipe (trainer/recipe.py schema); sweep keys override its fields.",
-    )
-    recipe_file: str | None = Field(
-        None,
-        description="A recipe YAML file (relative to the campaign file) used as the base; `recipe` overrides it.",
-    )
-
-
-class CommandTrainer(_Strict):
-    """An external trainer (Megatron-LM, Megatron-Bridge, ...) started from an argv template; its logs are parsed."""
-
-    kind: Literal["command"] = Field(..., description="Run a command at every point.")
-    command: list[str] = Field(
-        ...,
-        min_length=1,
-        description=(
-            "argv template, never run by a shell, e.g. [python, ./pretrain_gpt.py]: an element that starts with "
-            "./ or ../ is a path relative to the campaign file's folder (the trainer runs in its run directory). "
-            "`{name}` placeholders take "
-            "params (`{params.name}`), resources ({nodes}, {gpus_per_node}, {world_size}), `{env.NAME}`, "
-            "{campaign}, {campaign_dir}, and per attempt {run_dir}, {log_dir}, {cell_id}, {attempt}; a whole "
-            "element `{params}` marks where the rendered params go (default: the end); `{{`/`}}` are literal braces."
-        ),
-    )
-    params: dict[str, Any] = Field(
-        default_factory=dict,
-        description=(
-            "Base values rendered into the argv in `style` (sweep keys params.<name> or bare names override them); "
-            "a param used by a placeholder is not rendered again."
-        ),
-    )
-    style: Literal["megatron-lm", "megatron-bridge"] = Field(
-        "megatron-lm",
-        description=(
-            "megatron-lm: `--flag-name value` (underscores → dashes, true → bare flag, false/null → omitted, "
-            "lists → repeated values); megatron-bridge: Hydra-style `key.path=value` overrides."
-        ),
-    )
-    log_format: Literal["megatron-lm", "megatron-bridge", "auto"] = Field(
-        "auto", description="Dialect of the rank logs in <run dir>/logs/ (auto reads both)."
-    )
-    seq_length: int | None = Field(
-        None, ge=1, description="Sequence length for tokens/s when the log has no argument dump."
-    )
-    num_gpus: int | None = Field(
-        None,
-        ge=1,
-        description="GPUs for tokens/s/GPU; default the log's world_size, else nodes × gpus_per_node.",
-    )
-    steps: int | None = Field(
-        None,
-        ge=1,
-        description=(
-            "Planned iterations (for failure classes and hang detection); default params train_iters "
-            "(train.train_iters for Bridge), else the log's `iteration N/M`."
-        ),
-    )
-    resolved_config: str | None = Field(
-        None,
-        description=(
-            "style megatron-bridge: a ConfigContainer YAML of the base point as Bridge resolved it (the file its "
-            "logger.save_config_filepath writes, or `--dryrun` of trainer.bridge_entry or run_recipe.py), relative to "
-            "the campaign file. Each point's overrides are applied to it to estimate memory before submission "
-            "(points that cannot fit are skipped with the reason); without it only Megatron-LM flags in the argv give "
-            "the model's shape."
-        ),
-    )
-    eval_interval_param: str | None = Field(
-        None,
-        description=(
-            "The param that holds the evaluation interval (a key of params, dotted for nested Bridge params), e.g. "
-            "eval_interval for Megatron-LM's --eval-interval: parity.eval_check sweeps params.<it> over [its "
-            "value, null], null leaving the flag out of the argv (Megatron-LM then evaluates only every 1000 "
-            "iterations, its default: keep train_iters below that)."
-        ),
-    )
-
-    @field_validator("resolved_config")
-    @classmethod
-    def _bridge_only(cls, path: str | None, info: ValidationInfo) -> str | None:
-        if path is not None and info.data.get("style") != "megatron-bridge":
-            raise ValueError("a resolved Bridge config applies to style megatron-bridge only")
-        return path
-
-    @field_validator("eval_interval_param")
-    @classmethod
-    def _eval_param_declared(cls, name: str | None, info: ValidationInfo) -> str | None:
-        params = info.data.get("params") or {}
-        if name is not None and not _has_path(params, name):
-            raise ValueError(f"{name!r} is not a param (declared: {', '.join(sorted(params)) or 'none'}); name "
-                             "a key of trainer.params")
-        return name
-
-
-def _has_path(tree: dict[str, Any], dotted: str) -> bool:
-    """Whether nested mappings hold a value at `a.b.c`."""
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
-
-
-def _trainer_kind(value: Any) -> str:
-    if isinstance(value, dict):
-        return str(value.get("kind", "bundled"))
-    return str(getattr(value, "kind", "bundled"))
-
-
-TRAINER_KINDS: dict[str, type[BaseModel]] = {"bundled": BundledTrainer, "command": CommandTrainer}
-Trainer = Annotated[
-    Annotated[BundledTrainer, Tag("bundled")] | Annotated[CommandTrainer, Tag("command")],
-    Discriminator(
-        _trainer_kind,
-        custom_error_type="invalid_trainer_kind",
-        custom_error_message="trainer.kind must be one of 'bundled', 'command'",
-    ),
-]
 
 
 class Resources(_Strict):
@@ -330,9 +195,10 @@ class Campaign(_Strict):
 
     name: str = Field(..., pattern=NAME_PATTERN, description="Campaign name (letters, digits, . _ -).")
     description: str = Field("", description="What this campaign measures.")
-    trainer: Trainer = Field(
-        default_factory=BundledTrainer,
-        description="What runs at every point: kind bundled (a recipe) or command (an argv template).",
+    trainer: Annotated[TrainerSection, ByKind()] = Field(
+        default_factory=default_section,
+        description=f"What runs at every point: `kind` (default {DEFAULT_KIND}) names a trainer kind, whose own keys "
+        "follow (`mbx schema campaign` lists every kind's).",
     )
     resources: Resources = Field(default_factory=Resources, description="Nodes and ranks per point.")
     sweep: Sweep = Field(default_factory=Sweep, description="The points to run.")
@@ -342,8 +208,8 @@ class Campaign(_Strict):
     launcher: str = Field(
         "local",
         description=(
-            "Backend: local | submitit | nemo-run (CLI --launcher wins; `mbx campaign run FILE --dry-run` shows "
-            "what it would submit)."
+            "Backend: local | submitit | nemo-run | nemo-run-local (CLI --launcher wins; "
+            "`mbx campaign run FILE --dry-run` shows what it would submit)."
         ),
     )
     launchers: dict[str, dict[str, Any]] = Field(
@@ -360,24 +226,6 @@ class Campaign(_Strict):
     )
     parity: Parity | None = Field(None, description="Numerics parity: a toggle whose on/off pairs must train the same.")
     profile: Profile | None = Field(None, description="Profile a few steps of every cell; the report shows where GPU time goes.")
-
-    def base_recipe(self, campaign_file: Path | None) -> dict[str, Any]:
-        """The base recipe mapping (recipe_file, then `recipe` merged over it)."""
-        from orchestrator.spec.keys import deep_merge
-        from orchestrator.spec.yamlio import load_yaml_file
-
-        base: dict[str, Any] = {}
-        if not isinstance(self.trainer, BundledTrainer):
-            return base
-        if self.trainer.recipe_file:
-            root = campaign_file.parent if campaign_file else Path.cwd()
-            loaded = load_yaml_file(root / self.trainer.recipe_file)
-            if not isinstance(loaded, dict):
-                from orchestrator.errors import ConfigError
-
-                raise ConfigError("trainer.recipe_file: must hold a mapping", file=str(campaign_file))
-            base = loaded
-        return deep_merge(base, self.trainer.recipe)
 
 
 def recipe_schema() -> dict[str, Any]:

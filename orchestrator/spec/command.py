@@ -1,19 +1,20 @@
 """Command-trainer argv: params rendered Megatron-LM or Megatron-Bridge style, {placeholder} templates, one point.
 
-Pure functions; the command trainer kind (orchestrator/trainers/command.py) resolves its points with
-`resolve_point` and fills an attempt's placeholders with `attempt_argv`.
+Pure functions; the command trainer kind (orchestrator/trainers/kinds/command.py, whose `CommandTrainer` is the
+campaign's `trainer:` schema) resolves its points with `resolve_point` and fills an attempt's placeholders with
+`attempt_argv`.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
 from orchestrator.spec import software
-from orchestrator.spec.campaign import Campaign, CommandTrainer, Resources
+from orchestrator.spec.campaign import Campaign, Resources
 from orchestrator.spec.keys import copy_tree, deep_merge, set_path, unknown_key_problem
 from orchestrator.spec.loader import validation_problems
 from orchestrator.spec.sweep import PointProblems, ResolvedPoint
@@ -30,6 +31,21 @@ SOFTWARE_PLACEHOLDER = "software."  # `{software.NAME}`: a repo's worktree, fill
 
 class TemplateError(ValueError):
     """A template or params problem, reported as a campaign error."""
+
+
+@runtime_checkable
+class CommandFields(Protocol):
+    """What this module reads of a command campaign's `trainer:` section (its schema, with every field's meaning:
+    orchestrator/trainers/kinds/command.py's CommandTrainer, a layer above)."""
+
+    command: list[str]
+    params: dict[str, Any]
+    style: Literal["megatron-lm", "megatron-bridge"]
+    log_format: str
+    seq_length: int | None
+    num_gpus: int | None
+    steps: int | None
+    resolved_config: str | None
 
 
 # ---- values ------------------------------------------------------------------------------------------------
@@ -237,13 +253,14 @@ def key_problems(campaign: Campaign, keys: list[tuple[str, str]]) -> list[str]:
     return problems
 
 
-def command_trainer(campaign: Campaign) -> CommandTrainer:
-    if not isinstance(campaign.trainer, CommandTrainer):
+def command_trainer(campaign: Campaign) -> CommandFields:
+    """The campaign's `trainer:` section, which must be a command's."""
+    if not isinstance(campaign.trainer, CommandFields):
         raise TypeError(f"campaign {campaign.name!r} does not run a command trainer")
     return campaign.trainer
 
 
-def planned_steps(trainer: CommandTrainer, params: dict[str, Any]) -> int | None:
+def planned_steps(trainer: CommandFields, params: dict[str, Any]) -> int | None:
     """The planned iterations: the `steps` hint, else the params' train_iters (Bridge: train.train_iters)."""
     if trainer.steps:
         return trainer.steps
@@ -382,9 +399,12 @@ def resolve_point(
     campaign_file: Path | None,
     where: str = "",
     versions: dict[str, str] | None = None,
+    *,
+    kind: str,
 ) -> ResolvedPoint:
     """The argv, env and resources of one point (sweep assignment applied; `versions`: its software env,
-    orchestrator/spec/software.py). Raises PointProblems."""
+    orchestrator/spec/software.py; `kind`: the trainer kind's name, part of the point's identity). Raises
+    PointProblems."""
     trainer = command_trainer(campaign)
     try:
         params, resources_doc, env = _assign(campaign, assignment)
@@ -412,7 +432,7 @@ def resolve_point(
     if trainer.resolved_config:
         recipe["bridge_config"] = str(_config_path(trainer.resolved_config, campaign_file, where))
     identity = {
-        "trainer": "command",
+        "trainer": kind,
         "argv": written,  # as written (relative paths kept): the point's id does not depend on where the file is
         "env": software.identity_env(env),
         "resources": resources.model_dump(mode="json", exclude_defaults=True),

@@ -10,7 +10,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import ConfigError
-from orchestrator.spec.campaign import TRAINER_KINDS, Campaign
+from orchestrator.rows import DEFAULT_KIND
+from orchestrator.spec import trainer_section
+from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.keys import env_key_problem, key_problem, model_of, strings_in, values_problems
 from orchestrator.spec.yamlio import load_yaml_file
 
@@ -27,15 +29,16 @@ def _allowed_here(loc: tuple[Any, ...], root: type[BaseModel], kind: str | None 
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return []
         if model is Campaign and part == "trainer":
-            model = TRAINER_KINDS.get(kind or "bundled")
+            model = trainer_section.schema_of(kind or DEFAULT_KIND)  # (`_untag` gives only known kinds)
             continue
         model = model_of(model.model_fields[part].annotation)
     return [f.alias or name for name, f in model.model_fields.items()] if model else []
 
 
 def _untag(loc: tuple[Any, ...], root: type[BaseModel]) -> tuple[tuple[Any, ...], str | None]:
-    """Drop the trainer-kind tag pydantic puts into the path of a discriminated union (trainer.command.x)."""
-    if root is Campaign and len(loc) > 1 and loc[0] == "trainer" and loc[1] in TRAINER_KINDS:
+    """Drop the trainer-kind tag a `trainer:` section's errors carry in their path (trainer.command.x:
+    orchestrator/spec/trainer_section.py)."""
+    if root is Campaign and len(loc) > 1 and loc[0] == "trainer" and loc[1] in trainer_section.kind_names():
         return (loc[0], *loc[2:]), str(loc[1])
     return loc, None
 
@@ -79,7 +82,7 @@ def validation_problems(
             lines.append(f"{path}: must be one of {item['ctx']['expected']} (got {shown_value(item.get('input'))})")
         elif kind == "invalid_trainer_kind":
             got = item["input"].get("kind") if isinstance(item.get("input"), dict) else item.get("input")
-            kinds = ", ".join(map(repr, TRAINER_KINDS))
+            kinds = ", ".join(map(repr, trainer_section.kind_names()))
             lines.append(f"trainer.kind: must be one of {kinds} (got {shown_value(got)})")
         elif kind == "missing":
             lines.append(f"{path}: required key is missing")

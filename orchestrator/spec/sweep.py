@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.errors import ConfigError
+from orchestrator.rows import DEFAULT_KIND
 from orchestrator.spec.campaign import Campaign
 
 DEFAULT_MAX_CELLS = 10_000  # cells a sweep may name (before exclusions); --max-cells raises it
@@ -31,7 +32,7 @@ class Point:
     resources: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
     label: str = ""
-    trainer_kind: str = "bundled"  # the trainer kind that runs it (orchestrator.trainers)
+    trainer_kind: str = DEFAULT_KIND  # the trainer kind that runs it (orchestrator.trainers)
     infeasible: tuple[str, ...] = ()  # layout problems (`point [..]: key: problem`): it cannot run as asked
 
     @property

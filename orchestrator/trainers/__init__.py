@@ -1,8 +1,7 @@
-"""Trainer kinds by name (`trainer.kind` of a campaign, `trainer_kind` of a cell): bundled and command."""
+"""Trainer kinds by name (`trainer.kind` of a campaign, `trainer_kind` of a cell): one module each in kinds/."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,33 +9,13 @@ from orchestrator.spec import parity
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.sweep import Point
 from orchestrator.trainers.base import Follower, TrainerKind
+from orchestrator.trainers.registry import every_kind, get, names
 
 if TYPE_CHECKING:
     from trainer.memory import MemoryEstimate
 
-__all__ = ["Follower", "TrainerKind", "expand", "for_campaign", "get", "kinds", "memory_estimate",
-           "with_parity_axes"]
-
-# name -> (module, class): a kind's module is imported when the kind is first asked for (a bundled campaign's
-# `validate` loads nothing of the command kind: its argv templates, Megatron layout rules, log parsers)
-_MODULES = {"bundled": ("orchestrator.trainers.bundled", "BundledKind"),
-            "command": ("orchestrator.trainers.command", "CommandKind")}  # fmt: skip
-_KINDS: dict[str, TrainerKind] = {}
-
-
-def kinds() -> dict[str, TrainerKind]:
-    """Every trainer kind, by name."""
-    return {name: get(name) for name in _MODULES}
-
-
-def get(name: str) -> TrainerKind:
-    """The trainer kind called `name`; KeyError lists the known names."""
-    if name not in _MODULES:
-        raise KeyError(f"no such trainer kind {name!r}; known: {', '.join(_MODULES)}")
-    if name not in _KINDS:
-        module, cls = _MODULES[name]
-        _KINDS[name] = getattr(importlib.import_module(module), cls)()
-    return _KINDS[name]
+__all__ = ["Follower", "TrainerKind", "every_kind", "expand", "for_campaign", "get", "memory_estimate", "names",
+           "with_parity_axes"]  # fmt: skip
 
 
 def for_campaign(campaign: Campaign) -> TrainerKind:

@@ -9,14 +9,16 @@ The engine holds no kind-specific branch; for one attempt it calls, in order::
     kind.finalize(campaign, cell, run_dir, follower)     # before collection: the kind's own files
     kind.planned_steps(cell)                             # steps the attempt should make (hang checks)
 
-A new kind is one module here implementing `TrainerKind`, registered in orchestrator/trainers/__init__.py.
+A new kind is one module of orchestrator/trainers/kinds/, named as the kind: a `TrainerKind` subclass with its
+`Section` (the campaign's `trainer:` schema) and its guess at a lost campaign (`claims`, `rebuilt`), decorated
+with `orchestrator.trainers.registry.register`. Nothing else lists the kinds.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -26,10 +28,11 @@ from orchestrator.spec import software
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.parity import ParityAxes
 from orchestrator.spec.sweep import Point, PointProblems, ResolvedPoint, expand_points
+from orchestrator.spec.trainer_section import TrainerSection
 from trainer import rundir
 
 if TYPE_CHECKING:
-    from orchestrator.run.store import AttemptRow, CellRow
+    from orchestrator.rows import AttemptRow, CellRow
     from trainer.memory import MemoryEstimate
 
 
@@ -67,13 +70,24 @@ def world_size(cell: CellRow) -> int:
     return int(cell.resources.get("nodes", 1)) * int(cell.resources.get("gpus_per_node", 1))
 
 
+@dataclass(frozen=True)
+class Rebuilt:
+    """A kind's guess at the campaign that wrote some run dirs, from their recipe.yaml files (`mbx store rebuild`
+    of a campaign whose campaign.json is lost: orchestrator/run/rebuild_rundirs.py)."""
+
+    section: dict[str, Any]  # the campaign's `trainer:` section
+    sweeps_recipe: bool  # the recipe keys whose values differ between cells were its sweep axes
+    keeps_env: bool  # each recipe.yaml records its point's environment (`env`); else that is lost
+
+
 class TrainerKind(abc.ABC):
     """One kind of trainer (`trainer.kind` of a campaign; `trainer_kind` of a cell)."""
 
     name: ClassVar[str]
+    Section: ClassVar[type[TrainerSection]]  # the campaign's `trainer:` section of this kind
     module: ClassVar[str | None] = None  # the Python module every rank runs; None: the argv runs as given
 
-    # ---- expansion (sweep.expand_points calls key_problems and resolve) ----------------------------------
+    # ---- expansion (sweep.expand_points calls key_problems and resolver) --------------------------------
     def expand(
         self,
         campaign: Campaign,
@@ -92,21 +106,17 @@ class TrainerKind(abc.ABC):
         settings do not give an estimate."""
         return None
 
+    @abc.abstractmethod
     def resolver(
         self, campaign: Campaign, campaign_file: Path | None
     ) -> Callable[[dict[str, Any], str], ResolvedPoint]:
-        """`resolve` with the campaign bound (a kind overrides this to share work between points)."""
-        return lambda assignment, where: self.resolve(campaign, assignment, campaign_file, where)
+        """A function resolving one point (an assignment of swept keys, its location in messages) of this
+        campaign; raises sweep.PointProblems. Work common to the points (a base recipe read, a software ref
+        resolved) is done once per resolver."""
 
     @abc.abstractmethod
     def key_problems(self, campaign: Campaign, locations: list[tuple[str, str]]) -> list[str]:
         """`where: problem` for sweep keys this kind cannot address."""
-
-    @abc.abstractmethod
-    def resolve(
-        self, campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str
-    ) -> ResolvedPoint:
-        """One point (an assignment of swept keys) resolved; raises sweep.PointProblems."""
 
     # ---- one attempt -------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -173,6 +183,16 @@ class TrainerKind(abc.ABC):
     @abc.abstractmethod
     def planned_steps(self, cell: CellRow) -> int | None:
         """The training steps an attempt of this cell should make (None: not known before it runs)."""
+
+    # ---- a lost campaign rebuilt from its run dirs (orchestrator/run/rebuild_rundirs.py) -------------------
+    def claims(self, recipes: list[dict[str, Any]]) -> bool:
+        """Whether this kind wrote these recipe.yaml files (one per cell, `env` left out); what no kind claims is
+        the default kind's (orchestrator.rows.DEFAULT_KIND)."""
+        return False
+
+    @abc.abstractmethod
+    def rebuilt(self, recipes: list[dict[str, Any]]) -> Rebuilt:
+        """The campaign these recipe.yaml files of this kind ran from, as far as they tell."""
 
     # ---- parity (orchestrator/spec/parity.py): the keys of the checks that depend on the kind -------------
     def eval_interval_key(self, campaign: Campaign) -> str:

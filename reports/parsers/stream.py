@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from reports.limits import MAX_LOG_LINE_CHARS
@@ -53,6 +53,10 @@ def _has_long_line(text: str, stop: int) -> bool:
             return True
         pos = newline + 1
     return False
+
+
+def _skip(text: str, start: int, stop: int, last_eol: bool) -> None:
+    """A run of lines that needs nothing (`StreamParser._lines`: none holds a marker)."""
 
 
 class StreamParser:
@@ -170,26 +174,7 @@ class StreamParser:
     def _scan(self, text: str, n: int, last_eol: bool, start: int = 0) -> None:
         """Process `text[start:n]`, whole lines (the last one without newline if `last_eol` is
         False): runs of lines between `RARE_MARKERS` go to `_span`, rare lines one by one."""
-        find = text.find
-        rare = self.RARE_MARKERS
-        nxt = [find(m, start, n) for m in rare]
-        pos = start
-        while pos < n:
-            if self._needs_lines():
-                pos = self._one_line(text, pos, n, last_eol)
-                continue
-            hit = -1
-            for k, p in enumerate(nxt):
-                if 0 <= p < pos:
-                    p = nxt[k] = find(rare[k], pos, n)
-                if p >= 0 and (hit < 0 or p < hit):
-                    hit = p
-            stop = n if hit < 0 else (text.rfind("\n", pos, hit) + 1 or pos)
-            if stop > pos:
-                self._span(text, pos, stop, last_eol or stop < n)
-                pos = stop
-            if hit >= 0:
-                pos = self._one_line(text, pos, n, last_eol)
+        self._between(text, start, n, last_eol, self.RARE_MARKERS, self._span)
 
     def _span(self, text: str, start: int, stop: int, last_eol: bool) -> None:
         """Lines `text[start:stop]`, none holding a rare marker. Subclasses may parse a run of
@@ -199,8 +184,14 @@ class StreamParser:
     def _lines(self, text: str, start: int, stop: int, last_eol: bool) -> None:
         """Lines `text[start:stop]` one by one, skipping those without any of `MARKERS` while no
         record is open."""
+        self._between(text, start, stop, last_eol, self.MARKERS, _skip)
+
+    def _between(self, text: str, start: int, stop: int, last_eol: bool, markers: tuple[str, ...],
+                 span: Callable[[str, int, int, bool], None]) -> None:  # fmt: skip
+        """Lines `text[start:stop]`: while a record is open one by one; else each run of lines holding
+        none of `markers` goes to `span` and each line holding one goes the line path. Each marker's
+        next position is found once and kept until the scan passes it."""
         find = text.find
-        markers = self.MARKERS
         nxt = [find(m, start, stop) for m in markers]
         pos = start
         while pos < stop:
@@ -213,9 +204,12 @@ class StreamParser:
                     p = nxt[k] = find(markers[k], pos, stop)
                 if p >= 0 and (hit < 0 or p < hit):
                     hit = p
-            if hit < 0:
-                return
-            pos = self._one_line(text, text.rfind("\n", pos, hit) + 1 or pos, stop, last_eol)
+            line = stop if hit < 0 else (text.rfind("\n", pos, hit) + 1 or pos)
+            if line > pos:
+                span(text, pos, line, last_eol or line < stop)
+                pos = line
+            if hit >= 0:
+                pos = self._one_line(text, pos, stop, last_eol)
 
     def _one_line(self, text: str, pos: int, stop: int, last_eol: bool) -> int:
         """Push the line starting at `pos`; return where the next one starts."""

@@ -10,7 +10,9 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator
 
 from launchers.base import LaunchSpec
 from orchestrator.errors import ConfigError
@@ -19,11 +21,13 @@ from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.command import attempt_argv, flatten, key_problems, resolve_point
 from orchestrator.spec.megatron_layout import estimate_args, layout_problems, megatron_args
 from orchestrator.spec.sweep import Point, ResolvedPoint
-from orchestrator.trainers.base import Follower, TrainerKind, software_env, workspace_of, world_size
+from orchestrator.spec.trainer_section import TrainerSection
+from orchestrator.trainers.base import Follower, Rebuilt, TrainerKind, software_env, workspace_of, world_size
+from orchestrator.trainers.registry import register
 from trainer import rundir
 
 if TYPE_CHECKING:
-    from orchestrator.run.store import AttemptRow, CellRow
+    from orchestrator.rows import AttemptRow, CellRow
     from reports.parsers.follow import LogFollower
     from trainer.memory import MemoryEstimate
 
@@ -31,19 +35,112 @@ STOPPED = ("timeout", "cancelled", "preempted")
 _CLASS_OF_STOP = {"timeout": "timeout", "preempted": "preempted"}
 
 
+class CommandTrainer(TrainerSection):
+    """An external trainer (Megatron-LM, Megatron-Bridge, ...) started from an argv template; its logs are parsed."""
+
+    kind: Literal["command"] = Field(..., description="Run a command at every point.")
+    command: list[str] = Field(
+        ...,
+        min_length=1,
+        description=(
+            "argv template, never run by a shell, e.g. [python, ./pretrain_gpt.py]: an element that starts with "
+            "./ or ../ is a path relative to the campaign file's folder (the trainer runs in its run directory). "
+            "`{name}` placeholders take "
+            "params (`{params.name}`), resources ({nodes}, {gpus_per_node}, {world_size}), `{env.NAME}`, "
+            "{campaign}, {campaign_dir}, and per attempt {run_dir}, {log_dir}, {cell_id}, {attempt}; a whole "
+            "element `{params}` marks where the rendered params go (default: the end); `{{`/`}}` are literal braces."
+        ),
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Base values rendered into the argv in `style` (sweep keys params.<name> or bare names override them); "
+            "a param used by a placeholder is not rendered again."
+        ),
+    )
+    style: Literal["megatron-lm", "megatron-bridge"] = Field(
+        "megatron-lm",
+        description=(
+            "megatron-lm: `--flag-name value` (underscores → dashes, true → bare flag, false/null → omitted, "
+            "lists → repeated values); megatron-bridge: Hydra-style `key.path=value` overrides."
+        ),
+    )
+    log_format: Literal["megatron-lm", "megatron-bridge", "auto"] = Field(
+        "auto", description="Dialect of the rank logs in <run dir>/logs/ (auto reads both)."
+    )
+    seq_length: int | None = Field(
+        None, ge=1, description="Sequence length for tokens/s when the log has no argument dump."
+    )
+    num_gpus: int | None = Field(
+        None,
+        ge=1,
+        description="GPUs for tokens/s/GPU; default the log's world_size, else nodes × gpus_per_node.",
+    )
+    steps: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Planned iterations (for failure classes and hang detection); default params train_iters "
+            "(train.train_iters for Bridge), else the log's `iteration N/M`."
+        ),
+    )
+    resolved_config: str | None = Field(
+        None,
+        description=(
+            "style megatron-bridge: a ConfigContainer YAML of the base point as Bridge resolved it (the file its "
+            "logger.save_config_filepath writes, or `--dryrun` of trainer.bridge_entry or run_recipe.py), relative to "
+            "the campaign file. Each point's overrides are applied to it to estimate memory before submission "
+            "(points that cannot fit are skipped with the reason); without it only Megatron-LM flags in the argv give "
+            "the model's shape."
+        ),
+    )
+    eval_interval_param: str | None = Field(
+        None,
+        description=(
+            "The param that holds the evaluation interval (a key of params, dotted for nested Bridge params), e.g. "
+            "eval_interval for Megatron-LM's --eval-interval: parity.eval_check sweeps params.<it> over [its "
+            "value, null], null leaving the flag out of the argv (Megatron-LM then evaluates only every 1000 "
+            "iterations, its default: keep train_iters below that)."
+        ),
+    )
+
+    @field_validator("resolved_config")
+    @classmethod
+    def _bridge_only(cls, path: str | None, info: ValidationInfo) -> str | None:
+        if path is not None and info.data.get("style") != "megatron-bridge":
+            raise ValueError("a resolved Bridge config applies to style megatron-bridge only")
+        return path
+
+    @field_validator("eval_interval_param")
+    @classmethod
+    def _eval_param_declared(cls, name: str | None, info: ValidationInfo) -> str | None:
+        params = info.data.get("params") or {}
+        if name is not None and not _has_path(params, name):
+            raise ValueError(f"{name!r} is not a param (declared: {', '.join(sorted(params)) or 'none'}); name "
+                             "a key of trainer.params")
+        return name
+
+
+def _has_path(tree: dict[str, Any], dotted: str) -> bool:
+    """Whether nested mappings hold a value at `a.b.c`."""
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+@register
 class CommandKind(TrainerKind):
     """An argv run as given on every rank (no shell); its logs are parsed for metrics and the final state."""
 
     name = "command"
+    Section = CommandTrainer
     module = None
 
     def key_problems(self, campaign: Campaign, locations: list[tuple[str, str]]) -> list[str]:
         return key_problems(campaign, locations)
-
-    def resolve(
-        self, campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str
-    ) -> ResolvedPoint:
-        return self.resolver(campaign, campaign_file)(assignment, where)
 
     def resolver(
         self, campaign: Campaign, campaign_file: Path | None
@@ -54,7 +151,7 @@ class CommandKind(TrainerKind):
 
         def resolve(assignment: dict[str, Any], where: str) -> ResolvedPoint:
             env = software_env(versions, assignment, where)
-            point = resolve_point(campaign, assignment, campaign_file, where, env)
+            point = resolve_point(campaign, assignment, campaign_file, where, env, kind=self.name)
             args, spelled = megatron_args(point.recipe["argv"])
             world = int(point.resources["nodes"]) * int(point.resources["gpus_per_node"])
             problems = tuple(f"{where}{p}" for p in layout_problems(args, spelled, world))
@@ -129,6 +226,16 @@ class CommandKind(TrainerKind):
             raise ConfigError(f"parity.eval_check: the command does not evaluate (trainer.{key} is not set): set "
                               "it, or drop eval_check")
         return value
+
+    def claims(self, recipes: list[dict[str, Any]]) -> bool:
+        """A command's recipe.yaml holds its rendered argv."""
+        return any("argv" in recipe for recipe in recipes)
+
+    def rebuilt(self, recipes: list[dict[str, Any]]) -> Rebuilt:
+        """The first cell's rendered argv as the command (its params are rendered into it, so nothing is swept);
+        each recipe.yaml keeps its point's environment."""
+        section = {"kind": self.name, "command": list(recipes[0]["argv"])}
+        return Rebuilt(section, sweeps_recipe=False, keeps_env=True)
 
 
 @functools.lru_cache(maxsize=8)

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from orchestrator.errors import ConfigError
 from orchestrator.spec import profile_spec, software
 from orchestrator.spec.campaign import Campaign, Resources
-from orchestrator.spec.keys import set_path, split_namespace, unknown_key_problem
+from orchestrator.spec.keys import deep_merge, set_path, split_namespace, unknown_key_problem
 from orchestrator.spec.loader import validation_problems
 from orchestrator.spec.sweep import Point, PointProblems, ResolvedPoint, canonical_json
-from orchestrator.trainers.base import TrainerKind, software_env
+from orchestrator.spec.trainer_section import TrainerSection
+from orchestrator.spec.yamlio import load_yaml_file
+from orchestrator.trainers.base import Rebuilt, TrainerKind, software_env
+from orchestrator.trainers.registry import register
 from trainer import rundir
 from trainer.recipe import Recipe, launch_problems, layout_problems
 
@@ -25,14 +28,45 @@ Validated = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]
 
 if TYPE_CHECKING:
     from launchers.base import LaunchSpec
-    from orchestrator.run.store import AttemptRow, CellRow
+    from orchestrator.rows import AttemptRow, CellRow
     from trainer.memory import MemoryEstimate
 
 
+class BundledTrainer(TrainerSection):
+    """The bundled MoE GPT trainer (`python -m trainer`), configured by a recipe."""
+
+    kind: Literal["bundled"] = Field("bundled", description="Use the bundled trainer.")
+    recipe: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Base recipe (trainer/recipe.py schema); sweep keys override its fields.",
+    )
+    recipe_file: str | None = Field(
+        None,
+        description="A recipe YAML file (relative to the campaign file) used as the base; `recipe` overrides it.",
+    )
+
+
+def base_recipe(campaign: Campaign, campaign_file: Path | None) -> dict[str, Any]:
+    """The campaign's base recipe mapping (recipe_file, then `recipe` merged over it)."""
+    section = campaign.trainer
+    if not isinstance(section, BundledTrainer):
+        raise TypeError(f"campaign {campaign.name!r} does not run the bundled trainer")
+    base: dict[str, Any] = {}
+    if section.recipe_file:
+        root = campaign_file.parent if campaign_file else Path.cwd()
+        loaded = load_yaml_file(root / section.recipe_file)
+        if not isinstance(loaded, dict):
+            raise ConfigError("trainer.recipe_file: must hold a mapping", file=str(campaign_file))
+        base = loaded
+    return deep_merge(base, section.recipe)
+
+
+@register
 class BundledKind(TrainerKind):
     """The bundled MoE GPT trainer: it writes metrics.jsonl and status.json itself, so nothing is followed."""
 
     name = "bundled"
+    Section = BundledTrainer
     module = "trainer"
 
     def key_problems(self, campaign: Campaign, locations: list[tuple[str, str]]) -> list[str]:
@@ -51,17 +85,12 @@ class BundledKind(TrainerKind):
                 problems.append(f"{where}: {problem}")
         return problems
 
-    def resolve(
-        self, campaign: Campaign, assignment: dict[str, Any], campaign_file: Path | None, where: str
-    ) -> ResolvedPoint:
-        return self.resolver(campaign, campaign_file)(assignment, where)
-
     def resolver(
         self, campaign: Campaign, campaign_file: Path | None
     ) -> Callable[[dict[str, Any], str], ResolvedPoint]:
         """Resolve points over one base recipe (read once); each distinct recipe and resources is validated once."""
         base = {
-            "recipe": campaign.base_recipe(campaign_file),
+            "recipe": base_recipe(campaign, campaign_file),
             "resources": campaign.resources.model_dump(),
             "env": dict(campaign.env.values),
         }
@@ -115,7 +144,7 @@ class BundledKind(TrainerKind):
 
     def eval_interval(self, campaign: Campaign, campaign_file: Path | None) -> Any:
         """The base recipe's training.eval_interval."""
-        training = campaign.base_recipe(campaign_file).get("training")
+        training = base_recipe(campaign, campaign_file).get("training")
         if training is not None and not isinstance(training, dict):
             raise ConfigError(f"trainer.recipe.training: must be a mapping of training settings, not "
                               f"{type(training).__name__} (parity.eval_check reads training.eval_interval)")
@@ -128,6 +157,11 @@ class BundledKind(TrainerKind):
     def checkpoint_keys(self, campaign: Campaign) -> tuple[str, str]:
         """checkpoint.save_at and checkpoint.reload_with (trainer/checkpoint.py: one run saves, then reloads)."""
         return "checkpoint.save_at", "checkpoint.reload_with"
+
+    def rebuilt(self, recipes: list[dict[str, Any]]) -> Rebuilt:
+        """The first cell's whole recipe as the base, the keys whose values differ between cells swept; the
+        recipe.yaml of a bundled cell keeps no environment."""
+        return Rebuilt({"kind": self.name, "recipe": recipes[0]}, sweeps_recipe=True, keeps_env=False)
 
     def memory_estimate(self, point: Point, on_gpu: bool) -> MemoryEstimate | None:
         """trainer/memory.py's model of what the bundled trainer allocates (ValueError for a refused layout);
