@@ -16,12 +16,10 @@ from typing import Any
 import pytest
 from chromium_cdp import CHROMIUM, Browser
 from test_parity_report import parity_view
-from test_verdicts_search import FIGURES, H200_TEMPLATE, replay
+from test_verdicts_search import FIGURES, H200_TEMPLATE, search_replayed
 
-from orchestrator.flow.search_run import run_search
 from orchestrator.run.store import Store
 from orchestrator.spec.loader import load_campaign
-from orchestrator.trainers import expand
 from reports.site import write_site
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
@@ -80,8 +78,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("readable")
     campaign = load_campaign(H200_TEMPLATE)
     workspace = tmp / "ws"
-    found = run_search(workspace, campaign, expand(campaign, H200_TEMPLATE, None), H200_TEMPLATE,
-                       make_report=True, runner=replay(json.loads(FIGURES.read_text())))  # fmt: skip
+    found = search_replayed(workspace, H200_TEMPLATE, json.loads(FIGURES.read_text()))
     with Store(workspace) as store:
         trials = store.trials(campaign.name)
     search = workspace / campaign.name / "report" / "index.html"

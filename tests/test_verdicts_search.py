@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator.flow import lifecycle
 from orchestrator.flow.search_evaluators import TableEvaluator
-from orchestrator.flow.search_run import run_search
 from orchestrator.flow.search_strategies import run_strategy
 from orchestrator.judge.best import choose, metric
 from orchestrator.judge.compare import Point, Repeat
@@ -54,12 +54,13 @@ def _rows(fig: dict[str, Any], steps: int, short: float) -> list[dict[str, Any]]
     return rows
 
 
-def replay(figures: dict[str, Any]) -> Any:
-    """A stand-in for run_campaign that records each cell as run from the recorded figures: the same
-    feasibility step and store registration, then one completed attempt per cell (run dir and result)."""
+def replay(figures: dict[str, Any], workspace: Path, file: Path, gpu: str | None = None,
+           strict: bool = False) -> Any:  # fmt: skip
+    """A stand-in for the lifecycle's rung (prepare + execute) that records each cell as run from the recorded
+    figures: the same feasibility step and store registration, then one completed attempt per cell (run dir
+    and result)."""
 
-    def run(workspace: Path, campaign: Any, points: list[Any], file: Path | None, make_report: bool = False,
-            gpu: str | None = None, strict: bool = False, **_: Any) -> None:  # fmt: skip
+    def run(campaign: Any, points: list[Any]) -> None:
         campaign = with_gpu_memory(campaign, gpu)
         assessment = check_points(points, gpu, strict, str(file), limits_of(campaign))
         cells = cell_rows(campaign, assessment.runnable)
@@ -84,12 +85,21 @@ def replay(figures: dict[str, Any]) -> Any:
     return run
 
 
+def search_replayed(workspace: Path, file: Path, figures: dict[str, Any], make_report: bool = True) -> Any:
+    """The search of campaign `file` prepared and executed by the lifecycle (its lock, trial rows, registration,
+    report and closing), each rung's cells replayed from `figures`; returns the search's answer."""
+    plan = lifecycle.prepare(file, lifecycle.Options(workspace, make_report=make_report))
+    plan.search.evaluator.runner = replay(figures, plan.workspace, file)
+    finished = lifecycle.execute(plan)
+    assert finished.search is not None and finished.judged == finished.search.outcome()
+    return finished.search
+
+
 def test_the_h200_search_its_report_status_and_freeze_name_one_full_length_best(tmp_path, mbx) -> None:
     figures = json.loads(FIGURES.read_text())
     campaign = load_campaign(H200_TEMPLATE)
     workspace = tmp_path / "ws"
-    points = expand(campaign, H200_TEMPLATE, None)
-    found = run_search(workspace, campaign, points, H200_TEMPLATE, make_report=True, runner=replay(figures))
+    found = search_replayed(workspace, H200_TEMPLATE, figures)
     best = found.best.evidence
     assert best is not None and found.exit_code() == 0 and found.outcome().verdict == "pass"
     assert best.steps == 40  # a full-length trial, not a 5-step first-rung run that looked faster
@@ -141,8 +151,7 @@ def test_freeze_judges_headroom_on_the_campaigns_gb200(tmp_path, mbx) -> None:
     path.write_text(yaml.safe_dump(raw))
     campaign = load_campaign(path)
     workspace = tmp_path / "ws"
-    found = run_search(workspace, campaign, expand(campaign, path, None), path, make_report=False,
-                       runner=replay(figures))  # fmt: skip
+    found = search_replayed(workspace, path, figures, make_report=False)
     assert found.best.evidence is not None
     status = mbx("campaign", "status", campaign.name, "--workspace", str(workspace))
     assert "inconclusive" not in status.stdout and "not known" not in status.stdout

@@ -94,15 +94,15 @@ def bisect(
     from rich.text import Text
 
     from orchestrator.flow import bisect as search
+    from orchestrator.flow.options import Options
     from orchestrator.spec.loader import load_campaign
 
     effect = 0.01 if min_effect is None else min_effect.single()  # a percent on the command line
     campaign = load_campaign(file)
     plan = search.make_plan(campaign, file, good=good, bad=bad, repo=repo, key=key, values=values,
                             repeats=repeats, max_repeats=max_repeats, metric=metric, min_effect=effect)  # fmt: skip
-    runner = search.Search(
-        campaign, file, plan, Path(workspace), {"launcher": launcher, "parallel": parallel}
-    )
+    options = Options(Path(workspace), launcher=launcher, parallel=parallel)
+    runner = search.Search(campaign, file, plan, options)
     runner.log = lambda line: err().print(Text(line, style="bold"))
     err().print(Text(f"bisect {plan.key}: {len(plan.values)} versions ({plan.labels[0]} … {plan.labels[-1]}), "
                            f"campaign {plan.name} in {workspace}"))  # fmt: skip

@@ -178,15 +178,17 @@ def plan(
 
     Example: mbx campaign plan campaigns/quickstart.yaml --gpu H100-80GB --json
     """
-    from orchestrator.flow.lifecycle import Options, load
-    from orchestrator.run.feasibility import check_points, limits_of
+    from orchestrator.flow.lifecycle import Options, load, prepare_loaded
     from orchestrator.run.plan_view import plan_text
     from orchestrator.spec.software import local_source_notes
     from orchestrator.spec.sweep import swept_keys
 
-    campaign, points = load(file, Options(max_cells=max_cells, strict=strict))  # as run loads it (parity sides too)
+    options = Options(workspace, gpu=auto_gpu(gpu), strict=strict, max_cells=max_cells)
+    campaign, points = load(file, options)  # as run loads it (parity sides too)
     _check_gpu_names(campaign, file)
-    assessment = check_points(points, auto_gpu(gpu), strict, str(file), limits_of(campaign))
+    prepared = prepare_loaded(campaign, points, file, options)  # what `run` prepares: the same estimates
+    assessment = prepared.assessment
+    assert assessment is not None  # a file's plan is assessed
     _check_baseline(ctx, check_baseline, workspace, campaign, file)
     if as_json:
         rows = assessment.by_point()
@@ -200,6 +202,7 @@ def plan(
                 "resources": p.resources,
                 "recipe": p.recipe,
                 "estimate": rows[p.point_id].to_dict(),
+                "attempt": prepared.attempts.get(p.cell_id),  # what a run would number it now (None: not run)
             }
             for p in points
         ]
@@ -239,7 +242,8 @@ def run(
     search without repeating finished trials. Exit 0 when a best point was found, 1 when none qualified, 3 when
     it is undecided: a tie no figure separates (orchestrator/judge/best.py), or the budget ran out before a best
     point with no trial failed (one INCONCLUSIVE closing line). A `points` budget counts points that ran (never
-    an infeasible one); a `gpu_hours` budget checks each trial's predicted cost before it starts.
+    an infeasible one: ruled out by its estimate, or refused on its node's GPU, which costs no steps or
+    GPU-hours either); a `gpu_hours` budget checks each trial's predicted cost before it starts.
 
     Before anything is submitted, every point's peak memory per GPU is estimated; a point that breaks a
     parallel-layout rule, or whose estimate does not fit the GPU (--gpu, else resources.gpu), is infeasible:
@@ -277,13 +281,7 @@ def run(
                                 log_wandb=wandb, inconclusive_ok=inconclusive_ok)  # fmt: skip
     campaign, points = lifecycle.load(file, options)  # parity sides as sweep factors
     _check_gpu_names(campaign, file)  # as validate and plan: the file's GPU names, whatever --gpu says
-    if campaign.sweep.search is not None:  # a budgeted search: orchestrator/flow/search_run.py
-        from orchestrator.flow.search_run import run_search
-
-        searched = run_search(workspace, campaign, points, file, make_report=report, launcher=launcher,
-                              parallel=parallel, log_wandb=wandb, gpu=gpu, strict=strict, dry_run=dry_run)  # fmt: skip
-        raise typer.Exit(searched.exit_code(inconclusive_ok))
-    plan = lifecycle.prepare_file(campaign, points, file, options)
+    plan = lifecycle.prepare_loaded(campaign, points, file, options)  # a search too: its rungs are plans in turn
     finished = lifecycle.render(plan) if dry_run else lifecycle.execute(plan)
     raise typer.Exit(finished.exit_code(inconclusive_ok))
 
@@ -307,11 +305,7 @@ def resume(
     Example: mbx campaign resume quickstart -w mbx-workspace
     """
     from orchestrator.flow import lifecycle
-    from orchestrator.flow.search_run import resume_search
 
-    searched = resume_search(workspace, name, parallel=parallel, make_report=report, log_wandb=wandb)
-    if searched is not None:  # a campaign with sweep.search: the search goes on (orchestrator/flow/search_run.py)
-        raise typer.Exit(searched.exit_code(inconclusive_ok))
     options = lifecycle.Options(workspace, parallel=parallel, make_report=report, log_wandb=wandb,
                                 inconclusive_ok=inconclusive_ok)
     finished = lifecycle.execute(lifecycle.prepare_stored(workspace, name, options))
@@ -339,7 +333,6 @@ def regate(
 
     from orchestrator.flow import lifecycle
     from orchestrator.judge.closing import closing_text, parity_lines
-    from orchestrator.judge.outcome import campaign_outcome
     from orchestrator.run.progress import print_changes
 
     done = lifecycle.regate_campaign(workspace, name, file)
@@ -348,7 +341,7 @@ def regate(
     gates = "gates updated" if done.gates_changed else "gates unchanged"
     console().print(Text(f"{name}: {len(points)} point(s) judged; {gates}; {done.rewritten} stored result(s) "
                          f"rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
-    judged = campaign_outcome([p.verdict for p in points], done.parity, infeasible=done.judged.infeasible)
+    judged = lifecycle.regated_outcome(done)  # a search's answer, as status says it (judge/outcome.py)
     console().print(closing_text(judged, inconclusive_ok), soft_wrap=True)
     for line in parity_lines(done.parity)[1:]:  # a parity campaign: its pairs are judged again too
         console().print(line, soft_wrap=True)

@@ -23,6 +23,7 @@ import yaml
 from scipy import stats as sps
 
 from orchestrator.errors import ConfigError, UsageError
+from orchestrator.flow.options import Options
 from orchestrator.judge import compare
 from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, exit_code
 from orchestrator.spec import software
@@ -184,14 +185,14 @@ def check_campaign(campaign: Campaign, file: Path | None) -> None:
 class Bisector:
     """Runs probes through the lifecycle (one bisect campaign in the store) and decides them."""
 
-    def __init__(
-        self, campaign: Campaign, file: Path | None, plan: Plan, workspace: Path, run_options: dict[str, Any]
-    ):
+    def __init__(self, campaign: Campaign, file: Path | None, plan: Plan, options: Options):
         from orchestrator import trainers
 
         self.campaign, self.file, self.plan = campaign, file, plan
-        self.workspace = workspace
-        self.options = run_options  # launcher, parallel
+        self.workspace = Path(options.workspace)
+        # each batch is executed by the lifecycle: the workspace, launcher and parallel of the command line;
+        # no report or W&B per batch (the bisect's result is its own output)
+        self.options = replace(options, make_report=False, log_wandb=False)
         self.kind = trainers.for_campaign(campaign)
         self.need: dict[int, int] = {}  # version index → repeats wanted
         self.point_of: dict[int, str] = {}
@@ -230,8 +231,7 @@ class Bisector:
         chosen.sort(key=lambda p: p.repeat - before.get(p.point_id, 0))
         # the lifecycle's lines are progress (stderr); stdout gets the result
         with contextlib.redirect_stdout(sys.stderr):
-            run_points(self.workspace, bisect_campaign, chosen, self.file, make_report=False, log_wandb=False,
-                       **self.options)  # fmt: skip
+            run_points(bisect_campaign, chosen, self.file, self.options)
 
     def points(self) -> dict[str, compare.Point]:
         from orchestrator.run.store import Store

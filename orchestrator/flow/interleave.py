@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.text import Text
 
 from orchestrator.errors import ConfigError, UsageError
-from orchestrator.flow.lifecycle import Options, Plan, execute, prepare, prepare_stored
+from orchestrator.flow.lifecycle import Options, Plan, execute, load, prepare_file, prepare_stored_cells
 from orchestrator.flow.runner import check_baseline, show
 from orchestrator.judge.compare import Comparison, Point, resolvable
 from orchestrator.run.baseline import params_key
@@ -118,7 +118,7 @@ def run_files(workspace: Path, file_a: Path, file_b: Path, *, repeats: int | Non
     alternately; returns the two campaign names (as stored) and what was run. Nothing is written before both
     files are checked."""
     options = options_of(workspace, launcher, max_cells, repeats)
-    side_a, side_b = Side("A", prepare(file_a, options)), Side("B", prepare(file_b, options))
+    side_a, side_b = Side("A", _prepared(file_a, options)), Side("B", _prepared(file_b, options))
     name_a, name_b = side_a.plan.campaign.name, side_b.plan.campaign.name
     if name_a == name_b:
         raise ConfigError(f"name: both files name the campaign {name_a!r}; an A/B run stores "
@@ -139,6 +139,13 @@ def run_files(workspace: Path, file_a: Path, file_b: Path, *, repeats: int | Non
                            f"{len(order)} cell(s) run one at a time, A B A B …"))  # fmt: skip
         driven = drive({name_a: side_a, name_b: side_b}, order)
     return name_a, name_b, driven
+
+
+def _prepared(file: Path, options: Options) -> Plan:
+    """A side's plan: every point of its file (a `sweep.search` file's whole grid, as before issue 34: an A/B
+    compares points, it does not search)."""
+    campaign, points = load(file, options)
+    return prepare_file(campaign, points, file, options)
 
 
 def _quiet(event: Event) -> None:
@@ -208,11 +215,11 @@ def next_repeat(cells: list[CellRow], point: Point) -> CellRow:
 
 
 def with_cells(plan: Plan, new: list[CellRow]) -> Plan:
-    """The stored campaign's plan with `new` cells after its active ones, to be registered (spec, source and
-    launcher kept) when it is executed."""
+    """The stored campaign's plan (not executed yet) with `new` cells after its active ones: `execute`
+    registers them with the rest (spec, source and launcher kept)."""
     start = max((c.ordinal for c in plan.cells), default=-1) + 1
     mine = [dataclasses.replace(c, ordinal=start + i) for i, c in enumerate(new)]
-    return dataclasses.replace(plan, cells=plan.cells + mine, registered=False)
+    return dataclasses.replace(plan, cells=plan.cells + mine)
 
 
 def one_round(workspace: Path, pairs: list[tuple[Point, Point]], launcher: str | None) -> Driven:
@@ -222,7 +229,7 @@ def one_round(workspace: Path, pairs: list[tuple[Point, Point]], launcher: str |
     with locked(workspace, names):
         with read_only(workspace) as store:
             check_runnable(store, [p for pair in pairs for p in pair])
-        plans = {name: prepare_stored(workspace, name, options_of(workspace, launcher)) for name in names}
+        plans = {name: prepare_stored_cells(workspace, name, options_of(workspace, launcher)) for name in names}
         new: dict[tuple[str, str], CellRow] = {}
         for point in (p for pair in pairs for p in pair):
             if (point.campaign, point.point_id) not in new:  # a point on both sides gets one cell per round

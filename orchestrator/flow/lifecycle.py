@@ -2,24 +2,28 @@
 
 `prepare`: load → parity axes → expand → feasibility and headroom → cells → launcher → attempt numbers;
 `execute`: lock → register → engine → regate → report → W&B. Every command that runs a campaign goes
-through these two: `mbx campaign run|resume` (`regate` is execute's judging step alone), `mbx compare --run`
-(its A B A B loop executes each side's cells, a round at a time), a search (each rung's points prepared and
-executed), `mbx bisect` (each batch of versions). A dry run is `prepare` + `render`: it reads the store
-read-only (store.read_only) and writes nothing anywhere.
+through these two: `mbx campaign run|resume` (`regate` is execute's judging step alone; `mbx campaign plan`
+shows what `prepare` found), `mbx compare --run` (its A B A B loop executes each side's cells, a round at a
+time), a search (its Plan's rungs are plans of their points, prepared and executed in turn, under the
+search's lock; the search registers, reports and closes once, in `execute`), `mbx bisect` (each batch of
+versions). A dry run is `prepare` + `render`: it reads the store read-only (store.read_only) and writes
+nothing anywhere.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
 from launchers.base import GpuNeed, Launcher, LaunchSpec
 from orchestrator.errors import ConfigError, MbxError, UsageError, printable
 from orchestrator.flow.extra_repeats import kept_repeats
+from orchestrator.flow.options import Options
 from orchestrator.flow.runner import (
     Finished,
     check_baseline,
@@ -31,15 +35,15 @@ from orchestrator.flow.runner import (
     stored_record,
     write_report,
 )
-from orchestrator.judge.closing import print_closing, run_outcome
+from orchestrator.judge.closing import closing_text, print_closing, run_outcome
 from orchestrator.judge.outcome import Outcome as Judged
+from orchestrator.judge.outcome import campaign_outcome
 from orchestrator.judge.views import campaign_view, cell_view
 from orchestrator.run.baseline import baseline_summaries
 from orchestrator.run.disk import DiskFull, nearly_full
 from orchestrator.run.engine import Engine, Event, Outcome, adoptable
 from orchestrator.run.feasibility import (
     Assessment,
-    Card,
     check_points,
     gpu_needs,
     limits_of,
@@ -62,22 +66,10 @@ from orchestrator.run.store import (
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.sweep import Point
 
+if TYPE_CHECKING:
+    from orchestrator.flow.search_run import Searching
 
-@dataclass
-class Options:
-    """How to prepare and execute a campaign (the command line's options)."""
-
-    workspace: Path = Path("mbx-workspace")
-    launcher: str | None = None  # None: the campaign's own (a resumed one: the launcher it was started with)
-    parallel: int | None = None  # the local backend's `parallel`
-    gpu: str | Card | None = None  # the GPU of the memory estimate and the headroom gate (else resources.gpu)
-    strict: bool = False  # refuse the campaign when a point is infeasible, instead of skipping it
-    max_cells: int | None = None
-    repeats: int | None = None  # sweep.repeats overridden (`mbx compare --run --repeats`)
-    make_report: bool = True
-    log_wandb: bool = True
-    resume_hint: bool = True  # the closing line may name `mbx campaign resume` (not for a search's or bisect's batch)
-    inconclusive_ok: bool = False  # --inconclusive-ok: an inconclusive closing line says it exits 0
+__all__ = ["Options", "Plan", "execute", "prepare", "prepare_points", "prepare_stored", "render"]
 
 
 @dataclass
@@ -94,14 +86,28 @@ class Plan:
     assessment: Assessment | None = None  # None: a stored campaign's cells (resume), not assessed again
     latest: dict[str, AttemptRow] = field(default_factory=dict)  # each cell's highest stored attempt
     specs: list[LaunchSpec] = field(default_factory=list)  # the cells not completed, numbered as a run would
-    registered: bool = False  # in the store already (a resumed campaign, or executed once)
+    stored: bool = False  # the campaign as the store holds it (resume, more repeats): no baseline check
+    registered: bool = False  # registered by `execute` already (a plan executed a few cells at a time)
     gpu_needs: dict[str, GpuNeed] = field(default_factory=dict)  # point id → checked on the node (feasibility)
     notes: list[str] = field(default_factory=list)  # said when registered: extra repeats kept, cells set aside
+    searched: Campaign | None = None  # a search: the campaign as loaded (its rungs are expanded from it)
+    trials: list[dict[str, Any]] = field(default_factory=list)  # a search: its stored trial rows
 
     @property
     def attempts(self) -> dict[str, int]:
         """Cell id → the attempt number a run would give it now (cells not yet completed)."""
         return {spec.cell_id: spec.attempt for spec in self.specs}
+
+    @cached_property
+    def search(self) -> Searching | None:
+        """A search's part of its plan (orchestrator/flow/search_run.py: its candidates, the points its estimate
+        rules out recorded, the trials an earlier run found infeasible or failed read back), made on first use
+        (its modules load numpy, which `mbx campaign plan` does not need); None without `sweep.search`."""
+        if self.searched is None or self.assessment is None:
+            return None
+        from orchestrator.flow.search_run import prepare_search
+
+        return prepare_search(self.searched, self.points, self.source, self.options, self.assessment, self.trials)
 
 
 def load(file: Path, options: Options) -> tuple[Campaign, list[Point]]:
@@ -117,8 +123,16 @@ def load(file: Path, options: Options) -> tuple[Campaign, list[Point]]:
 
 
 def prepare(file: Path, options: Options) -> Plan:
-    """A campaign file as a Plan: load, parity axes, expand, then `prepare_file`. Writes nothing."""
+    """A campaign file as a Plan: load, parity axes, expand, then `prepare_loaded`. Writes nothing."""
     campaign, points = load(file, options)
+    return prepare_loaded(campaign, points, file, options)
+
+
+def prepare_loaded(campaign: Campaign, points: list[Point], file: Path | None, options: Options) -> Plan:
+    """The Plan of a loaded campaign file (`mbx campaign run`, its dry run and `mbx campaign plan`: the same
+    estimates, the same numbering): a search's (`prepare_search`) or every point's (`prepare_file`)."""
+    if campaign.sweep.search is not None:
+        return prepare_search(campaign, points, file, options)
     return prepare_file(campaign, points, file, options)
 
 
@@ -137,7 +151,13 @@ def prepare_points(campaign: Campaign, points: list[Point], source: Path | None,
     """The Plan of these points of `campaign` (a file's, a search rung's, a bisect batch's): the headroom gate's
     GPU memory, each point's feasibility (infeasible points skipped; `strict` refuses), the cell rows, the
     launcher, and the specs a run would submit now, numbered from the store read read-only. Writes nothing."""
+    return _numbered(_assessed(campaign, points, source, options))
+
+
+def _assessed(campaign: Campaign, points: list[Point], source: Path | None, options: Options) -> Plan:
+    """prepare_points before numbering: the GPU memory, the feasibility, the cells, the launcher."""
     workspace = Path(options.workspace).expanduser().resolve()
+    options = replace(options, workspace=workspace)
     campaign = with_gpu_memory(campaign, options.gpu)  # the headroom gate's GPU memory, stored with the campaign
     backend = make_launcher(campaign, options.launcher or campaign.launcher, workspace, options.parallel)
     file = str(source) if source else None
@@ -145,12 +165,39 @@ def prepare_points(campaign: Campaign, points: list[Point], source: Path | None,
     cells = cell_rows(campaign, assessment.runnable)
     plan = Plan(workspace, campaign, source, backend, cells, options, points, assessment)
     plan.gpu_needs = gpu_needs(assessment.records())
-    return _numbered(plan)
+    return plan
+
+
+def prepare_search(campaign: Campaign, points: list[Point], source: Path | None, options: Options) -> Plan:
+    """The Plan of a search (`sweep.search`): every point assessed as `prepare_points` does (what `mbx campaign
+    plan` shows), no cells of its own (each rung is a plan of the points the search picks, prepared when the
+    rung runs), its stored trial rows read read-only. Writes nothing."""
+    plan = _assessed(campaign, points, source, options)
+    plan.cells, plan.searched = [], campaign
+    with read_only(plan.workspace) as store:
+        plan.trials = store.trials(campaign.name) if store is not None else []
+    return plan
 
 
 def prepare_stored(workspace: Path, name: str, options: Options) -> Plan:
-    """The Plan of a campaign recorded in the store (`mbx campaign resume`, more repeats of `compare --run`):
-    its stored spec and active cells, with the launcher it was started with (or `options.launcher`)."""
+    """The Plan of a campaign recorded in the store, to go on with (`mbx campaign resume`): its stored spec and
+    active cells, with the launcher it was started with (or `options.launcher`); a search's Plan for a search
+    (its finished trials read back, not rerun)."""
+    plan = prepare_stored_cells(workspace, name, options)
+    if plan.campaign.sweep.search is None:
+        return plan
+    from orchestrator.trainers import expand
+
+    campaign, source = plan.campaign, plan.source
+    file = source if source is not None and source.exists() else None  # a recipe_file is relative to it
+    searched = prepare_search(campaign, expand(campaign, file, None, strict=False), file, plan.options)
+    searched.stored = True
+    return searched
+
+
+def prepare_stored_cells(workspace: Path, name: str, options: Options) -> Plan:
+    """The Plan of a campaign's stored active cells (a search's too: more repeats of `compare --run`), with
+    the launcher it was started with (or `options.launcher`)."""
     workspace = check_workspace(workspace, create=False)  # no workspace or store: one line, nothing made
     with read_only(workspace) as store:
         if store is None:  # removed since the line above
@@ -161,9 +208,10 @@ def prepare_stored(workspace: Path, name: str, options: Options) -> Plan:
         cells = store.cells(name)
         needs = gpu_needs(store.estimates(name))
     campaign = Campaign.model_validate(record["spec"])
-    backend = make_launcher(campaign, options.launcher or record["launcher"], workspace, options.parallel)
     source = Path(record["source_file"]) if record.get("source_file") else None
-    plan = Plan(workspace, campaign, source, backend, cells, options, registered=True, gpu_needs=needs)
+    options = replace(options, workspace=workspace, launcher=options.launcher or record["launcher"])
+    backend = make_launcher(campaign, options.launcher, workspace, options.parallel)
+    plan = Plan(workspace, campaign, source, backend, cells, options, stored=True, gpu_needs=needs)
     return _numbered(plan)
 
 
@@ -186,7 +234,9 @@ def _numbered(plan: Plan) -> Plan:
 
 def render(plan: Plan) -> Finished:
     """The dry run: print what a real run would submit now, rendered by the campaign's own launcher, and each
-    point's memory estimate, headroom and feasibility. Nothing is written."""
+    point's memory estimate, headroom and feasibility (a search: its first rung). Nothing is written."""
+    if plan.search is not None:
+        return _render_search(plan)
     rendered = plan.launcher.render(plan.specs) if plan.specs else []
     outcome = Outcome(plan.campaign.name, total=len(plan.cells))
     outcome.skipped = len(plan.cells) - sum(len(item.specs) for item in rendered)
@@ -217,13 +267,17 @@ def execute(plan: Plan, cells: list[CellRow] | None = None, on_event: Callable[[
     `cells` (default: all the plan's cells), then every stored result judged again with the current gates and,
     with `closing`, the report, the parity pairs and the closing lines. A caller that runs the cells a few at a
     time (`mbx compare --run`) passes its own `on_event` (its progress display, its interrupt) and
-    `closing=False`; `cells=[]` registers the plan and runs nothing."""
+    `closing=False`; `cells=[]` registers the plan and runs nothing. A search's plan runs its rungs
+    (`_execute_search`)."""
+    if plan.search is not None:
+        return _execute_search(plan)
     workspace = plan.workspace
     if not plan.registered:
-        workspace = check_workspace(workspace)  # a workspace of the wrong kind: one line, before the lock
-        check_baseline(workspace, plan.campaign, plan.source)
+        workspace = check_workspace(workspace, create=not plan.stored)  # one line, before the lock
+        if not plan.stored:
+            check_baseline(workspace, plan.campaign, plan.source)
     name = plan.campaign.name
-    with CampaignLock(workspace / name), Store(workspace, create=not plan.registered) as store:  # refused before any write
+    with CampaignLock(workspace / name), Store(workspace, create=not plan.stored) as store:  # refused before any write
         if not plan.registered:
             source = str(plan.source) if plan.source else None
             store.register_campaign(name, source, plan.campaign.model_dump(mode="json"), plan.launcher.name, plan.cells)
@@ -289,8 +343,18 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
     print_changes(regated.changes, "re-judged with the current gates")
     regated.parity = record_parity(store, campaign)
     judged = run_outcome(outcome, points, regated.parity, infeasible)
-    unwritten: dict[str, Path] = {}  # what a full disk kept from being written, and where: one line at the end
-    if plan.options.make_report:
+    unwritten = _publish(store, plan, judged, plan.options.make_report)
+    print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible, plan.options.inconclusive_ok)
+    _say_unwritten(unwritten)
+    return Finished(outcome, points, regated.parity, judged)
+
+
+def _publish(store: Store, plan: Plan, judged: Judged, report: bool) -> dict[str, Path]:
+    """The outcome said beyond the terminal: the report (with `report`) and the W&B outcome run. Returns what a
+    full disk kept from being written, and where (`_say_unwritten` says it in one line after the closing)."""
+    campaign = plan.campaign
+    unwritten: dict[str, Path] = {}
+    if report:
         try:
             page = write_report(store.workspace, campaign_view(store, campaign.name), None, judged)
             console.print(Text(f"report: {page}"))
@@ -301,12 +365,70 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
     if plan.options.log_wandb and campaign.wandb.mode != "disabled":
         if not log_outcome(store.workspace, campaign, judged, quiet_when_full=True):
             unwritten["the W&B outcome run"] = Path(campaign.wandb.dir or store.workspace) / "wandb"
-    print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible, plan.options.inconclusive_ok)
-    if unwritten:  # every result is stored; the verdicts above stand, the outputs are missing: exit 1
+    return unwritten
+
+
+def _say_unwritten(unwritten: dict[str, Path]) -> None:
+    """Every result is stored and the verdicts printed stand; outputs a full disk kept out: one line, exit 1."""
+    if unwritten:
         were = "were" if len(unwritten) > 1 else "was"
         raise DiskFull(next(iter(unwritten.values())), f"{' and '.join(unwritten)} {were} not written (every "
                        "result is stored)")  # fmt: skip
-    return Finished(outcome, points, regated.parity, judged)
+
+
+def _rung_options(plan: Plan) -> Options:
+    """How a search's rung runs: as its search, without a report or a closing line of its own."""
+    return replace(plan.options, workspace=plan.workspace, make_report=False, resume_hint=False)
+
+
+def _execute_search(plan: Plan) -> Finished:
+    """A search's plan executed under its campaign lock, from the first rung to the closing line: each rung's
+    points a plan prepared and executed in turn (registered, run and judged, no closing line of its own), the
+    trial rows stored as they are decided; then every cell the search ran registered as the campaign's active
+    cells (status, report, freeze), judged again, and the report, the W&B outcome and the closing lines, all
+    saying the search's outcome (orchestrator/judge/outcome.py)."""
+    from orchestrator.flow.search_run import outcome_lines, run_search
+
+    searching, name = plan.search, plan.campaign.name
+    assert searching is not None
+    plan.workspace = workspace = check_workspace(plan.workspace, create=not plan.stored)
+    if not plan.stored:
+        check_baseline(workspace, plan.campaign, plan.source)
+
+    def rung(campaign: Campaign, points: list[Point]) -> Finished:
+        return execute(prepare_points(campaign, points, plan.source, _rung_options(plan)), closing=False)
+
+    def save(rows: list[dict[str, Any]]) -> None:
+        with Store(workspace) as store:
+            store.record_trials(name, rows, replace=True)
+
+    with CampaignLock(workspace / name):
+        found = run_search(searching, rung, save)
+        judged, ran = found.outcome(), searching.ran
+        with Store(workspace) as store:
+            if ran:
+                spec = plan.campaign.model_dump(mode="json")
+                source = str(plan.source) if plan.source else None
+                store.register_campaign(name, source, spec, plan.launcher.name, cell_rows(plan.campaign, ran))
+            points = regate(store, name).judged.points if store.campaign(name) else []
+            unwritten = _publish(store, plan, judged, plan.options.make_report and bool(ran))
+        for line in outcome_lines(found):
+            console.print(Text(printable(line)), soft_wrap=True)
+        console.print(closing_text(judged, plan.options.inconclusive_ok), soft_wrap=True)
+    _say_unwritten(unwritten)
+    return Finished(Outcome(name, total=len(ran)), points, judged=judged, search=found)
+
+
+def _render_search(plan: Plan) -> Finished:
+    """A search's dry run: its first rung rendered as the lifecycle's dry run renders a plan. Nothing written."""
+    from orchestrator.flow.search_run import run_search
+
+    def rung(campaign: Campaign, points: list[Point]) -> Finished:
+        return render(prepare_points(campaign, points, plan.source, _rung_options(plan)))
+
+    assert plan.search is not None
+    found = run_search(plan.search, rung, lambda rows: None, dry_run=True)
+    return Finished(Outcome(plan.campaign.name, total=0), search=found)
 
 
 def log_outcome(workspace: Path, campaign: Campaign, judged: Judged, quiet_when_full: bool = False) -> bool:
@@ -343,17 +465,21 @@ def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Reg
             done = regate(store, name, gates)
             if record["spec"].get("parity"):  # the pairs judged again from their run dirs, and stored
                 done.parity = record_parity(store, Campaign.model_validate(record["spec"]), quiet=True)
+            done.trials = store.trials(name)  # a search: its outcome is its answer, as status says it
             return done
 
 
-def run_points(workspace: Path, campaign: Campaign, points: list[Point], file: Path | None, *,
-               make_report: bool = True, dry_run: bool = False, **options: Any) -> Finished:  # fmt: skip
-    """`prepare_points` then `execute` (or `render` for a dry run): a search's rung, a bisect's batch of
-    versions, judged without a closing line of its own (the search or the bisect says the outcome once, at its
-    end). `options`: Options' launcher, parallel, gpu, strict, log_wandb."""
-    opts = Options(workspace, make_report=make_report, resume_hint=False, **options)
-    plan = prepare_points(campaign, points, file, opts)
-    return render(plan) if dry_run else execute(plan, closing=False)
+def regated_outcome(done: Regated) -> Judged:
+    """The outcome `mbx campaign regate` closes with: orchestrator/judge/outcome.py's, as status says it."""
+    verdicts = [p.verdict for p in done.judged.points]
+    return campaign_outcome(verdicts, done.parity, infeasible=done.judged.infeasible, trials=done.trials)
+
+
+def run_points(campaign: Campaign, points: list[Point], file: Path | None, options: Options) -> Finished:
+    """`prepare_points` then `execute`: a bisect's batch of versions, judged without a closing line of its own
+    (the bisect says the outcome once, at its end)."""
+    plan = prepare_points(campaign, points, file, replace(options, resume_hint=False))
+    return execute(plan, closing=False)
 
 
 class WandbLogger:

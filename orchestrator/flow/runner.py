@@ -27,6 +27,7 @@ from reports.views import CampaignView
 from trainer import atomic
 
 if TYPE_CHECKING:
+    from orchestrator.flow.search_run import SearchFinished
     from reports.site_data import SiteExtras
 
 # markup and emoji off: campaign names, labels, paths and reasons are user text, printed as they are
@@ -44,6 +45,7 @@ class Finished:
     # on/off pair verdicts (orchestrator/judge/parity_verdicts.py)
     parity: list[dict[str, Any]] = field(default_factory=list)
     judged: Judged | None = None
+    search: SearchFinished | None = None  # a search's answer: its best point, ledger and trials
 
     def exit_code(self, inconclusive_ok: bool = False) -> int:
         """The campaign outcome's exit code (0 pass, 1 fail, 3 inconclusive or 0 with `inconclusive_ok`)."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
-from orchestrator.flow.lifecycle import run_points
+from orchestrator.flow.options import Options
 from orchestrator.flow.search_length import full_steps
 from orchestrator.judge.compare import Point, Repeat, floors_of, load_points
 from orchestrator.judge.run_floor import FloorBook
@@ -19,8 +20,13 @@ from orchestrator.spec.campaign import Campaign, Sweep
 from orchestrator.spec.search import Search
 from orchestrator.spec.sweep import Point as SweepPoint
 from orchestrator.trainers import expand
+from trainer import rundir
 
 console = Console(highlight=False, markup=False, emoji=False)  # labels are user text: never markup
+
+# What runs a rung's points: the lifecycle (prepare and execute them, or render them for a dry run), passed in by
+# lifecycle.execute / render; tests/test_verdicts_search.py passes a replay of recorded runs instead.
+RungRunner = Callable[[Campaign, list[SweepPoint]], object]
 
 
 # ---- a recorded table ----------------------------------------------------------------------------------------
@@ -89,17 +95,18 @@ class TableEvaluator:
 
 # ---- the real engine --------------------------------------------------------------------------------------
 class CampaignEvaluator:
-    """Runs candidates through the lifecycle (orchestrator/flow/lifecycle.py's run_points: prepare the rung's
-    points, execute them): the rung's points only, the run length
+    """Runs candidates through the lifecycle (`runner`: prepare the rung's points and execute them, passed in by
+    lifecycle.execute): the rung's points only, the run length
     set through `search.steps_key` (a one-value axis, so a shorter run is its own cell and its label says
     `steps=N`); a full-length run is exactly the grid's cell. Infeasible and failed trials already in the
-    store's `trials` table are read back and not run again."""
+    store's `trials` table are read back and not run again. With `dry_run` (`mbx campaign run --dry-run`), the
+    first batch the strategy asks for (the first rung of a halving, the first trial of Optuna, the sample of
+    random, the whole grid) is rendered at its run length, then the search stops; nothing is written."""
 
-    def __init__(self, workspace: Path, campaign: Campaign, points: list[SweepPoint], file: Path | None,
-                 options: dict[str, Any]) -> None:  # fmt: skip
-        self.workspace, self.campaign, self.file, self.options = workspace, campaign, file, options
-        # what runs a rung's cells: the lifecycle (prepare + execute), or (tests/test_verdicts_search.py) a replay of recorded runs
-        self.runner = options.pop("runner", None) or run_points
+    def __init__(self, campaign: Campaign, points: list[SweepPoint], file: Path | None, options: Options) -> None:
+        self.workspace, self.campaign, self.file, self.options = Path(options.workspace), campaign, file, options
+        self.runner: RungRunner | None = None  # set by the lifecycle when the plan executes (or renders)
+        self.dry_run = False
         self.search: Search = campaign.sweep.search or Search()
         self.repeats = campaign.sweep.repeats
         self.full_steps = full_steps(points)
@@ -142,6 +149,9 @@ class CampaignEvaluator:
     def evaluate(
         self, candidates: list[Candidate], steps: int, base: bool
     ) -> tuple[dict[str, Evidence], Evidence | None]:
+        if self.dry_run:
+            self.first_batch(candidates, steps, base)
+        assert self.runner is not None, "the lifecycle sets the runner when the plan executes"
         at = self.points_at(steps)
         todo, cells, base_cells, run = self.cells_to_run(candidates, steps, base)
         if run:
@@ -149,8 +159,7 @@ class CampaignEvaluator:
             with_base = " and the base recipe" if extra else ""
             console.print(Text(f"{self.campaign.name}: search {self.search.method}: {len(todo)} point(s){with_base} "
                                f"at {steps} steps"))  # fmt: skip
-            self.runner(self.workspace, self.campaign, run, self.file, make_report=False, **self.options)
-            self.ran.update({p.cell_id: p for p in cells + base_cells})
+            self.runner(self.campaign, run)
         with Store(self.workspace, create=False) as store:
             read = StoreReader(store, self.campaign.name)
             found = {
@@ -162,6 +171,12 @@ class CampaignEvaluator:
             )
         if base_evidence is not None and {p.cell_id for p in base_cells} <= {p.cell_id for p in cells}:
             base_evidence.cost_steps = base_evidence.gpu_hours = 0  # a swept point: its run is counted there
+        if run:  # the cells that ran, for the report: not those of a point its node refused (infeasible)
+            refused = {c.key for c in todo if found[c.key].state == "infeasible"}
+            if base_evidence is not None and base_evidence.state == "infeasible":
+                refused.add(BASE_KEY)
+            keyed = [(c.key, p) for c in todo for p in at[c.key]] + [(BASE_KEY, p) for p in base_cells]
+            self.ran.update({p.cell_id: p for key, p in keyed if key not in refused})
         return found, base_evidence
 
 
@@ -171,26 +186,19 @@ class CampaignEvaluator:
             return floors_of(store)
 
 
-class FirstBatchShown(Exception):
-    """Raised by DryRunEvaluator once the search's first batch is rendered: what runs next depends on it."""
-
-
-class DryRunEvaluator(CampaignEvaluator):
-    """`mbx campaign run --dry-run` of a search: the first batch the strategy asks for (the first rung of a
-    halving, the first trial of Optuna, the sample of random, the whole grid) rendered by the lifecycle's dry run
-    at its run length, then the search stops; nothing is written."""
-
-    def evaluate(
-        self, candidates: list[Candidate], steps: int, base: bool
-    ) -> tuple[dict[str, Evidence], Evidence | None]:
+    def first_batch(self, candidates: list[Candidate], steps: int, base: bool) -> None:
+        """A dry run: the first batch rendered by the runner (the lifecycle's dry run), then FirstBatchShown."""
         todo, _, base_cells, run = self.cells_to_run(candidates, steps, base)
         with_base = " and the base recipe" if base_cells else ""
         console.print(Text(f"{self.campaign.name}: search {self.search.method} would first run {len(todo)} "
                            f"point(s){with_base} at {steps} steps ({len(run)} cell(s))"))  # fmt: skip
-        if run:
-            run_points(self.workspace, self.campaign, run, self.file, make_report=False, dry_run=True,
-                       **self.options)  # fmt: skip
+        if run and self.runner is not None:
+            self.runner(self.campaign, run)
         raise FirstBatchShown
+
+
+class FirstBatchShown(Exception):
+    """Raised by a dry run's evaluator once the search's first batch is rendered: what runs next depends on it."""
 
 
 class StoreReader:
@@ -207,10 +215,14 @@ class StoreReader:
         )
 
     def evidence(self, candidate: Candidate, cells: list[SweepPoint], steps: int) -> Evidence:
-        attempts = [self.latest[p.cell_id] for p in cells if p.cell_id in self.latest]
+        """The candidate's evidence at `steps`; an attempt its node refused (the GPU check: class infeasible,
+        exit 78, the trainer never started) costs nothing: not in the steps, GPU-hours or points spent."""
+        ran = [(self.latest[p.cell_id], p) for p in cells if p.cell_id in self.latest]
+        attempts = [a for a, _ in ran]
+        charged = [(a, p) for a, p in ran if a.failure_class != rundir.INFEASIBLE]
         hours = sum(max(0.0, (a.ended_at or a.submitted_at or 0) - (a.submitted_at or 0)) * p.world_size
-                    for a, p in zip(attempts, cells, strict=False)) / 3600  # fmt: skip
-        ev = Evidence(candidate, steps, "completed", cost_steps=steps * len(attempts), gpu_hours=hours)
+                    for a, p in charged) / 3600  # fmt: skip
+        ev = Evidence(candidate, steps, "completed", cost_steps=steps * len(charged), gpu_hours=hours)
         point_id = cells[0].point_id if cells else None
         point = self.points.get(point_id) if point_id else None
         estimate = self.estimates.get(point_id) if point_id else None

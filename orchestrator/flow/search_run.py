@@ -2,9 +2,13 @@
 
 A search sees the sweep's points as candidates (their swept values, without the run length) and an `Evaluator`
 that runs a set of them at a run length and returns each one's `Evidence`: the completed repeats as an
-orchestrator.judge.compare `Point`, or why it is infeasible or failed. `CampaignEvaluator` drives the real engine
-through the lifecycle (orchestrator/flow/lifecycle.py: prepare, execute) with the rung's points (the run length set through
-`search.steps_key`); benchmarks/search_budget.py replays a recorded table through the same strategies.
+orchestrator.judge.compare `Point`, or why it is infeasible or failed. A search is a campaign like any other:
+`lifecycle.prepare` makes its Plan with a `Searching` (this module's `prepare_search`: the candidates, the ones
+infeasible by their estimate recorded, the trials an earlier run found infeasible or failed read back), and
+`lifecycle.execute` runs it (`run_search`) under the campaign lock, each rung's points a plan the lifecycle
+prepares and executes in turn (`CampaignEvaluator.runner`, with the run length set through `search.steps_key`),
+then registers every cell that ran and writes the report and the W&B outcome once; a dry run renders the
+first rung. benchmarks/search_budget.py replays a recorded table through the same strategies.
 
 Decisions between points are orchestrator/judge/compare.py's verdicts, not raw means: a rung keeps its points that
 are not DIFFERENT (worse) than the leader first, a pruned Optuna trial must be DIFFERENT (worse) than the best
@@ -14,38 +18,33 @@ best point and the Pareto front (objective vs peak memory) flagged at the end. T
 for its seed and its evidence, and the engine skips completed cells, so a killed search run again replays
 its finished trials without running them; infeasible and failed trials are read back, never retried.
 
-This module is the command (run, resume, the outcome); search_rank.py ranks evidence, search_ledger.py keeps
+This module is the search's part of a plan and its outcome; search_rank.py ranks evidence, search_ledger.py keeps
 the budget and trial rows, search_strategies.py holds the methods and search_evaluators.py the evaluators.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.text import Text
 
-from orchestrator.errors import EXIT_PASS, MbxError
-from orchestrator.flow.lifecycle import log_outcome
-from orchestrator.flow.runner import write_report
-from orchestrator.flow.search_evaluators import CampaignEvaluator, DryRunEvaluator, FirstBatchShown, console
+from orchestrator.errors import EXIT_PASS
+from orchestrator.flow.options import Options
+from orchestrator.flow.search_evaluators import CampaignEvaluator, FirstBatchShown, RungRunner, console
 from orchestrator.flow.search_strategies import product_space, run_strategy
-from orchestrator.judge.closing import closing_text
 from orchestrator.judge.outcome import SEARCH_OUTCOME, Outcome, search_part
 from orchestrator.judge.search_ledger import Ledger
 from orchestrator.judge.search_rank import Best, Candidate, Evidence, mean_of, memory_of
-from orchestrator.judge.views import campaign_view
-from orchestrator.run.feasibility import check_points, limits_of, with_gpu_memory
-from orchestrator.run.lock import CampaignLock
-from orchestrator.run.store import Store, cell_rows, check_workspace, read_only
+from orchestrator.run.feasibility import Assessment
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.search import Search
 from orchestrator.spec.sweep import Point as SweepPoint
-from orchestrator.trainers import expand
 
 
-# ---- the command ------------------------------------------------------------------------------------------
+# ---- the search's part of a plan ----------------------------------------------------------------------------
 @dataclass
 class SearchFinished:
     """How a search ended: the best point (None: none qualified), what it spent, and why it stopped."""
@@ -67,6 +66,24 @@ class SearchFinished:
         return EXIT_PASS if self.dry_run else self.outcome().exit_code(inconclusive_ok)
 
 
+@dataclass
+class Searching:
+    """A search campaign's part of its Plan (made by `prepare_search`, nothing written): the evaluator that runs
+    its rungs, the ledger (the candidates infeasible by their estimate already recorded in it) and the
+    feasible candidates in sweep order; `found` once it has run."""
+
+    evaluator: CampaignEvaluator
+    ledger: Ledger
+    candidates: list[Candidate]
+    infeasible: int  # points ruled out by their estimate (recorded as trials, never run)
+    found: SearchFinished | None = None
+
+    @property
+    def ran(self) -> list[SweepPoint]:
+        """Every cell the search ran (not those of a point its node refused), in the order they ran."""
+        return list(self.evaluator.ran.values())
+
+
 def search_outcome(ledger: Ledger, best: Best) -> Outcome:
     """The outcome of a search from its ledger (budget, trial rows) and its answer."""
     rows = list(ledger.rows.values())
@@ -81,69 +98,46 @@ def budget_text(search: Search) -> str:
     return ", ".join(f"{k} {v}" for k, v in budget.items()) or "none"
 
 
-def candidates_of(evaluator: CampaignEvaluator, points: list[SweepPoint], ledger: Ledger) -> list[Candidate]:
-    """The search's candidates in sweep order. Points infeasible by orchestrator/run/feasibility.py (a layout rule,
-    the estimate over the GPU's memory, under the headroom gate or over `constraints.peak_memory_gib_max`: the
-    set `mbx campaign plan` marks; `strict` refuses the campaign instead) are recorded (trial rows, state
-    infeasible) and left out."""
-    options = evaluator.options
-    file = str(evaluator.file) if evaluator.file else None
-    limits = limits_of(evaluator.campaign)
-    rows = check_points(points, options.get("gpu"), bool(options.get("strict")), file, limits).by_point()
-    out = []
+def prepare_search(campaign: Campaign, points: list[SweepPoint], file: Path | None, options: Options,
+                   assessment: Assessment, stored: list[dict[str, Any]]) -> Searching:  # fmt: skip
+    """The search's part of the Plan of `campaign` (as loaded: the evaluator expands its rungs from it):
+    the candidates in sweep order; the points `assessment` (the plan's own, what `mbx campaign plan` shows)
+    marks infeasible recorded in the ledger and left out; the `stored` trials an earlier run found infeasible
+    or failed read back, never run again. Writes nothing."""
+    evaluator = CampaignEvaluator(campaign, points, file, options)
+    for row in stored:
+        if row["state"] in ("infeasible", "failed"):
+            cand = Candidate(row["key"], row["label"], row["params"])
+            evaluator.known[(row["key"], row["steps"])] = Evidence(
+                cand, row["steps"], row["state"], reason=row["reason"]
+            )
+    ledger = Ledger(campaign.sweep.search or Search())
+    rows = assessment.by_point()
+    candidates = []
     for key, cells in evaluator.expanded[evaluator.full_steps].items():
         cand = Candidate(key, cells[0].label, dict(cells[0].params))
         row = rows.get(cells[0].point_id)
         if row is not None and not row.feasible:
             ledger.record(Evidence(cand, evaluator.full_steps, "infeasible", reason=row.reason), 0)
         else:
-            out.append(cand)
-    return out
+            candidates.append(cand)
+    infeasible = len(points) // max(1, evaluator.repeats) - len(candidates)
+    return Searching(evaluator, ledger, candidates, infeasible)
 
 
-def run_search(workspace: Path, campaign: Campaign, points: list[SweepPoint], file: Path | None, *,
-               make_report: bool = True, **options: Any) -> SearchFinished:  # fmt: skip
-    """Run `campaign.sweep.search` over `points` (options: the lifecycle's launcher, parallel, log_wandb, gpu,
-    strict); trials go to the store as they are decided; the report covers every cell the search ran. The
-    campaign's lock is held from the first trial to the report, so no other orchestrator runs between rungs."""
-    dry_run = bool(options.pop("dry_run", False))
-    if dry_run:  # nothing is written: no workspace made, the store only read when it is there
-        workspace = Path(workspace).expanduser().resolve()
-        dry = DryRunEvaluator(workspace, campaign, points, file, options)
-        return _search(workspace, dry, points, make_report)
-    workspace = check_workspace(workspace)
-    evaluator = CampaignEvaluator(workspace, campaign, points, file, options)  # reads only: errors before the lock
-    with CampaignLock(workspace / campaign.name):
-        return _search(workspace, evaluator, points, make_report)
-
-
-def _search(workspace: Path, evaluator: CampaignEvaluator, points: list[SweepPoint],
-            make_report: bool) -> SearchFinished:  # fmt: skip
-    """run_search's body, with the lock held unless it is a dry run."""
-    campaign, file = evaluator.campaign, evaluator.file
-    dry_run = isinstance(evaluator, DryRunEvaluator)
+def run_search(searching: Searching, runner: RungRunner, save: Callable[[list[dict[str, Any]]], None],
+               dry_run: bool = False) -> SearchFinished:  # fmt: skip
+    """Run the search's strategy, each rung through `runner` (the lifecycle: prepare and execute the rung's
+    points; a dry run: render the first rung, then stop); trial rows go to `save` as they are decided, with
+    the search's outcome on each at the end (what status and the report say afterwards)."""
+    evaluator, ledger, cands = searching.evaluator, searching.ledger, searching.candidates
+    evaluator.runner = evaluator.runner or runner  # a test's replay of recorded runs stays
+    evaluator.dry_run = dry_run
+    ledger.on_rows = save
+    campaign = evaluator.campaign
     search = campaign.sweep.search or Search()
-    stored: list[dict[str, Any]] = []
-    with read_only(workspace) as store:  # a dry run writes nothing; a real one made the workspace already
-        stored = store.trials(campaign.name) if store is not None else []
-    for row in stored:  # infeasible and failed trials of an earlier run: never run again
-        if row["state"] in ("infeasible", "failed"):
-            cand = Candidate(row["key"], row["label"], row["params"])
-            evaluator.known[(row["key"], row["steps"])] = Evidence(
-                cand, row["steps"], row["state"], reason=row["reason"]
-            )
-
-    def save(rows: list[dict[str, Any]]) -> None:
-        if dry_run:
-            return
-        with Store(workspace) as store:
-            store.record_trials(campaign.name, rows, replace=True)
-
-    ledger = Ledger(search, save)
-    cands = candidates_of(evaluator, points, ledger)
     console.print(Text(f"{campaign.name}: search {search.method} over {len(cands)} feasible point(s) "
-                       f"({len(points) // max(1, evaluator.repeats) - len(cands)} infeasible), "
-                       f"{evaluator.full_steps} steps each at full length"))  # fmt: skip
+                       f"({searching.infeasible} infeasible), {evaluator.full_steps} steps each at full length"))  # fmt: skip
     space = (
         None
         if campaign.sweep.cells or search.method != "optuna"
@@ -155,40 +149,14 @@ def _search(workspace: Path, evaluator: CampaignEvaluator, points: list[SweepPoi
     except FirstBatchShown:
         console.print(Text(f"dry run of a search: what runs after this batch depends on its results; budget "
                            f"{budget_text(search)}, the full grid is {grid_steps} steps"))  # fmt: skip
-        return SearchFinished(Best(None, "dry run"), ledger, grid_steps, len(cands), dry_run=True)
-    finished = SearchFinished(best, ledger, grid_steps, len(cands))
-    finish(workspace, campaign, evaluator, finished, file, make_report)
-    return finished
-
-
-def finish(workspace: Path, campaign: Campaign, evaluator: CampaignEvaluator, finished: SearchFinished,
-           file: Path | None, make_report: bool) -> None:  # fmt: skip
-    """Every cell the search ran becomes the campaign's active cells (for status, report, freeze); the outcome
-    goes on every trial row (what status and the report say afterwards); the report, then the lines that say
-    what the search found and its closing line."""
-    ran = list(evaluator.ran.values())
-    campaign = with_gpu_memory(campaign, evaluator.options.get("gpu"))  # as the lifecycle stored it for the rungs
-    if ran:
-        with CampaignLock(workspace / campaign.name), Store(workspace) as store:
-            record = store.campaign(campaign.name) or {}
-            store.register_campaign(campaign.name, str(file) if file else None, campaign.model_dump(mode="json"),
-                                    record.get("launcher") or campaign.launcher, cell_rows(campaign, ran))  # fmt: skip
-    judged = finished.outcome()
-    for row in finished.ledger.rows.values():
+        searching.found = SearchFinished(Best(None, "dry run"), ledger, grid_steps, len(cands), dry_run=True)
+        return searching.found
+    searching.found = SearchFinished(best, ledger, grid_steps, len(cands))
+    judged = searching.found.outcome()
+    for row in ledger.rows.values():
         row[SEARCH_OUTCOME] = {"verdict": judged.verdict, "head": judged.head, "text": judged.parts[0].text}
-    finished.ledger.flush()
-    if make_report and ran:
-        try:
-            with Store(workspace, create=False, read_only=True) as store:
-                view = campaign_view(store, campaign.name)
-            console.print(Text(f"report: {write_report(workspace, view, None, judged)}"))
-        except MbxError as err:
-            console.print(Text(f"warning: {err}"), soft_wrap=True)
-    if evaluator.options.get("log_wandb", True) and campaign.wandb.mode != "disabled":
-        log_outcome(workspace, campaign, judged)
-    for line in outcome_lines(finished):
-        console.print(Text(line), soft_wrap=True)
-    console.print(closing_text(judged), soft_wrap=True)
+    ledger.flush()
+    return searching.found
 
 
 def outcome_lines(finished: SearchFinished) -> list[str]:
@@ -217,20 +185,3 @@ def outcome_lines(finished: SearchFinished) -> list[str]:
     lines.append(f"Pareto front ({ledger.search.objective} vs peak memory): {front or 'no full-length point'}"
                  + (f"; for memory, from shorter runs: {low}" if low else ""))  # fmt: skip
     return lines
-
-
-def resume_search(workspace: Path, name: str, **options: Any) -> SearchFinished | None:
-    """`mbx campaign resume NAME` of a campaign with `sweep.search`: the search run again from its stored spec
-    (finished trials are read back, not rerun); None for a campaign without a search (or not in the store)."""
-    workspace = check_workspace(workspace, create=False)
-    with Store(workspace, create=False) as store:
-        record = store.campaign(name)
-    spec = (record or {}).get("spec") or {}
-    if not isinstance(spec.get("sweep"), dict) or not spec["sweep"].get("search"):
-        return None
-    campaign = Campaign.model_validate(spec)
-    source = Path(record["source_file"]) if record and record.get("source_file") else None
-    file = source if source is not None and source.exists() else None  # a recipe_file is relative to it
-    make_report = bool(options.pop("make_report", True))
-    return run_search(workspace, campaign, expand(campaign, file, None, strict=False), file, make_report=make_report,
-                      launcher=record["launcher"] if record else None, **options)  # fmt: skip

@@ -154,11 +154,15 @@ def search_part(found: bool, tie: bool, how: str, stop_reason: str | None, faile
 # ---- a campaign --------------------------------------------------------------------------------------------
 def campaign_outcome(point_verdicts: list[str], pairs: list[Mapping[str, Any]], *, completed: int | None = None,
                      total: int | None = None, not_completed: int = 0, skipped: int = 0,
-                     infeasible: int = 0) -> Outcome:  # fmt: skip
+                     infeasible: int = 0, trials: list[Mapping[str, Any]] | None = None,
+                     ) -> Outcome:  # fmt: skip
     """A campaign's outcome: its gates (every point's verdict; `not_completed` cells fail them, and so does
     every point being one of the `infeasible`) and its parity pairs, after `completed` of `total` cells
     completed (`skipped` of them already before this run; not said when None: a re-judging, which runs
-    nothing)."""
+    nothing). A search (stored `trials`) is judged by its answer instead: `stored_search_outcome`."""
+    searched = stored_search_outcome(trials or [])
+    if searched is not None:
+        return searched
     head = ""
     if completed is not None and total is not None:
         head = f"{completed}/{total} completed" + (f" ({skipped} skipped: already completed)" if skipped else "")
@@ -173,12 +177,9 @@ def view_outcome(view: Any, trials: list[Mapping[str, Any]] | None = None) -> Ou
     """The outcome of a campaign as a report view holds it (reports.views.CampaignView: its points' verdicts,
     its parity pairs, judged in memory, and its infeasible points), or of a search as its trial rows store it: what status, the report
     page and summary.md say."""
-    searched = stored_search_outcome(trials or [])
-    if searched is not None:
-        return searched
     completed = sum(c.state == "completed" for c in view.cells)
     return campaign_outcome([p.verdict for p in view.points], view.parity, completed=completed, total=len(view.cells),
-                            infeasible=view.infeasible)  # fmt: skip
+                            infeasible=view.infeasible, trials=trials)  # fmt: skip
 
 
 SEARCH_OUTCOME = "search_outcome"  # the key under which each stored trial row keeps its search's outcome

@@ -42,6 +42,7 @@ class Ledger:
             self.stop_reason = (f"budget of {budget.gpu_hours:g} GPU-hours reached ({self.gpu_hours:.3g} spent, "
                                 f"the next trial would take {predicted:.3g})")  # fmt: skip
         else:
+            self.stop_reason = None  # an earlier refusal no longer stands (a refused point cost nothing)
             return True
         return False
 

@@ -131,6 +131,7 @@ class Regated:
     rewritten: int  # stored results written again
     gates_changed: bool
     parity: list[dict[str, Any]] = field(default_factory=list)  # a parity campaign's pairs, judged again
+    trials: list[dict[str, Any]] = field(default_factory=list)  # a search's trial rows: its answer
 
 
 def regate(store: Store, name: str, spec: GateSpec | None = None) -> Regated:
