@@ -88,6 +88,7 @@ class Plan:
     specs: list[LaunchSpec] = field(default_factory=list)  # the cells not completed, numbered as a run would
     stored: bool = False  # the campaign as the store holds it (resume, more repeats): no baseline check
     registered: bool = False  # registered by `execute` already (a plan executed a few cells at a time)
+    stored_cells: frozenset[str] = frozenset()  # a stored plan: the cell ids the store holds (same: no register)
     gpu_needs: dict[str, GpuNeed] = field(default_factory=dict)  # point id → checked on the node (feasibility)
     notes: list[str] = field(default_factory=list)  # said when registered: extra repeats kept, cells set aside
     searched: Campaign | None = None  # a search: the campaign as loaded (its rungs are expanded from it)
@@ -211,7 +212,8 @@ def prepare_stored_cells(workspace: Path, name: str, options: Options) -> Plan:
     source = Path(record["source_file"]) if record.get("source_file") else None
     options = replace(options, workspace=workspace, launcher=options.launcher or record["launcher"])
     backend = make_launcher(campaign, options.launcher, workspace, options.parallel)
-    plan = Plan(workspace, campaign, source, backend, cells, options, stored=True, gpu_needs=needs)
+    plan = Plan(workspace, campaign, source, backend, cells, options, stored=True, gpu_needs=needs,
+                stored_cells=frozenset(c.cell_id for c in cells))  # fmt: skip
     return _numbered(plan)
 
 
@@ -272,6 +274,8 @@ def execute(plan: Plan, cells: list[CellRow] | None = None, on_event: Callable[[
     if plan.search is not None:
         return _execute_search(plan)
     workspace = plan.workspace
+    if plan.stored and {c.cell_id for c in plan.cells} == plan.stored_cells:
+        plan.registered = True  # a resume of the cells the store holds: nothing to write before the engine
     if not plan.registered:
         workspace = check_workspace(workspace, create=not plan.stored)  # one line, before the lock
         if not plan.stored:
