@@ -365,6 +365,7 @@ def test_every_kinds_module_registers_its_kind() -> None:
 # The modules that import by a computed name, each a seam the static import rules cannot see, and what it loads.
 IMPORTS_BY_NAME = {
     "orchestrator.spec.trainer_section": "a trainer kind's module, orchestrator/trainers/kinds/<kind>.py",
+    "orchestrator.spec.verdict_section": "a verdict kind's module, orchestrator/judge/kinds/<kind>.py",
     "orchestrator.cli.app": "a CLI noun's module when its command runs, orchestrator/cli/<noun>.py",
     "launchers.registry": "a launcher backend's module, launchers/backends/<name>.py",
     "trainer.bridge_entry": "Megatron-Bridge's recipe module of a model family",
@@ -383,3 +384,57 @@ def test_only_the_documented_seams_import_by_name() -> None:
             if spelled.endswith(("import_module", "__import__")):
                 found.add(name)
     assert found == set(IMPORTS_BY_NAME)
+
+
+# ---- the verdict-kind seam (ARCHITECTURE.md, "Where a new part goes": a verdict kind) --------------------------
+# Parity's own modules besides orchestrator/judge/kinds/parity.py: its section and sides (spec/parity.py, which
+# orchestrator/trainers/ turns into sweep factors), its statistics (judge/parity_verdicts.py, parity_noise.py).
+VERDICT_KIND_PARTS = {"parity": {"orchestrator.spec.parity", "orchestrator.judge.parity_verdicts",
+                                 "orchestrator.judge.parity_noise"}}  # fmt: skip
+SEAM_LAYERS = ("orchestrator.judge", "orchestrator.flow", "orchestrator.cli")  # they go through verdict_kinds only
+
+
+def kind_named(tree: ast.AST, kind: str) -> Iterator[tuple[int, str]]:
+    """(line, what) where code names verdict kind `kind` itself: its campaign section or view records as an
+    attribute (`campaign.parity`, `view.parity`), its table through the store (`store.record_parity`), its name
+    as a string (`spec.get("parity")`); docstrings and comments are prose, not names."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}  # fmt: skip
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in (kind, f"record_{kind}"):
+            yield node.lineno, f"names .{node.attr}"
+        elif isinstance(node, ast.Constant) and node.value == kind and id(node) not in docstrings:
+            yield node.lineno, f"spells {kind!r}"
+
+
+def test_nothing_but_a_verdict_kinds_module_names_its_internals() -> None:
+    """A verdict kind is orchestrator/judge/kinds/<kind>.py: nothing imports that module (the registry finds it by
+    name), only it (and its own parts) imports the kind's parts, and no module of judge/, flow/ or cli/ names
+    the kind (its section, its records, its table, its name): they iterate orchestrator/judge/verdict_kinds.py."""
+    from orchestrator.judge import verdict_kinds
+
+    assert set(VERDICT_KIND_PARTS) <= set(verdict_kinds.names())
+    found = []
+    for name, path in modules().items():
+        relative = str(path.relative_to(ROOT))
+        for kind in verdict_kinds.names():
+            own = {f"orchestrator.judge.kinds.{kind}", *VERDICT_KIND_PARTS.get(kind, ())}
+            if name in own:
+                continue
+            for target, line in arrows()[name]:
+                if target == f"orchestrator.judge.kinds.{kind}" or (
+                    target in own and name.startswith(SEAM_LAYERS)
+                ):
+                    found.append(f"{relative}:{line} imports {target}")
+            if name.startswith(SEAM_LAYERS) and not name.startswith("orchestrator.judge.kinds."):
+                found += [f"{relative}:{line} {what}" for line, what in kind_named(ast.parse(path.read_text()), kind)]
+    assert sorted(found) == []
+
+
+def test_each_way_of_naming_a_verdict_kind_is_found() -> None:
+    codes = ["campaign.parity.toggle", "view.parity", "store.record_parity(name, pairs)", 'spec.get("parity")',
+             'verdicts = {"parity": []}']  # fmt: skip
+    for code in codes:
+        assert len(list(kind_named(ast.parse(code), "parity"))) == 1, code
+    assert list(kind_named(ast.parse('def f():\n    """The parity pairs."""\n    # parity\n'), "parity")) == []

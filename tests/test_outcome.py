@@ -33,25 +33,25 @@ def test_a_parity_fail_is_never_beside_every_gate_passed() -> None:
     from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, campaign_outcome
 
     pairs = [{"verdict": "fail"}, {"verdict": "fail"}]
-    failed = campaign_outcome([PASS] * 4, pairs, completed=4, total=4)
+    failed = campaign_outcome([PASS] * 4, {"parity": pairs}, completed=4, total=4)
     assert failed.verdict == FAIL and failed.exit_code() == 1
     assert failed.line == ("FAIL 4/4 completed, 4 point(s), parity FAIL: 2 of 2 pair(s) failed; gates PASS: 4 of 4 "
                            "point(s) passed")  # fmt: skip
     assert "every gate passed" not in failed.line
-    passed = campaign_outcome([PASS] * 4, [{"verdict": "pass"}] * 2, completed=4, total=4)
+    passed = campaign_outcome([PASS] * 4, {"parity": [{"verdict": "pass"}] * 2}, completed=4, total=4)
     assert passed.line == "PASS 4/4 completed, 4 point(s), every gate passed; parity PASS: 2 of 2 pair(s) passed"
-    undecided = campaign_outcome([PASS, INCONCLUSIVE], [], completed=2, total=2)
+    undecided = campaign_outcome([PASS, INCONCLUSIVE], {}, completed=2, total=2)
     assert undecided.line.startswith("INCONCLUSIVE ") and undecided.line.endswith("(exit 3; --inconclusive-ok accepts it)")
 
 
 def test_every_point_infeasible_fails_and_some_infeasible_change_nothing() -> None:
     from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, campaign_outcome
 
-    none_ran = campaign_outcome([], [], completed=0, total=0, infeasible=2)
+    none_ran = campaign_outcome([], {}, completed=0, total=0, infeasible=2)
     assert none_ran.verdict == FAIL and none_ran.exit_code() == 1
     assert none_ran.line == "FAIL 0/0 completed, 0 point(s), gates FAIL: every point (2) is infeasible, none ran"
-    assert campaign_outcome([PASS, PASS], [], completed=2, total=2, infeasible=1).verdict == PASS
-    assert campaign_outcome([], []).verdict == INCONCLUSIVE  # nothing judged yet, nothing infeasible
+    assert campaign_outcome([PASS, PASS], {}, completed=2, total=2, infeasible=1).verdict == PASS
+    assert campaign_outcome([], {}).verdict == INCONCLUSIVE  # nothing judged yet, nothing infeasible
 
 
 def test_a_search_that_spent_its_budget_with_nothing_failed_is_inconclusive() -> None:
@@ -66,8 +66,9 @@ def test_a_search_that_spent_its_budget_with_nothing_failed_is_inconclusive() ->
 
 
 def test_parity_failures_name_the_changed_side_only() -> None:
-    from orchestrator.judge.outcome import parity_blame
+    from orchestrator.judge import verdict_kinds
 
+    parity_blame = verdict_kinds.get("parity").blame  # the parity kind's rule, through the seam
     pairs = [{"verdict": "fail", "on_cell": "wide-r0", "off_cell": "narrow-r0", "title": "t", "label": "base",
               "reason": "loss: |Δ| 0.2"}, {"verdict": "pass", "on_cell": "other-r0", "off_cell": "narrow-r0"}]  # fmt: skip
     assert list(parity_blame(pairs)) == ["wide-r0"]

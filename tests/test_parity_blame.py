@@ -1,5 +1,5 @@
 """Issue 31 review (defects 1, 5, 8): one rule says which point a parity pair that did not pass rules out
-(orchestrator/judge/outcome.py's parity_blame), and freeze, status, the report and card export all read it; freeze
+(the parity verdict kind's `blame`, orchestrator/judge/kinds/parity.py), and freeze, status, the report and card export all read it; freeze
 with no winner because a point is undecided exits 3 with the one closing line (0 with --inconclusive-ok, which the
 line then says, as `campaign run --inconclusive-ok` does); card export of a point that failed a check exits 1
 naming it unless --allow-failed says why.
@@ -32,7 +32,10 @@ def test_a_pair_not_passed_rules_out_its_side_under_test_never_the_reference() -
     """The on side of a toggle, a pair and a checkpoint check (the reloading side); the evaluating side of
     eval_check (its off side: train-eval-train; train-only is the reference); an inconclusive pair too, as
     undecided; a pair that passed nothing."""
-    from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, parity_blame
+    from orchestrator.judge import verdict_kinds
+    from orchestrator.judge.outcome import FAIL, INCONCLUSIVE
+
+    parity_blame = verdict_kinds.get("parity").blame  # the parity kind's rule, through the seam
 
     for kind in ("toggle", "pair", "checkpoint"):
         assert list(parity_blame([_pair(kind, "fail")])) == ["on-r0"], kind

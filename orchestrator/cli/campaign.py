@@ -332,7 +332,7 @@ def regate(
     from rich.text import Text
 
     from orchestrator.flow import lifecycle
-    from orchestrator.judge.closing import closing_text, parity_lines
+    from orchestrator.judge.closing import closing_text, verdict_lines
     from orchestrator.run.progress import print_changes
 
     done = lifecycle.regate_campaign(workspace, name, file)
@@ -343,7 +343,7 @@ def regate(
                          f"rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
     judged = lifecycle.regated_outcome(done)  # a search's answer, as status says it (judge/outcome.py)
     console().print(closing_text(judged, inconclusive_ok), soft_wrap=True)
-    for line in parity_lines(done.parity)[1:]:  # a parity campaign: its pairs are judged again too
+    for line in verdict_lines(done.verdicts):  # a parity campaign: its pairs are judged again too
         console().print(line, soft_wrap=True)
     raise typer.Exit(judged.exit_code(inconclusive_ok))
 

@@ -143,14 +143,16 @@ def _trials(workspace: Path, name: str) -> list[dict[str, Any]]:
 
 
 def verdict_lines(workspace: Path, view: CampaignView) -> list[Text]:
-    """Below the table: the campaign's outcome (orchestrator/judge/outcome.py, the closing line's word), the parity
-    pairs that did not pass, and the best point as the report names it (orchestrator/flow/runner.py's
-    pick_winner: the verdicts' pick, never a point that failed a parity check), or why there is none."""
+    """Below the table: the campaign's outcome (orchestrator/judge/outcome.py, the closing line's word), the
+    verdict kinds' records that did not pass (parity pairs), and the best point as the report names it
+    (orchestrator/flow/runner.py's pick_winner: the verdicts' pick, never a point a verdict kind rules out), or
+    why there is none."""
     from orchestrator.flow.runner import pick_winner
-    from orchestrator.judge.closing import closing_text, parity_lines
+    from orchestrator.judge import closing, verdict_kinds
     from reports.site_data import SiteExtras
 
-    lines = [closing_text(view_outcome(view, _trials(workspace, view.name))), *parity_lines(view.parity)[1:]]
+    outcome = view_outcome(view, _trials(workspace, view.name))
+    lines = [closing.closing_text(outcome), *closing.verdict_lines(verdict_kinds.of_view(view))]
     if not any(c.state == "completed" for c in view.cells):
         return lines
     picked = SiteExtras()

@@ -30,11 +30,12 @@ from orchestrator.flow.runner import (
     console,
     err_console,
     make_launcher,
-    record_parity,
+    record_verdicts,
     show,
     stored_record,
     write_report,
 )
+from orchestrator.judge import verdict_kinds
 from orchestrator.judge.closing import closing_text, print_closing, run_outcome
 from orchestrator.judge.outcome import Outcome as Judged
 from orchestrator.judge.outcome import campaign_outcome
@@ -336,21 +337,22 @@ def _drive(store: Store, plan: Plan, cells: list[CellRow], closing: bool) -> Fin
 
 def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finished:
     """Every stored result judged again with the current gates (cells skipped as completed too); with
-    `closing`: the changes printed, the parity pairs judged and stored, the report written, the outcome logged
+    `closing`: the changes printed, the verdict kinds judged and stored (parity pairs), the report written, the outcome logged
     to W&B and the closing lines, all saying the one outcome (orchestrator/judge/outcome.py)."""
     campaign = plan.campaign
     regated = regate(store, campaign.name)
     points = regated.judged.points
     infeasible = regated.judged.infeasible
     if not closing:
-        return Finished(outcome, points, judged=run_outcome(outcome, points, [], infeasible))
+        return Finished(outcome, points, judged=run_outcome(outcome, points, {}, infeasible))
     print_changes(regated.changes, "re-judged with the current gates")
-    regated.parity = record_parity(store, campaign)
-    judged = run_outcome(outcome, points, regated.parity, infeasible)
+    regated.verdicts = record_verdicts(store, campaign)
+    judged = run_outcome(outcome, points, regated.verdicts, infeasible)
     unwritten = _publish(store, plan, judged, plan.options.make_report)
-    print_closing(outcome, points, regated.parity, plan.options.resume_hint, infeasible, plan.options.inconclusive_ok)
+    print_closing(outcome, points, regated.verdicts, plan.options.resume_hint, infeasible,
+                  plan.options.inconclusive_ok)  # fmt: skip
     _say_unwritten(unwritten)
-    return Finished(outcome, points, regated.parity, judged)
+    return Finished(outcome, points, regated.verdicts, judged)
 
 
 def _publish(store: Store, plan: Plan, judged: Judged, report: bool) -> dict[str, Path]:
@@ -452,8 +454,8 @@ def log_outcome(workspace: Path, campaign: Campaign, judged: Judged, quiet_when_
 def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Regated:
     """`mbx campaign regate`: execute's judging step alone, on a stored campaign: every stored result judged
     again with its gates, or with the gates of campaign file `file` (of the same name; with the headroom gate's
-    GPU memory as prepare sets it; they are stored as the campaign's gates), and its parity pairs again from
-    their run dirs. Holds the campaign lock."""
+    GPU memory as prepare sets it; they are stored as the campaign's gates), and its verdict kinds (parity pairs)
+    again from their run dirs. Holds the campaign lock."""
     gates = None
     if file is not None:
         from orchestrator.spec.loader import load_campaign
@@ -467,8 +469,8 @@ def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Reg
         record = stored_record(store, name)  # before the lock: an unknown name makes no directory
         with CampaignLock(workspace / name):
             done = regate(store, name, gates)
-            if record["spec"].get("parity"):  # the pairs judged again from their run dirs, and stored
-                done.parity = record_parity(store, Campaign.model_validate(record["spec"]), quiet=True)
+            if verdict_kinds.asked_in_spec(record["spec"]):  # judged again from their run dirs, and stored
+                done.verdicts = record_verdicts(store, Campaign.model_validate(record["spec"]), quiet=True)
             done.trials = store.trials(name)  # a search: its outcome is its answer, as status says it
             return done
 
@@ -476,7 +478,7 @@ def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Reg
 def regated_outcome(done: Regated) -> Judged:
     """The outcome `mbx campaign regate` closes with: orchestrator/judge/outcome.py's, as status says it."""
     verdicts = [p.verdict for p in done.judged.points]
-    return campaign_outcome(verdicts, done.parity, infeasible=done.judged.infeasible, trials=done.trials)
+    return campaign_outcome(verdicts, done.verdicts, infeasible=done.judged.infeasible, trials=done.trials)
 
 
 def run_points(campaign: Campaign, points: list[Point], file: Path | None, options: Options) -> Finished:

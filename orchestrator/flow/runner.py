@@ -1,5 +1,5 @@
 """What the lifecycle (orchestrator/flow/lifecycle.py) and the commands share: the launcher, the baseline check,
-parity, the report, how a run finished; and the commands over a stored campaign: view, cancel, list."""
+verdict kinds (parity), the report, how a run finished; and the commands over a stored campaign: view, cancel, list."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from rich.text import Text
 
 from launchers.base import Launcher
 from orchestrator.errors import EXIT_PASS, ConfigError, MbxError, RunError, UsageError
+from orchestrator.judge import verdict_kinds
 from orchestrator.judge.outcome import Outcome as Judged
 from orchestrator.judge.outcome import view_outcome
-from orchestrator.judge.views import campaign_view, parity_verdicts
+from orchestrator.judge.verdict_kinds import Records
+from orchestrator.judge.views import campaign_view
 from orchestrator.run.baseline import baseline_summaries
 from orchestrator.run.disk import DiskFull, is_full
 from orchestrator.run.engine import Event, Outcome
@@ -42,8 +44,8 @@ class Finished:
 
     outcome: Outcome
     points: list[PointVerdict] | None = None
-    # on/off pair verdicts (orchestrator/judge/parity_verdicts.py)
-    parity: list[dict[str, Any]] = field(default_factory=list)
+    # each verdict kind's records by its name (orchestrator/judge/verdict_kinds.py; "parity": the on/off pairs)
+    verdicts: dict[str, Records] = field(default_factory=dict)
     judged: Judged | None = None
     search: SearchFinished | None = None  # a search's answer: its best point, ledger and trials
 
@@ -109,20 +111,16 @@ def stored_record(store: Store, name: str) -> dict[str, Any]:
     return record
 
 
-def record_parity(store: Store, campaign: Campaign, quiet: bool = False) -> list[dict[str, Any]]:
-    """Judge the campaign's parity pairs from their run dirs, store them (the `parity` table) and print one
-    line per pair (unless `quiet`)."""
-    if campaign.parity is None:
-        return []
-    pairs = [v.to_dict() for v in parity_verdicts(store, campaign.name, campaign)]
-    store.record_parity(campaign.name, pairs)
-    if not quiet:
-        for pair in pairs:
-            style = {"pass": "green", "fail": "bold red"}.get(pair["verdict"], "yellow")
-            console.print(Text.assemble("parity ", (pair["verdict"].upper(), style),
-                                        f" {pair['title']} [{pair['label']}, repeat {pair['repeat']}]: {pair['reason']}"),
-                          soft_wrap=True)  # fmt: skip
-    return pairs
+def record_verdicts(store: Store, campaign: Campaign, quiet: bool = False) -> dict[str, Records]:
+    """Judge every verdict kind the campaign asks for from its run dirs (the parity pairs), store each kind's
+    records (its table) and print its lines (unless `quiet`); kind name → its records."""
+    verdicts = {}
+    for kind in verdict_kinds.asked(campaign):
+        verdicts[kind.name] = records = kind.judge(store, campaign.name, campaign)
+        kind.record(store, campaign.name, records)
+        for line in [] if quiet else kind.announce(records):
+            console.print(line, soft_wrap=True)
+    return verdicts
 
 
 def show(progress: ProgressReporter, event: Event) -> None:
@@ -134,7 +132,7 @@ def show(progress: ProgressReporter, event: Event) -> None:
 
 
 def view(workspace: Path, name: str, with_rows: bool = True) -> CampaignView:
-    """The campaign as the report and status show it: every verdict (cells, points, parity pairs) judged in memory
+    """The campaign as the report and status show it: every verdict (cells, points, verdict kinds) judged in memory
     with its current gates from the store opened read-only. Views only read: run, resume and regate store
     verdicts, under the campaign lock."""
     with Store(workspace, create=False, read_only=True) as store:
@@ -204,7 +202,7 @@ def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None
 
 def pick_winner(workspace: Path, campaign: CampaignView, extras: SiteExtras) -> None:
     """The winner and the rejected points by the verdicts (mbx freeze's pick), or why there is none: never a point
-    a parity pair rules out (freeze reads orchestrator/judge/outcome.py's parity_blame, the one rule)."""
+    a verdict kind rules out (freeze reads each kind's `blame`, orchestrator/judge/verdict_kinds.py)."""
     from orchestrator.judge.freeze import freeze
 
     try:

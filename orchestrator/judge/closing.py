@@ -1,16 +1,17 @@
 """The closing lines of a run, `regate` and `status`: the campaign's outcome (orchestrator/judge/outcome.py: its
-gates and its parity pairs, in one word) and the lines that say what failed or is undecided, and why."""
+gates and its verdict kinds' parts, in one word) and the lines that say what failed or is undecided, and why."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
 from orchestrator.errors import printable
-from orchestrator.judge.outcome import FAIL, PASS, Outcome, campaign_outcome, parity_part
+from orchestrator.judge import verdict_kinds
+from orchestrator.judge.outcome import FAIL, PASS, Outcome, campaign_outcome
+from orchestrator.judge.verdict_kinds import Records
 from orchestrator.run.engine import Outcome as RunOutcome
 from orchestrator.run.regate import PointVerdict
 
@@ -24,35 +25,30 @@ def closing_text(outcome: Outcome, inconclusive_ok: bool = False) -> Text:
     return Text.assemble((word + " ", WORD_STYLE.get(outcome.verdict, "bold yellow")), rest)
 
 
-def parity_lines(pairs: list[Mapping[str, Any]]) -> list[Text]:
-    """The parity part's line and one line per pair that did not pass (regate, status)."""
-    part = parity_part(pairs)
-    if part is None:
-        return []
-    lines = [Text(part.text, style=WORD_STYLE.get(part.verdict, "bold yellow"))]
-    for pair in pairs:
-        if pair["verdict"] != PASS:
-            lines.append(Text(f"  parity {pair['verdict']}: {pair['title']} [{pair['label']}, repeat "
-                              f"{pair['repeat']}]: {pair['reason']}"))  # fmt: skip
-    return lines
+def verdict_lines(verdicts: Mapping[str, Records]) -> list[Text]:
+    """Under the closing line, every verdict kind's lines (kind name → its records): what did not pass, and why
+    (run, resume, regate, status)."""
+    return [Text(line) for name in verdict_kinds.names() if verdicts.get(name)
+            for line in verdict_kinds.get(name).closing_lines(verdicts[name])]  # fmt: skip
 
 
-def run_outcome(outcome: RunOutcome, points: list[PointVerdict], pairs: list[dict[str, Any]],
+def run_outcome(outcome: RunOutcome, points: list[PointVerdict], verdicts: Mapping[str, Records],
                 infeasible: int = 0) -> Outcome:  # fmt: skip
-    """The outcome of a run (run, resume): every point's verdict, the cells that did not complete, the pairs,
-    and how many points are recorded infeasible (every point infeasible: nothing ran, a failure)."""
-    return campaign_outcome([p.verdict for p in points], pairs, completed=outcome.completed, total=outcome.total,
+    """The outcome of a run (run, resume): every point's verdict, the cells that did not complete, the verdict
+    kinds' records (kind name → records), and how many points are recorded infeasible (every point infeasible:
+    nothing ran, a failure)."""
+    return campaign_outcome([p.verdict for p in points], verdicts, completed=outcome.completed, total=outcome.total,
                             not_completed=len(outcome.failed), skipped=outcome.skipped, infeasible=infeasible)  # fmt: skip
 
 
-def print_closing(outcome: RunOutcome, points: list[PointVerdict], pairs: list[dict[str, Any]],
+def print_closing(outcome: RunOutcome, points: list[PointVerdict], verdicts: Mapping[str, Records],
                   resume_hint: bool = True, infeasible: int = 0, inconclusive_ok: bool = False) -> Outcome:  # fmt: skip
     """Print the closing line and what stands behind it: cells that did not complete (with `resume_hint`, that
     `mbx campaign resume` runs the retryable ones again), points refused on their node's GPU, points that
-    failed or are undecided and why, parity pairs that did not pass. Returns the outcome the exit code comes
-    from (`infeasible`: points recorded infeasible, as run_outcome takes it; `inconclusive_ok`: the command was
+    failed or are undecided and why, the verdict kinds' records that did not pass (parity pairs). Returns the
+    outcome the exit code comes from (`infeasible`: points recorded infeasible, as run_outcome takes it; `inconclusive_ok`: the command was
     given --inconclusive-ok, which the closing line says)."""
-    judged = run_outcome(outcome, points, pairs, infeasible)
+    judged = run_outcome(outcome, points, verdicts, infeasible)
     for cell, note in outcome.warnings:
         console.print(Text(f"  note: {cell.cell_id} [{cell.label}] {note}", style="yellow"), soft_wrap=True)
     console.print(closing_text(judged, inconclusive_ok), soft_wrap=True)
@@ -66,7 +62,7 @@ def print_closing(outcome: RunOutcome, points: list[PointVerdict], pairs: list[d
                            f"once it is fixed, `mbx campaign resume {outcome.campaign}` runs them again"), soft_wrap=True)  # fmt: skip
     for line in point_lines(points):
         console.print(line, soft_wrap=True)
-    for line in parity_lines(pairs)[1:]:
+    for line in verdict_lines(verdicts):
         console.print(line, soft_wrap=True)
     return judged
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import RunError, UsageError
+from orchestrator.judge import verdict_kinds
 from orchestrator.judge.best import Choice, choose, figure, fmt_decision, full_length, loses, metric, versus
 from orchestrator.judge.compare import Metric, Point, floors_of, load_points
-from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, Outcome, Part, exit_code, parity_blame
+from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, Outcome, Part, exit_code
 from orchestrator.judge.run_floor import FloorBook
-from orchestrator.judge.views import parity_verdicts
 from orchestrator.rows import DEFAULT_KIND
 from orchestrator.run.regate import gates_of, judge_campaign
 from orchestrator.run.store import INGEST_LAUNCHER, Store
@@ -102,23 +102,24 @@ def _excluded(store: Store, name: str, points: list[Point]) -> dict[str, Rejecte
         elif verdict is not None and verdict.verdict in ("fail", "inconclusive"):
             out[point.point_id] = Rejected(point.point_id, point.label, f"gate {verdict.verdict}: {verdict.why()}",
                                            "gate", verdict.verdict)  # fmt: skip
-    return {**parity_rejected(store, name, record), **out}
+    return {**verdict_rejected(store, name, record), **out}
 
 
-def parity_rejected(store: Store, name: str, record: dict[str, Any]) -> dict[str, Rejected]:
-    """The points a parity pair that did not pass rules out (orchestrator/judge/outcome.py's parity_blame: the
-    side under test, never the reference), each with its pair and reason; the pairs judged in memory from their
-    run dirs (orchestrator/judge/views.py)."""
+def verdict_rejected(store: Store, name: str, record: dict[str, Any]) -> dict[str, Rejected]:
+    """The points a verdict kind's record that did not pass rules out (each kind's `blame`: for parity, the side
+    under test, never the reference), each with its record and reason, under the kind's name; the records judged
+    in memory from their run dirs (orchestrator/judge/verdict_kinds.py)."""
     spec = record.get("spec") or {}
-    if not spec.get("parity"):
+    if not verdict_kinds.asked_in_spec(spec):
         return {}
-    pairs = [pair.to_dict() for pair in parity_verdicts(store, name, Campaign.model_validate(spec))]
+    campaign = Campaign.model_validate(spec)
     cells = {c.cell_id: c for c in store.cells(name)}
     out: dict[str, Rejected] = {}
-    for cell_id, (verdict, why) in parity_blame(pairs).items():
-        cell = cells.get(cell_id)
-        if cell is not None and cell.point_id not in out:
-            out[cell.point_id] = Rejected(cell.point_id, cell.label, why, "parity", verdict)
+    for kind in verdict_kinds.asked(campaign):
+        for cell_id, (verdict, why) in kind.blame(kind.judge(store, name, campaign)).items():
+            cell = cells.get(cell_id)
+            if cell is not None and cell.point_id not in out:
+                out[cell.point_id] = Rejected(cell.point_id, cell.label, why, kind.name, verdict)
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator import trainers
 from orchestrator.errors import ConfigError, RunError, UsageError
+from orchestrator.judge import verdict_kinds
 from orchestrator.judge.freeze import Frozen
 from orchestrator.run.disk import DiskFull
 from orchestrator.run.outfile import check_target, write_out
@@ -58,7 +59,8 @@ def frozen_campaign(frozen: Frozen, repeats: int, gates: dict[str, float]) -> di
     spec = json.loads(json.dumps(frozen.spec))
     kept_gates = {k: v for k, v in (spec.get("gates") or {}).items() if k not in RELATIVE_GATES}
     spec.pop("baseline", None)
-    spec.pop("parity", None)  # the frozen campaign measures the winner; parity pairs stay with the original
+    for kind in verdict_kinds.names():  # it measures the winner; verdict kinds (parity pairs) stay with the original
+        spec.pop(kind, None)
     spec["name"] = f"{frozen.campaign}-frozen"
     spec["description"] = (f"Frozen from {frozen.campaign} point {frozen.winner.point_id} [{frozen.winner.label}] on "
                            f"{frozen.frozen_at}: {frozen.how}")  # fmt: skip

@@ -1,4 +1,4 @@
-"""The one owner of an outcome: gates, parity pairs and a search's answer (and the verdicts of compare, bisect, a
+"""The one owner of an outcome: gates, the verdict kinds' parts (parity pairs) and a search's answer (and the verdicts of compare, bisect, a
 card check, freeze and ingest) → PASS / FAIL / INCONCLUSIVE, the closing line that says it and the exit code.
 
 Every command that judges goes through `combine` and `exit_code` (the exit codes are orchestrator/errors.py's
@@ -10,25 +10,17 @@ with `--inconclusive-ok`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS
+from orchestrator.judge import verdict_kinds
+from orchestrator.judge.parts import FAIL, INCONCLUSIVE, PASS, Part, combine
+from orchestrator.judge.parts import VERDICTS as VERDICTS  # (re-exported: the words' one home is parts.py)
 
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
-VERDICTS = (PASS, FAIL, INCONCLUSIVE)
 ACCEPT_HINT = "exit 3; --inconclusive-ok accepts it"
 ACCEPTED_HINT = "exit 0: --inconclusive-ok accepted it"
-
-
-def combine(verdicts: Iterable[str]) -> str:
-    """FAIL when any verdict failed; PASS when there is at least one and every one passed; else INCONCLUSIVE
-    (an undecided verdict, one not judged yet, or nothing judged at all)."""
-    seen = list(verdicts)
-    if FAIL in seen:
-        return FAIL
-    return PASS if seen and all(v == PASS for v in seen) else INCONCLUSIVE
 
 
 def exit_code(verdict: str, inconclusive_ok: bool = False) -> int:
@@ -38,17 +30,6 @@ def exit_code(verdict: str, inconclusive_ok: bool = False) -> int:
     if verdict == FAIL:
         return EXIT_FAIL
     return EXIT_PASS if inconclusive_ok else EXIT_INCONCLUSIVE
-
-
-@dataclass(frozen=True)
-class Part:
-    """One thing an outcome rests on (the gates, the parity pairs, a search's answer): its verdict, the text that
-    says it, and a shorter text for when the whole outcome passed ("every gate passed")."""
-
-    name: str
-    verdict: str
-    text: str
-    brief: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,22 +102,6 @@ def gates_part(point_verdicts: list[str], not_completed: int = 0, infeasible: in
     return Part("gates", INCONCLUSIVE, f"gates INCONCLUSIVE: no gate failed, {undecided} point(s) undecided")
 
 
-def parity_part(pairs: list[Mapping[str, Any]]) -> Part | None:
-    """The parity pairs' part (None without pairs): fail when one failed, pass when all passed, else
-    inconclusive; the text counts them ("parity FAIL: 1 of 2 pair(s) failed, 1 passed")."""
-    if not pairs:
-        return None
-    verdicts = [str(p.get("verdict")) for p in pairs]
-    failed, passed = verdicts.count(FAIL), verdicts.count(PASS)
-    verdict = combine(verdicts)
-    parts = [f"{failed} of {len(pairs)} pair(s) failed" if failed else f"{passed} of {len(pairs)} pair(s) passed"]
-    if failed and passed:
-        parts.append(f"{passed} passed")
-    if len(pairs) - failed - passed:
-        parts.append(f"{len(pairs) - failed - passed} inconclusive")
-    return Part("parity", verdict, f"parity {verdict.upper()}: " + ", ".join(parts))
-
-
 def search_part(found: bool, tie: bool, how: str, stop_reason: str | None, failed: int) -> Part:
     """A search's answer: a best point passes; a tie no figure separates is undecided, and so is a budget spent
     before a best with nothing failed (more budget may find one); no best point otherwise fails."""
@@ -152,14 +117,15 @@ def search_part(found: bool, tie: bool, how: str, stop_reason: str | None, faile
 
 
 # ---- a campaign --------------------------------------------------------------------------------------------
-def campaign_outcome(point_verdicts: list[str], pairs: list[Mapping[str, Any]], *, completed: int | None = None,
-                     total: int | None = None, not_completed: int = 0, skipped: int = 0,
-                     infeasible: int = 0, trials: list[Mapping[str, Any]] | None = None,
+def campaign_outcome(point_verdicts: list[str], verdicts: Mapping[str, list[Mapping[str, Any]]], *,
+                     completed: int | None = None, total: int | None = None, not_completed: int = 0,
+                     skipped: int = 0, infeasible: int = 0, trials: list[Mapping[str, Any]] | None = None,
                      ) -> Outcome:  # fmt: skip
     """A campaign's outcome: its gates (every point's verdict; `not_completed` cells fail them, and so does
-    every point being one of the `infeasible`) and its parity pairs, after `completed` of `total` cells
-    completed (`skipped` of them already before this run; not said when None: a re-judging, which runs
-    nothing). A search (stored `trials`) is judged by its answer instead: `stored_search_outcome`."""
+    every point being one of the `infeasible`) and the part of each verdict kind with records in `verdicts`
+    (kind name → its records: the parity pairs), after `completed` of `total` cells completed (`skipped` of them
+    already before this run; not said when None: a re-judging, which runs nothing). A search (stored `trials`)
+    is judged by its answer instead: `stored_search_outcome`."""
     searched = stored_search_outcome(trials or [])
     if searched is not None:
         return searched
@@ -168,18 +134,17 @@ def campaign_outcome(point_verdicts: list[str], pairs: list[Mapping[str, Any]], 
         head = f"{completed}/{total} completed" + (f" ({skipped} skipped: already completed)" if skipped else "")
         head += ", "
     head += f"{len(point_verdicts)} point(s)"
-    parity = parity_part(pairs)
-    parts = (gates_part(point_verdicts, not_completed, infeasible), *([parity] if parity else []))
-    return Outcome(head, parts)
+    kinds = [verdict_kinds.get(name).part(verdicts[name]) for name in verdict_kinds.names() if verdicts.get(name)]
+    return Outcome(head, (gates_part(point_verdicts, not_completed, infeasible), *filter(None, kinds)))
 
 
 def view_outcome(view: Any, trials: list[Mapping[str, Any]] | None = None) -> Outcome:
     """The outcome of a campaign as a report view holds it (reports.views.CampaignView: its points' verdicts,
-    its parity pairs, judged in memory, and its infeasible points), or of a search as its trial rows store it: what status, the report
-    page and summary.md say."""
+    each verdict kind's records, judged in memory, and its infeasible points), or of a search as its trial rows
+    store it: what status, the report page and summary.md say."""
     completed = sum(c.state == "completed" for c in view.cells)
-    return campaign_outcome([p.verdict for p in view.points], view.parity, completed=completed, total=len(view.cells),
-                            infeasible=view.infeasible, trials=trials)  # fmt: skip
+    return campaign_outcome([p.verdict for p in view.points], verdict_kinds.of_view(view), completed=completed,
+                            total=len(view.cells), infeasible=view.infeasible, trials=trials)  # fmt: skip
 
 
 SEARCH_OUTCOME = "search_outcome"  # the key under which each stored trial row keeps its search's outcome
@@ -197,36 +162,3 @@ def stored_search_outcome(trials: list[Mapping[str, Any]]) -> Outcome | None:
     part = Part("search", INCONCLUSIVE, "search INCONCLUSIVE: the search has not ended (`mbx campaign resume` "
                                         "goes on with it)")  # fmt: skip
     return Outcome(f"search: {count} trial(s)", (part,))
-
-
-# ---- which points a parity pair rules out ------------------------------------------------------------------
-# The one rule (freeze, the best that status and the report name, card export; `mbx freeze --help` says it): a
-# pair that did not pass (FAIL, or INCONCLUSIVE: not shown to train the same) rules out the side it is about,
-# never its reference. Seed 000 (performance features checked for convergence): the feature switched on is what
-# may break training (MXFP8 param gather, MTP recompute), and so is evaluating (the grad-norm spike on the step
-# after an eval); the side without it is the reference the other is held to.
-PARITY_SUBJECT = {"toggle": "on", "pair": "on", "checkpoint": "on", "eval": "off"}
-SUBJECT_WORDS = {"toggle": "the on side, the change under test", "pair": "the on side, the change under test",
-                 "checkpoint": "the reloading side", "eval": "the evaluating side: train-eval-train"}  # fmt: skip
-
-
-def parity_subject(pair: Mapping[str, Any]) -> str | None:
-    """The cell id of the side a pair is about (PARITY_SUBJECT by its kind; a pair of unknown kind: its on side)."""
-    side = PARITY_SUBJECT.get(str(pair.get("kind")), "on")
-    cell = pair.get("on_cell" if side == "on" else "off_cell")
-    return str(cell) if cell else None
-
-
-def parity_blame(pairs: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
-    """Cell id → (verdict, why) for every cell a pair that did not pass rules out (its side under test,
-    PARITY_SUBJECT), by its first such pair; what freeze, the report's and status's best and card export read."""
-    out: dict[str, tuple[str, str]] = {}
-    for pair in pairs:
-        verdict, cell = str(pair.get("verdict")), parity_subject(pair)
-        if verdict == PASS or cell is None or cell in out:
-            continue
-        side = SUBJECT_WORDS.get(str(pair.get("kind")), "the on side")
-        out[cell] = (verdict if verdict == FAIL else INCONCLUSIVE,
-                     f"parity {verdict.upper()}: {pair.get('title')} [{pair.get('label')}, repeat "
-                     f"{pair.get('repeat', 0)}; this point is {side}]: {pair.get('reason')}")  # fmt: skip
-    return out

@@ -1,12 +1,10 @@
-"""The report views of a campaign: every cell's latest attempt, result and rows, judged by the gates and parity."""
+"""The report views of a campaign: every cell's latest attempt, result and rows, judged by the gates and the verdict kinds."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from orchestrator import trainers
-from orchestrator.judge.parity_verdicts import PairVerdict, judge_parity
+from orchestrator.judge import verdict_kinds
 from orchestrator.run.baseline import summary_from_dict
 from orchestrator.run.collect import damaged_files
 from orchestrator.run.regate import gates_of, judge_campaign
@@ -82,7 +80,7 @@ def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignVi
     measured = {c.summary.gpu_memory_gib for c in cells if c.summary is not None}
     if "headroom_gib_min" in gates and len(measured) == 1 and None not in measured:
         gates["gpu_memory_gib"] = measured.pop()  # the GPU every run recorded on its node: what the gate used
-    return CampaignView(
+    out = CampaignView(
         name=name,
         description=secrets.mask(campaign.description),
         axes=swept_keys(campaign),
@@ -92,27 +90,8 @@ def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignVi
         source_file=record["source_file"],
         baseline=campaign.baseline,
         points=group_points(cells, lambda members: point_gates.get(members[0].point_id)),
-        parity=[v.to_dict() for v in parity_verdicts(store, name, campaign)],
         infeasible=judged.infeasible,
     )
-
-
-def parity_verdicts(store: Store, name: str, campaign: Campaign) -> list[PairVerdict]:
-    """The campaign's parity pairs judged from their cells' latest attempts (none without a parity section)."""
-    if campaign.parity is None:
-        return []
-    latest = store.latest_attempts(name)
-
-    def rows_of(cell: CellRow) -> tuple[list[dict[str, Any]] | None, str]:
-        attempt = latest.get(cell.cell_id)
-        if attempt is None:
-            return None, f"(cell {cell.cell_id}) has not run"
-        if attempt.state != "completed":
-            return None, f"(cell {cell.cell_id}) did not complete: {attempt.state}"
-        rows, problem = rundir.read_metrics_checked(Path(attempt.run_dir))
-        if problem or not rows:
-            return None, f"(cell {cell.cell_id}) has no readable metrics{f' ({problem})' if problem else ''}"
-        return rows, ""
-
-    axes = trainers.for_campaign(campaign).parity_axes(campaign, with_values=False)
-    return judge_parity(campaign.parity, store.cells(name), rows_of, axes)
+    for kind in verdict_kinds.asked(campaign):  # each kind's records under its name (`view.parity`: the pairs)
+        setattr(out, kind.name, kind.judge(store, name, campaign))
+    return out

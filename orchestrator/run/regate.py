@@ -130,7 +130,8 @@ class Regated:
     changes: list[str]
     rewritten: int  # stored results written again
     gates_changed: bool
-    parity: list[dict[str, Any]] = field(default_factory=list)  # a parity campaign's pairs, judged again
+    # each verdict kind's records, judged again (kind name → records; "parity": the pairs)
+    verdicts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     trials: list[dict[str, Any]] = field(default_factory=list)  # a search's trial rows: its answer
 
 

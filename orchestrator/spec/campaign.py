@@ -5,15 +5,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from launchers.profile import Cluster, Container
 from orchestrator.rows import DEFAULT_KIND
-from orchestrator.spec.parity import Parity
 from orchestrator.spec.profile_spec import Profile
 from orchestrator.spec.search import Search
 from orchestrator.spec.software import Software
 from orchestrator.spec.trainer_section import ByKind, TrainerSection, default_section
+from orchestrator.spec.verdict_section import campaign_fields
 from reports.failure_classes import FAILURE_CLASSES
 from reports.gates import GateSpec
 from reports.wandb_settings import WandbSettings
@@ -190,8 +190,8 @@ class Retry(_Strict):
         return names
 
 
-class Campaign(_Strict):
-    """A benchmark campaign: a base training recipe plus sweeps of knobs, gates and where to run."""
+class _CampaignCore(_Strict):
+    """A campaign's keys up to `software`; then one key per verdict kind (`_WithVerdicts`), then `profile`."""
 
     name: str = Field(..., pattern=NAME_PATTERN, description="Campaign name (letters, digits, . _ -).")
     description: str = Field("", description="What this campaign measures.")
@@ -224,7 +224,15 @@ class Campaign(_Strict):
     software: Software = Field(
         default_factory=Software, description="Software versions per point (git refs, pip pins) for sweeps and bisect."
     )
-    parity: Parity | None = Field(None, description="Numerics parity: a toggle whose on/off pairs must train the same.")
+
+
+# One optional section per verdict kind (orchestrator/spec/verdict_section.py: `parity:`), found by name.
+_WithVerdicts = create_model("_WithVerdicts", __base__=_CampaignCore, __module__=__name__, **campaign_fields())
+
+
+class Campaign(_WithVerdicts):  # type: ignore[misc,valid-type]
+    """A benchmark campaign: a base training recipe plus sweeps of knobs, gates and where to run."""
+
     profile: Profile | None = Field(None, description="Profile a few steps of every cell; the report shows where GPU time goes.")
 
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import ConfigError
 from orchestrator.rows import DEFAULT_KIND
-from orchestrator.spec import trainer_section
+from orchestrator.spec import trainer_section, verdict_section
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.keys import env_key_problem, key_problem, model_of, strings_in, values_problems
 from orchestrator.spec.yamlio import load_yaml_file
@@ -30,6 +30,9 @@ def _allowed_here(loc: tuple[Any, ...], root: type[BaseModel], kind: str | None 
             return []
         if model is Campaign and part == "trainer":
             model = trainer_section.schema_of(kind or DEFAULT_KIND)  # (`_untag` gives only known kinds)
+            continue
+        if model is Campaign and part in verdict_section.kind_names():
+            model = verdict_section.section_of(part)[0]  # a verdict kind's section, by its kind's schema
             continue
         model = model_of(model.model_fields[part].annotation)
     return [f.alias or name for name, f in model.model_fields.items()] if model else []
