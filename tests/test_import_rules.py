@@ -391,7 +391,7 @@ def test_only_the_documented_seams_import_by_name() -> None:
 # orchestrator/trainers/ turns into sweep factors), its statistics (judge/parity_verdicts.py, parity_noise.py).
 VERDICT_KIND_PARTS = {"parity": {"orchestrator.spec.parity", "orchestrator.judge.parity_verdicts",
                                  "orchestrator.judge.parity_noise"}}  # fmt: skip
-SEAM_LAYERS = ("orchestrator.judge", "orchestrator.flow", "orchestrator.cli")  # they go through verdict_kinds only
+SEAM_LAYERS = ("orchestrator.judge", "orchestrator.flow", "orchestrator.cli")  # through verdict_kinds only
 
 
 def kind_named(tree: ast.AST, kind: str) -> Iterator[tuple[int, str]]:
@@ -428,7 +428,8 @@ def test_nothing_but_a_verdict_kinds_module_names_its_internals() -> None:
                 ):
                     found.append(f"{relative}:{line} imports {target}")
             if name.startswith(SEAM_LAYERS) and not name.startswith("orchestrator.judge.kinds."):
-                found += [f"{relative}:{line} {what}" for line, what in kind_named(ast.parse(path.read_text()), kind)]
+                named = kind_named(ast.parse(path.read_text()), kind)
+                found += [f"{relative}:{line} {what}" for line, what in named]
     assert sorted(found) == []
 
 
@@ -437,4 +438,5 @@ def test_each_way_of_naming_a_verdict_kind_is_found() -> None:
              'verdicts = {"parity": []}']  # fmt: skip
     for code in codes:
         assert len(list(kind_named(ast.parse(code), "parity"))) == 1, code
-    assert list(kind_named(ast.parse('def f():\n    """The parity pairs."""\n    # parity\n'), "parity")) == []
+    prose = 'def f():\n    """The parity pairs."""\n    # parity\n'
+    assert list(kind_named(ast.parse(prose), "parity")) == []

@@ -106,20 +106,22 @@ def test_a_new_verdict_kind_is_one_module(tmp_path: Path, cache_env: dict[str, s
     assert out["names"] == ["parity", "toycheck"]
     assert out["property"]["description"] == "A toy check: the cells whose label has `refuse` fail it."
     assert out["validate"][0] == 0, out["validate"]
-    assert out["bad"][0] == 2 and "toycheck.refuze: unknown key (did you mean 'refuse'?); allowed: refuse" in out["bad"][1]
+    assert out["bad"][0] == 2
+    assert "toycheck.refuze: unknown key (did you mean 'refuse'?); allowed: refuse" in out["bad"][1]
 
     code, text = out["run"]
     assert code == 1, text  # every gate passed: the toy kind alone fails the run
     assert "toycheck judged 2 cell(s)" in text
     closing = next(x for x in text.splitlines() if x.startswith("FAIL 2/2 completed"))
-    assert "toycheck FAIL: 1 of 2 cell(s) refused" in closing and "gates PASS: 2 of 2 point(s) passed" in closing
+    assert "toycheck FAIL: 1 of 2 cell(s) refused" in closing
+    assert "gates PASS: 2 of 2 point(s) passed" in closing
     assert "  toycheck fail: " in text and "[seed=8]" in text
     for command in ("regate", "status"):
         assert "toycheck FAIL: 1 of 2 cell(s) refused" in out[command][1], out[command]
     assert out["regate"][0] == 1
 
     code, text = out["freeze"]
-    frozen = json.loads(text[text.index("{"):])
+    frozen = json.loads(text[text.index("{") :])
     assert "seed=7" in frozen["label"], text
     rejected = [r for r in frozen["rejected"] if r["kind"] == "toycheck"]
     assert len(rejected) == 1 and "seed=8" in rejected[0]["label"], frozen["rejected"]

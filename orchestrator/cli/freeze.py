@@ -78,7 +78,7 @@ def freeze(
 
     A point that failed a check never wins: a failed or unfinished repeat, NaN/skipped steps, a gate not passed,
     a parity pair not passed, and in a search any trial shorter than full length. Which side a parity pair
-    rules out (the one rule, orchestrator/judge/outcome.py, that status, the report and card export read too):
+    rules out (the one rule, orchestrator/judge/kinds/parity.py, that status, the report and card export read):
     a pair that did not pass (FAIL, or INCONCLUSIVE: not shown to train the same) rules out the side under
     test: the on side of a toggle or pair, the reloading side of a checkpoint check, the evaluating side of
     eval_check (train-only is its reference); the reference (off) side stays eligible. --point of a ruled-out

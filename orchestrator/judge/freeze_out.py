@@ -59,7 +59,7 @@ def frozen_campaign(frozen: Frozen, repeats: int, gates: dict[str, float]) -> di
     spec = json.loads(json.dumps(frozen.spec))
     kept_gates = {k: v for k, v in (spec.get("gates") or {}).items() if k not in RELATIVE_GATES}
     spec.pop("baseline", None)
-    for kind in verdict_kinds.names():  # it measures the winner; verdict kinds (parity pairs) stay with the original
+    for kind in verdict_kinds.names():  # it measures the winner; parity pairs stay with the original
         spec.pop(kind, None)
     spec["name"] = f"{frozen.campaign}-frozen"
     spec["description"] = (f"Frozen from {frozen.campaign} point {frozen.winner.point_id} [{frozen.winner.label}] on "

@@ -19,7 +19,8 @@ from orchestrator.run.store import Store
 from orchestrator.spec import verdict_section
 from orchestrator.spec.campaign import Campaign
 
-Records = list[dict[str, Any]]  # one kind's verdicts, each a JSON-able record with a `verdict` of parts.VERDICTS
+# One kind's records: JSON-able dicts, each with a `verdict` of parts.VERDICTS.
+Records = list[dict[str, Any]]
 
 
 class VerdictKind:

@@ -92,6 +92,6 @@ def campaign_view(store: Store, name: str, with_rows: bool = True) -> CampaignVi
         points=group_points(cells, lambda members: point_gates.get(members[0].point_id)),
         infeasible=judged.infeasible,
     )
-    for kind in verdict_kinds.asked(campaign):  # each kind's records under its name (`view.parity`: the pairs)
+    for kind in verdict_kinds.asked(campaign):  # its records under its name (`view.parity`: the pairs)
         setattr(out, kind.name, kind.judge(store, name, campaign))
     return out

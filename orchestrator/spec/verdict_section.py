@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, GetCoreSchemaHandler, GetJsonSchemaHandle
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
-KINDS_PACKAGE = "orchestrator.judge.kinds"  # one module per verdict kind, named as the kind (its campaign key)
+KINDS_PACKAGE = "orchestrator.judge.kinds"  # one module per verdict kind, named as the kind and its key
 
 _SECTIONS: dict[str, tuple[type[BaseModel], str]] = {}
 
@@ -61,9 +61,10 @@ class BySection:
     def validate(self, value: Any) -> Any:
         if value is None:
             return None
-        return section_of(self.name)[0].model_validate(value)  # its errors under the field's key, as a model's
+        return section_of(self.name)[0].model_validate(value)  # errors under the field's key, as a model's
 
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler
+                                     ) -> core_schema.CoreSchema:  # fmt: skip
         # a ref'd inner schema: pydantic then gives the field no title of its own, as it gives a model's none
         return core_schema.no_info_after_validator_function(
             self.validate, core_schema.any_schema(ref=f"mbx-verdict-section-{self.name}")

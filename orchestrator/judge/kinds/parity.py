@@ -41,7 +41,8 @@ class ParityKind(VerdictKind):
                 return None, f"(cell {cell.cell_id}) did not complete: {attempt.state}"
             rows, problem = rundir.read_metrics_checked(Path(attempt.run_dir))
             if problem or not rows:
-                return None, f"(cell {cell.cell_id}) has no readable metrics{f' ({problem})' if problem else ''}"
+                why = f" ({problem})" if problem else ""
+                return None, f"(cell {cell.cell_id}) has no readable metrics{why}"
             return rows, ""
 
         axes = trainers.for_campaign(campaign).parity_axes(campaign, with_values=False)
@@ -75,7 +76,7 @@ def parity_part(pairs: list[Mapping[str, Any]]) -> Part | None:
     verdicts = [str(p.get("verdict")) for p in pairs]
     failed, passed = verdicts.count(FAIL), verdicts.count(PASS)
     verdict = combine(verdicts)
-    parts = [f"{failed} of {len(pairs)} pair(s) failed" if failed else f"{passed} of {len(pairs)} pair(s) passed"]
+    parts = [f"{failed} of {len(pairs)} pair(s) failed" if failed else f"{passed} of {len(pairs)} pair(s) passed"]  # fmt: skip
     if failed and passed:
         parts.append(f"{passed} passed")
     if len(pairs) - failed - passed:
