@@ -142,3 +142,24 @@ def test_a_verdict_kind_registers_only_from_its_own_module() -> None:
     assert type(verdict_kinds.get("parity")) is ParityKind
     with pytest.raises(KeyError, match="no such verdict kind 'nope'; known: parity"):
         verdict_kinds.get("nope")
+
+
+def test_parity_is_the_campaign_section_it_was(mbx, write_campaign) -> None:
+    """Found through the registry, `parity:` is the key it was: in the schema (no title of its own, between
+    `software` and `profile`), and an unknown key under it is named with the keys allowed there."""
+    from orchestrator.spec.campaign import Campaign
+
+    properties = Campaign.model_json_schema()["properties"]
+    assert properties["parity"] == {
+        "anyOf": [{"$ref": "#/$defs/Parity"}, {"type": "null"}],
+        "default": None,
+        "description": "Numerics parity: a toggle whose on/off pairs must train the same.",
+    }
+    assert list(properties)[-3:] == ["software", "parity", "profile"]
+    file = write_campaign({"name": "p", "parity": {"toggle": {"training.seed": [1, 2]}, "tolerence": 1}})
+    done = mbx("campaign", "validate", str(file))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    allowed = "allowed: toggle, pairs, metrics, eval_check, checkpoint"
+    assert f"{file}: parity.tolerence: unknown key; {allowed}" in done.stderr, done.stderr
+    bad = mbx("campaign", "validate", str(write_campaign({"name": "p", "parity": 3})))
+    assert "parity: Input should be a valid dictionary or instance of Parity (got 3)" in bad.stderr, bad.stderr
