@@ -162,4 +162,5 @@ def test_parity_is_the_campaign_section_it_was(mbx, write_campaign) -> None:
     allowed = "allowed: toggle, pairs, metrics, eval_check, checkpoint"
     assert f"{file}: parity.tolerence: unknown key; {allowed}" in done.stderr, done.stderr
     bad = mbx("campaign", "validate", str(write_campaign({"name": "p", "parity": 3})))
-    assert "parity: Input should be a valid dictionary or instance of Parity (got 3)" in bad.stderr, bad.stderr
+    wrong = "parity: Input should be a valid dictionary or instance of Parity (got 3)"
+    assert wrong in bad.stderr, bad.stderr
