@@ -234,8 +234,9 @@ def test_importing_the_cli_loads_no_heavy_library() -> None:
 @pytest.mark.parametrize(
     "args",
     [("--help",), ("campaign", "--help"), ("campaign", "validate", "campaigns/quickstart.yaml"),
-     ("campaign", "plan", "campaigns/quickstart.yaml")],
-    ids=["help", "campaign-help", "validate", "plan"],
+     ("campaign", "plan", "campaigns/quickstart.yaml"),
+     ("campaign", "validate", "campaigns/seed001_checkpoint_parity.yaml")],  # the parity kind's module loaded
+    ids=["help", "campaign-help", "validate", "plan", "validate-parity"],
 )  # fmt: skip
 def test_login_commands_load_no_heavy_library(args: tuple[str, ...]) -> None:
     assert loaded(*args) == []
