@@ -1,7 +1,7 @@
 """Numerics parity, the first verdict kind: a toggle (or pairs, a checkpoint reload, an evaluation) whose on/off
 cells must train the same. Its campaign section is orchestrator/spec/parity.py's `Parity` (whose sides
 orchestrator/trainers/ adds as sweep factors), its statistics orchestrator/judge/parity_verdicts.py and
-parity_noise.py (scipy-free: noise floors from the repeats), its records the store's `parity` table."""
+parity_noise.py (the repeats' noise floors), its records the store's `parity` table."""
 
 from __future__ import annotations
 
