@@ -6,20 +6,18 @@ import re
 from typing import Any
 
 from reports import secrets
-from reports.page import (
+from reports.index_data import differing_keys, fingerprint_groups, pick_best
+from reports.parity_figures import parity_rows
+from reports.site_data import SiteExtras, point_baseline, point_memory, relative, short_axis_names
+from reports.site_format import (
     DASH,
-    differing_keys,
+    code_spans,
     failed_messages,
-    fingerprint_groups,
     fmt_number,
     fmt_param,
-    parity_rows,
-    pick_best,
     point_name,
     unchecked_messages,
 )
-from reports.site_data import SiteExtras, point_baseline, point_memory, relative, short_axis_names
-from reports.site_format import code_spans
 from reports.views import CampaignView, PointView
 
 VERDICT_TEXT = {"pass": "✅ pass", "fail": "❌ fail", "inconclusive": "⚠️ inconclusive", "none": DASH}
