@@ -1,7 +1,7 @@
 """A section of the report's index page is one module of reports/sections/ with its template beside it: dropped in
 beside the shipped ones (here from a temporary folder joined to the package's path, in a fresh interpreter), a real
-site shows it in its place and in the nav where it applies (real headless Chromium), and nowhere where it does not;
-nothing else was edited."""
+site shows it in its place and in the nav where it applies (real headless Chromium), its Markdown part joins
+summary.md in its place, and neither shows where it does not apply; nothing else was edited."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from reports.sections.best import Best
 TOY = '''
 """A toy section: the slowest measured point, where the campaign has two or more."""
 from reports.index_sections import Section, register
+from reports.markdown_text import md_code
 
 
 def measured(page):
@@ -32,6 +33,12 @@ class Slowest(Section):
     name = "toy"
     order = 85  # after "Where the time goes", before the environment
     nav = "Slowest point"
+    summary_order = 85  # before the environment
+
+    def summary(self, page):
+        if not self.applies(page):
+            return []
+        return ["", "### Slowest point", "", f"- {md_code(self.context(page)['point'].point_id)}"]
 
     def applies(self, page):
         return len(measured(page)) > 1
@@ -56,11 +63,12 @@ folder, out = sys.argv[1:]
 sections.__path__.append(folder)
 from report_fixtures import campaign_view, empty_view, hostile_view
 from reports import index_sections
+from reports.markdown import markdown_summary
 from reports.site import write_site
 
 view = hostile_view()
 view.cells[1].state, view.cells[1].summary = "completed", view.cells[0].summary  # two measured points
-pages = {name: str(write_site(v, Path(out) / name)) for name, v in
+pages = {name: str(write_site(v, Path(out) / name, None, {"summary.md": markdown_summary(v)})) for name, v in
          (("applies", campaign_view()), ("hostile", view), ("absent", empty_view()))}
 print("RESULT:" + json.dumps({"names": [s.name for s in index_sections.sections()], "pages": pages}))
 """
@@ -94,6 +102,9 @@ def test_a_new_section_is_one_module_shown_where_it_applies(tmp_path: Path) -> N
     assert dom.by_id("toy-slowest").attrs["data-point"] == slowest.point_id
     nav = [a.attrs["href"] for a in dom.by_id("site-nav").find_all("a")]
     assert nav == ["#cells", "#rejected", "#plots", "#toy", "#fingerprint"]
+    summary = (pages["applies"].parent / "summary.md").read_text()
+    toy = f"\n\n### Slowest point\n\n- `{slowest.point_id}`\n\n### Environment\n"
+    assert summary.index("### Points\n") < summary.index(toy)
 
     dom, stderr = render_in_chromium(pages["hostile"], tmp_path / "p2")
     assert console_messages(stderr) == [] and not dom.find_all("b") and not dom.find_all("a", href="x")
@@ -104,6 +115,8 @@ def test_a_new_section_is_one_module_shown_where_it_applies(tmp_path: Path) -> N
     assert dom.by_id("toy") is None and dom.by_id("toy-slowest") is None
     assert "#toy" not in [a.attrs["href"] for a in dom.by_id("site-nav").find_all("a")]
     assert dom.by_id("fingerprint") is not None and dom.by_id("plots") is not None
+    summary = (pages["absent"].parent / "summary.md").read_text()
+    assert "Slowest" not in summary and "### Environment" in summary
 
 
 def test_a_section_registers_only_from_its_own_module_and_not_as_a_shared_template() -> None:
