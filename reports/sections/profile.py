@@ -13,14 +13,16 @@ from reports.site_format import fmt_param
 
 def profile_html(page: IndexPage) -> str:
     """The stacked bars of GPU time by kernel class per profiled cell, or "" (none, or no profile reader)."""
+    view = page.view
+    cells = [{"label": knob_label(c, view.axes, fmt_param), "run_dir": Path(c.run_dir)} for c in view.cells
+             if c.run_dir]  # fmt: skip
+    if not cells:
+        return ""  # nothing to read: the trace readers are not even imported
     try:
         from reports.profile_view import profile_section
     except ImportError:
         return ""
-    view = page.view
-    cells = [{"label": knob_label(c, view.axes, fmt_param), "run_dir": Path(c.run_dir)} for c in view.cells
-             if c.run_dir]  # fmt: skip
-    return profile_section(cells) if cells else ""
+    return profile_section(cells)
 
 
 @register
