@@ -92,5 +92,5 @@ def render(page: IndexPage) -> tuple[Any, list[tuple[str, str]]]:
     every = sections()
     shown = [s for s in every if s.applies(page)]
     parts = [env.get_template(s.template).render(**s.context(page)) if s in shown else "" for s in every]
-    linked = sorted((s for s in shown if s.nav), key=lambda s: s.nav_order or s.order)  # fmt: skip
+    linked = sorted((s for s in shown if s.nav), key=lambda s: s.order if s.nav_order is None else s.nav_order)  # fmt: skip
     return Markup("\n".join(parts)), [(s.name, s.nav) for s in linked]
