@@ -1,11 +1,13 @@
 """The figure of a parity pair: the off and on loss curves, then one row per compared metric with its gap (on − off)
-inside the tolerance band it is judged against, the first step outside it and the eval steps marked."""
+inside the tolerance band it is judged against, the first step outside it and the eval steps marked; and the rows
+of the toggle matrix (the page's and the Markdown summary's)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from reports.site_figures import eval_marks, eval_steps, figure, layout, series, t
+from reports.site_format import DASH
 from reports.views import CampaignView
 
 PARITY_FIGURES_MAX = 12  # figures of parity pairs (failed pairs first)
@@ -100,3 +102,44 @@ def parity_figures(view: CampaignView) -> list[dict[str, Any]]:
         if off and on:
             figures.append(pair_figure(pair, off, on, f"fig-parity-{index}"))
     return figures
+
+
+def _tolerance_text(tol: dict[str, Any] | None) -> str:
+    """A metric's tolerance in words: bitwise, or its bands and whether growth fails it."""
+    if not tol:
+        return ""
+    if tol.get("exact"):
+        return "bitwise"
+    parts = [f"{k} {tol[k]:g}" for k in ("max_abs", "max_rel") if tol.get(k) is not None]
+    return " or ".join(parts) + (", no growth" if tol.get("trend") else "")
+
+
+def parity_rows(view: CampaignView) -> tuple[list[str], list[dict[str, Any]]]:
+    """The toggle matrix: metric columns and one row per pair, each cell a verdict with its max difference, the
+    first step the tolerance was exceeded and the tolerance (also used by markdown.py)."""
+    columns = list(dict.fromkeys(m["metric"] for p in view.parity for m in p.get("metrics", [])))
+    table = []
+    for pair in view.parity:
+        by_metric = {m["metric"]: m for m in pair.get("metrics", [])}
+        cells = []
+        for metric in columns:
+            m = by_metric.get(metric)
+            if m is None:
+                cells.append(
+                    {
+                        "metric": metric,
+                        "verdict": "none",
+                        "text": DASH,
+                        "title": "not compared",
+                        "tolerance": "",
+                    }
+                )
+                continue
+            parts = [] if m["max_abs"] is None else [f"max |Δ| {m['max_abs']:.3g}"]
+            if m.get("first_exceeded") is not None:
+                parts.append(f"from step {m['first_exceeded']}")
+            tolerance = _tolerance_text((pair.get("tolerances") or {}).get(metric))
+            cells.append({"metric": metric, "verdict": m["verdict"], "text": ", ".join(parts) or DASH,
+                          "title": m["reason"], "tolerance": tolerance})  # fmt: skip
+        table.append({"pair": pair, "cells": cells})
+    return columns, table

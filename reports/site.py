@@ -8,7 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from reports.page import FINGERPRINT_KEYS, grad_norm_figure, render_report, spike_marks, write_assets
+from reports.index_data import FINGERPRINT_KEYS
+from reports.page import render_report, write_assets
 from reports.site_data import (
     SiteExtras,
     cell_file,
@@ -18,7 +19,7 @@ from reports.site_data import (
     knob_label,
     relative,
 )
-from reports.site_figures import curves
+from reports.site_figures import curves, grad_norm_figure, spike_marks
 from reports.site_format import DASH, atomic_write, environment, fmt_number, fmt_param
 from reports.views import CampaignView, CellView
 
@@ -77,20 +78,6 @@ def _curves(cell: CellView, name: str, spikes: bool) -> list[dict[str, Any]]:
     return out[:2] + [grad] + out[2:] if grad is not None else out
 
 
-def profile_html(view: CampaignView) -> str:
-    """The stacked bars of GPU time by kernel class per profiled cell (reports/profile_view.py), or ""."""
-    try:
-        from reports.profile_view import profile_section
-    except ImportError:
-        return ""
-    cells = [
-        {"label": knob_label(c, view.axes, fmt_param), "run_dir": Path(c.run_dir)}
-        for c in view.cells
-        if c.run_dir
-    ]
-    return profile_section(cells) if cells else ""
-
-
 def cell_context(
     view: CampaignView, cell: CellView, extras: SiteExtras, estimates: dict[str, Any]
 ) -> dict[str, Any]:
@@ -132,8 +119,6 @@ def write_site(view: CampaignView, out_dir: Path, extras: SiteExtras | None = No
             stale.unlink(missing_ok=True)
     for name, text in (files or {}).items():
         atomic_write(out_dir / name, text)
-    if not extras.profile_html:
-        extras.profile_html = profile_html(view)
     page = out_dir / "index.html"
     atomic_write(page, render_report(view, extras, hrefs))
     return page

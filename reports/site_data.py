@@ -32,7 +32,6 @@ class SiteExtras:
     gpu_hours: float | None = None
     gpu_hours_note: str = ""
     compare_href: str | None = None  # the comparison page, relative to the index
-    profile_html: str = ""  # reports.profile_view.profile_section output (already escaped)
     # the campaign's outcome as the closing line says it (orchestrator/judge/outcome.py: verdict, closing, parts)
     outcome: dict[str, Any] | None = None
 

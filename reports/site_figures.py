@@ -1,5 +1,6 @@
 """Plotly figures of the report site as plain JSON (no plotly.graph_objects: a thousand cell pages stay fast):
-per-step curves, the TFLOP/s heatmap of two swept axes, and the Pareto plot of TFLOP/s against peak memory."""
+per-step curves (grad norm with its spikes marked), the TFLOP/s heatmap of two swept axes, and the Pareto plot of
+TFLOP/s against peak memory."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from reports.metrics import finite
 from reports.site_data import cell_memory, point_memory
-from reports.views import CellView, PointView
+from reports.views import CampaignView, CellView, PointView
 
 PALETTE = (
     "#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #7f7f7f #bcbd22 #17becf "
@@ -330,3 +331,43 @@ def _length_traces(rows: list[Any], pairs: list[tuple[float, float]], label: lis
                         "opacity": 0.8, "symbol": "circle" if k == 0 else "circle-open"},
              "hovertemplate": "%{text}<br>%{x:.3g} GiB, %{y:.4g} TFLOP/s/GPU<extra>%{fullData.name}</extra>"}
             for k, name in enumerate(order)]  # fmt: skip
+
+
+def grad_norm_figure(
+    cells: list[CellView], names: dict[str, str], spikes: bool = True, fig_id: str = "fig-grad-norm"
+) -> dict[str, Any] | None:
+    """Grad norm per step, one line per cell; with `spikes`, each spike (reports/numerics.py) marked with what
+    preceded it (the search costs ~0.2 s per 100 steps: done where the campaign gates on spikes or has parity)."""
+    from reports.numerics import grad_norm_spikes
+
+    data: list[dict[str, Any]] = []
+    marks: list[tuple[int, float, str]] = []
+    for index, cell in enumerate(cells):
+        steps, ys = series(cell.rows, "grad_norm")
+        if not any(y is not None for y in ys):
+            continue
+        data.append({"type": "scatter", "x": steps, "y": ys, "mode": "lines", "name": t(names.get(cell.cell_id, cell.cell_id)),
+                     "line": {"color": PALETTE[index % len(PALETTE)], "width": 1.5}, "meta": t(cell.cell_id),
+                     "hovertemplate": "%{meta}<br>step %{x}: %{y:.4g}<extra>%{fullData.name}</extra>"})  # fmt: skip
+        for spike in grad_norm_spikes(cell.rows) if spikes else []:
+            after = f", after {'; '.join(spike.preceded_by)}" if spike.preceded_by else ""
+            marks.append(
+                (
+                    spike.step,
+                    spike.value,
+                    t(f"{cell.cell_id}: spike at step {spike.step} (z {spike.score:.3g}{after})"),
+                )
+            )
+    if not data:
+        return None
+    if marks:
+        data.append({"type": "scatter", "x": [m[0] for m in marks], "y": [m[1] for m in marks], "mode": "markers",
+                     "name": "spike", "marker": {"symbol": "x", "size": 12, "color": "#d62728"},
+                     "text": [m[2] for m in marks], "hovertemplate": "%{text}<extra></extra>"})  # fmt: skip
+    title = f"Grad norm per step ({len(marks)} spike(s) marked)" if spikes else "Grad norm per step"
+    return figure(fig_id, title, data, layout(title, "step", "grad norm"), spikes=len(marks))
+
+
+def spike_marks(view: CampaignView) -> bool:
+    """Whether the grad-norm figures mark spikes: when the campaign gates on them or compares parity pairs."""
+    return "grad_norm_spikes_max" in view.gates or bool(view.parity)

@@ -62,14 +62,14 @@ def _masked(value: Any) -> Any:
     return secrets.mask(value) if isinstance(value, str) and not hasattr(value, "__html__") else value
 
 
-def environment() -> Any:
-    """The Jinja environment of the site's templates: autoescape on, undefined names are errors, every shown
-    value's secrets masked."""
+def environment(more: list[str] | None = None) -> Any:
+    """The Jinja environment of the site's templates (then those in the folders `more`): autoescape on, undefined
+    names are errors, every shown value's secrets masked."""
     import jinja2
 
     return jinja2.Environment(
         finalize=_masked,
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        loader=jinja2.FileSystemLoader([str(TEMPLATE_DIR), *(more or [])]),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,

@@ -138,6 +138,42 @@ def test_a_launcher_backend_is_one_module_of_hooks() -> None:
     assert out == []
 
 
+def section_imports(found: dict[str, Path]) -> list[str]:
+    """Where a module of `found` imports a report section's module (reports/sections/<name>.py) or spells its
+    dotted name: only reports/index_sections.py loads one, by the name of its file."""
+    out = []
+    for name, path in found.items():
+        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        for imported, line in imported_names(name, path):
+            if imported.startswith("reports.sections."):
+                out.append(f"{where}:{line} imports {imported}")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and str(node.value).startswith("reports.sections."):
+                out.append(f"{where}:{node.lineno} names {node.value}")
+    return sorted(out)
+
+
+def test_a_report_section_is_one_module_that_nothing_imports() -> None:
+    """ARCHITECTURE.md, "Where a new part goes": a section of the report's index page is one module of
+    reports/sections/ with its template beside it; no module imports it by name (not even another section: what
+    sections share lives in reports/index_data.py), and each registers the section it is named after."""
+    from reports import index_sections
+
+    assert section_imports(modules()) == []
+    shipped = {name.rpartition(".")[2] for name in modules() if name.startswith("reports.sections.")}
+    assert {s.name for s in index_sections.every_section()} == shipped and len(shipped) >= 10
+    assert all((ROOT / "reports" / "sections" / s.template).is_file() for s in index_sections.sections())
+
+
+@pytest.mark.parametrize("code", ["from reports.sections.best import Best", "import reports.sections.cells",
+                                  "from reports.sections import plots",
+                                  'importlib.import_module("reports.sections.parity")'])  # fmt: skip
+def test_each_way_of_importing_a_section_is_found(tmp_path: Path, code: str) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text(code + "\n")
+    assert len(section_imports({"reports.somewhere": path})) == 1
+
+
 def test_no_module_imports_an_underscore_module_of_another_mbx_package() -> None:
     found = []
     for name, path in modules().items():
@@ -369,6 +405,7 @@ IMPORTS_BY_NAME = {
     "orchestrator.spec.verdict_section": "a verdict kind's module, orchestrator/judge/kinds/<kind>.py",
     "orchestrator.cli.app": "a CLI noun's module when its command runs, orchestrator/cli/<noun>.py",
     "launchers.registry": "a launcher backend's module, launchers/backends/<name>.py",
+    "reports.index_sections": "a section of the report's index page, reports/sections/<name>.py",
     "trainer.bridge_entry": "Megatron-Bridge's recipe module of a model family",
     "trainer.te_support": "Transformer Engine, when it is installed",
 }

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from report_fixtures import HOSTILE, campaign_view, empty_view, hostile_view, mismatched_view
 
-from reports.page import PLOTLY_ASSET, fmt_number, render_report, write_report
+from reports.page import PLOTLY_ASSET, render_report, write_report
+from reports.site_format import fmt_number
 from reports.views import CampaignView
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)

@@ -20,7 +20,7 @@ from test_report_page import CHROMIUM, Node, console_messages, needs_chromium, p
 
 from reports.gates import GateSpec, evaluate
 from reports.markdown import markdown_summary, md_description
-from reports.page import EAGER_ROWS
+from reports.sections.cells import EAGER_ROWS
 from reports.site import write_site
 from reports.site_data import SiteExtras, cell_file
 from reports.site_figures import axis_kind, frontier, heatmap_data

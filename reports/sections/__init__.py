@@ -1,0 +1,1 @@
+"""The index page's sections, one module each with its template beside it (reports/index_sections.py loads them)."""
