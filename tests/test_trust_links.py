@@ -109,3 +109,43 @@ def test_a_linked_store_or_wandb_folder_is_refused_and_not_written_through(done,
         place.unlink()
         if entry == "mbx.sqlite":
             target.rename(place)
+
+
+@pytest.mark.parametrize("where", ["campaign", "workspace"])
+def test_a_linked_lock_file_is_refused_and_not_written_through(done, tmp_path, where):
+    """A `.lock` that is a symbolic link was opened and signed through it: `campaign run` wrote "mbx pid N" into
+    the campaign lock's target, `store rebuild` into the workspace lock's. Both locks are refused naming the link,
+    by `run`, `resume`, `store rebuild` and `ingest` alike, and the file it points to is left as it was."""
+    workspace, campaign = done
+    lock = workspace / ("ln" if where == "campaign" else "") / ".lock"
+    precious = tmp_path / "precious.txt"
+    precious.write_text("PRECIOUS")
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(precious)
+    try:
+        for args in (("campaign", "run", str(campaign), "--no-wandb"), ("campaign", "resume", "ln", "--no-wandb"),
+                     ("store", "rebuild"), ("ingest", "ln", str(MEGATRON_LOG))):  # fmt: skip
+            result = run_mbx(*args, "-w", str(workspace))
+            assert result.returncode == 2, (args, result.stderr[-2000:])
+            assert f"{lock}: a symbolic link (to {precious}) where mbx keeps the " in result.stderr, args
+            assert "remove the link" in result.stderr and "Traceback" not in result.stderr
+            assert precious.read_text() == "PRECIOUS", args
+    finally:
+        lock.unlink()
+
+
+def test_a_lock_linked_after_the_checks_is_refused_at_open(tmp_path):
+    """The lock is opened with O_NOFOLLOW: a link made between the folder checks and the open is refused too."""
+    from orchestrator.errors import UsageError
+    from orchestrator.run.lock import _flock
+
+    (tmp_path / "camp").mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("PRECIOUS")
+    (tmp_path / "camp" / ".lock").symlink_to(precious)
+    with pytest.raises(UsageError, match="keeps the campaign's lock"):
+        _flock(tmp_path / "camp" / ".lock", 0, "camp")
+    (tmp_path / ".lock").symlink_to(tmp_path / "dangling")
+    with pytest.raises(UsageError, match="keeps the workspace's lock"):
+        _flock(tmp_path / ".lock", 0)
+    assert precious.read_text() == "PRECIOUS" and not (tmp_path / "dangling").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
@@ -10,9 +11,7 @@ from typing import IO, ClassVar
 
 from orchestrator.errors import RunError
 from orchestrator.run.disk import FULL_ERRNOS, full_disk_error
-from orchestrator.run.workspace_links import refuse_links, refuse_workspace_links
-
-LOCK_FILE = ".lock"  # <workspace>/<campaign>/.lock (one orchestrator) and <workspace>/.lock (rebuild vs campaigns)
+from orchestrator.run.workspace_links import LOCK_FILE, link_refused, refuse_links, refuse_workspace_links
 
 
 def _alive(pid: int) -> bool:
@@ -74,13 +73,21 @@ def _holder(path: Path) -> str:
     return "another process"
 
 
-def _flock(path: Path, mode: int) -> IO[str] | None:
-    """`path` opened and flocked (`mode` without LOCK_NB); None when another open file holds it."""
+def _open_no_follow(path: str, flags: int) -> int:
+    """open(2) that refuses a symbolic link as the last part of `path` (ELOOP) instead of writing through it."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+
+
+def _flock(path: Path, mode: int, campaign: str | None = None) -> IO[str] | None:
+    """`path` opened (never through a link: refused naming it, as the campaign `campaign`'s lock or the workspace's)
+    and flocked (`mode` without LOCK_NB); None when another open file holds it."""
     try:
-        handle = path.open("a+")
+        handle = open(path, "a+", opener=_open_no_follow)  # noqa: SIM115 (held until _release)
     except OSError as err:
         if err.errno in FULL_ERRNOS:
             raise full_disk_error(path, "mbx could not make its lock file") from None
+        if err.errno == errno.ELOOP and path.is_symlink():
+            raise link_refused(path, campaign) from None
         raise
     try:
         fcntl.flock(handle, mode | fcntl.LOCK_NB)
@@ -142,7 +149,7 @@ class CampaignLock:
             if err.errno in FULL_ERRNOS:
                 raise full_disk_error(self.path.parent, "mbx could not make the campaign's folder") from None
             raise
-        handle = _flock(self.path, fcntl.LOCK_EX)
+        handle = _flock(self.path, fcntl.LOCK_EX, self.path.parent.name)
         if handle is None:
             holder = _holder(self.path)
             raise RunError(
@@ -194,7 +201,7 @@ class WorkspaceLock:
         self._handles.append(whole)
         try:
             for lock in sorted(self.workspace.glob(f"*/{LOCK_FILE}")):
-                handle = _flock(lock, fcntl.LOCK_EX) if lock.is_file() else None
+                handle = _flock(lock, fcntl.LOCK_EX, lock.parent.name) if lock.is_file() else None
                 if handle is None and lock.is_file():
                     raise self._busy(path)
                 if handle is not None:
@@ -212,7 +219,7 @@ class WorkspaceLock:
         for lock in sorted(self.workspace.glob(f"*/{LOCK_FILE}")):
             if not lock.is_file() or str(lock) in {h.name for h in self._handles}:
                 continue
-            probe = _flock(lock, fcntl.LOCK_EX)
+            probe = _flock(lock, fcntl.LOCK_EX, lock.parent.name)
             if probe is not None:
                 _release([probe])
                 continue

@@ -1,6 +1,6 @@
 """The workspace's folders are real directories: a symbolic link where mbx writes (a campaign's folder, a cell's,
-an attempt's, the report's, the run store mbx.sqlite, W&B's wandb/) is refused, naming it, where it points and
-what to do instead; mbx never writes through one."""
+an attempt's, the report's, the run store mbx.sqlite, W&B's wandb/, the locks .lock) is refused, naming it, where it
+points and what to do instead; mbx never writes through one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import os
 from pathlib import Path
 
 from orchestrator.errors import UsageError
+
+# <workspace>/<campaign>/.lock and <workspace>/.lock (orchestrator/run/lock.py takes them)
+LOCK_FILE = ".lock"
 
 
 def _dir_links(folder: Path) -> list[Path]:
@@ -21,26 +24,36 @@ def _dir_links(folder: Path) -> list[Path]:
 
 def links_in_campaign(campaign_dir: Path) -> list[Path]:
     """Links where mbx writes a campaign: the campaign's folder itself, its cells' and report's folders (its
-    entries), and its attempts' folders (its cells' entries)."""
+    entries), its lock file, and its attempts' folders (its cells' entries)."""
     campaign_dir = Path(campaign_dir)
     if campaign_dir.is_symlink():
         return [campaign_dir]
     if not campaign_dir.is_dir():
         return []
     found = _dir_links(campaign_dir)
+    if (campaign_dir / LOCK_FILE).is_symlink() and campaign_dir / LOCK_FILE not in found:
+        found.append(campaign_dir / LOCK_FILE)
     for entry in os.scandir(campaign_dir):
         if entry.is_dir(follow_symlinks=False):
             found += _dir_links(Path(entry.path))
     return found
 
 
-# Files and folders of the workspace itself that mbx writes: a link there is refused as a campaign's folder is.
+NOT_THROUGH = "mbx does not write through links inside the workspace"
+# Files and folders of the workspace itself that mbx writes: where mbx keeps what (completing "a symbolic link
+# where ..."), and what to do instead. A link there is refused as a campaign's folder is.
 WORKSPACE_ENTRIES = {
-    "mbx.sqlite": "the workspace's run store; mbx does not write through links inside the workspace: move the "
-    "link away and put the store itself there (or give --workspace the folder that holds it with its campaigns)",
-    "wandb": "W&B's offline runs of the workspace; mbx does not write through links inside the workspace: move the "
-    "link away (to keep the runs on another disk, set the campaign's wandb.dir: they go under <wandb.dir>/wandb/)",
+    "mbx.sqlite": f"mbx keeps the workspace's run store; {NOT_THROUGH}: move the link away and put the store "
+    "itself there (or give --workspace the folder that holds it with its campaigns)",
+    "wandb": f"mbx keeps W&B's offline runs of the workspace; {NOT_THROUGH}: move the link away (to keep the "
+    "runs on another disk, set the campaign's wandb.dir: they go under <wandb.dir>/wandb/)",
+    LOCK_FILE: f"mbx keeps the workspace's lock (a store rebuild against the campaigns); {NOT_THROUGH}: remove "
+    "the link (mbx makes the lock file itself)",
 }
+CAMPAIGN_LOCK = (
+    f"mbx keeps the campaign's lock (one orchestrator at a time); {NOT_THROUGH}: remove the link (mbx makes the "
+    "lock file itself)"
+)
 
 
 def links_in_workspace(workspace: Path) -> list[Path]:
@@ -59,10 +72,19 @@ def refuse_links(campaign_dir: Path) -> None:
 
 
 def refuse_workspace_links(workspace: Path) -> None:
-    """UsageError naming the workspace's store or W&B folder where it is a link (`mbx store rebuild`)."""
+    """UsageError naming the workspace's store, W&B folder or lock, or a campaign's lock, where it is a link (`mbx
+    store rebuild` writes them all)."""
     problems = [_refusal(link) for link in links_in_workspace(workspace)]
+    problems += [_refusal(lock, lock.parent.name) for lock in sorted(Path(workspace).glob(f"*/{LOCK_FILE}"))
+                 if lock.is_symlink()]  # fmt: skip
     if problems:
         raise UsageError(problems)
+
+
+def link_refused(link: Path, campaign: str | None = None) -> UsageError:
+    """The refusal of one link found while opening it (`campaign`: the campaign whose entry it is; None: the
+    workspace's own), for a link made after the checks above."""
+    return UsageError([_refusal(Path(link), campaign)])
 
 
 def _refusal(link: Path, campaign: str | None = None) -> str:
@@ -70,6 +92,8 @@ def _refusal(link: Path, campaign: str | None = None) -> str:
     start = f"{link}: a symbolic link (to {os.readlink(link)}) where "
     if campaign is None:
         return start + WORKSPACE_ENTRIES[link.name]
+    if link.name == LOCK_FILE and link.parent.name == campaign:
+        return start + CAMPAIGN_LOCK
     if link.name == "report" and link.parent.name == campaign:  # the report can go anywhere with --out
         return (start + "mbx writes the campaign's report; mbx does not write through links inside the workspace: "
                 f"move the link away, or write the report there with `mbx report {campaign} --out "
