@@ -130,6 +130,7 @@ class CampaignLock:
     def __init__(self, directory: Path):
         self.path = Path(directory) / LOCK_FILE
         self._key: tuple[int, Path] | None = None
+        self._made = False  # whether acquiring made the campaign's folder
 
     def __enter__(self) -> CampaignLock:
         self._key = (threading.get_ident(), self.path.parent.resolve() / LOCK_FILE)
@@ -143,6 +144,7 @@ class CampaignLock:
 
     def _acquire(self) -> list[IO[str]]:
         refuse_links(self.path.parent)  # the campaign's, its cells' and attempts' folders: no link written through
+        self._made = not self.path.parent.exists()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -160,17 +162,28 @@ class CampaignLock:
         try:
             _sign(handle, "mbx")
             shared = _flock(workspace_lock, fcntl.LOCK_SH)
+            if shared is None:
+                holder = _holder(workspace_lock)
+                raise RunError(
+                    f"workspace {workspace_lock.parent} is locked by {holder} (lock {workspace_lock}): no "
+                    "campaign may start while its run store is rebuilt; wait for `mbx store rebuild` to finish"
+                )
         except BaseException:
+            self._unmake()
             _release([handle])
             raise
-        if shared is None:
-            _release([handle])
-            holder = _holder(workspace_lock)
-            raise RunError(
-                f"workspace {workspace_lock.parent} is locked by {holder} (lock {workspace_lock}): no campaign "
-                "may start while its run store is rebuilt; wait for `mbx store rebuild` to finish"
-            )
         return [handle, shared]
+
+    def _unmake(self) -> None:
+        """The campaign's folder, when this lock made it and it holds nothing but the lock (a run or an ingest
+        that a full disk stopped before it wrote anything), removed again while the lock is still held."""
+        folder = self.path.parent
+        try:
+            if self._made and set(os.listdir(folder)) <= {LOCK_FILE} and not self.path.is_symlink():
+                self.path.unlink(missing_ok=True)
+                folder.rmdir()
+        except OSError:  # something came in meanwhile: kept
+            pass
 
     def __exit__(self, *exc: object) -> None:
         assert self._key is not None, "CampaignLock exited without being entered"
@@ -180,6 +193,8 @@ class CampaignLock:
                 self._held[self._key] = (handles, depth - 1)
                 return
             del self._held[self._key]
+        if exc[0] is not None:
+            self._unmake()
         _release(handles)
 
 
