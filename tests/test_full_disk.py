@@ -135,7 +135,7 @@ def test_a_full_disk_leaves_no_folder_behind(full):
     `ingest` its folder holding a .lock; compare's line named neither the file system nor what to free."""
     workspace, campaign, root = full
     disk = workspace.parent
-    def files() -> list[str]:  # the store's -shm/-wal: test_trust_store's (readers close it cleanly)
+    def files() -> list[str]:  # not the store's -shm/-wal: a reader cannot remove them with no room left
         return sorted(str(p.relative_to(disk)) for p in disk.rglob("*") if not p.name.endswith(("-shm", "-wal")))
 
     before = files()

@@ -11,6 +11,7 @@ from orchestrator.errors import UsageError
 
 # <workspace>/<campaign>/.lock and <workspace>/.lock (orchestrator/run/lock.py takes them)
 LOCK_FILE = ".lock"
+REPORT_DIR = "report"  # <workspace>/<campaign>/report: the report's default folder
 
 
 def _dir_links(folder: Path) -> list[Path]:
@@ -36,7 +37,23 @@ def links_in_campaign(campaign_dir: Path) -> list[Path]:
     for entry in os.scandir(campaign_dir):
         if entry.is_dir(follow_symlinks=False):
             found += _dir_links(Path(entry.path))
-    return found
+    found += _report_links(campaign_dir / REPORT_DIR)
+    return list(dict.fromkeys(found))
+
+
+def _report_links(report: Path) -> list[Path]:
+    """Every link in the report's folder and its folders (cells/, assets/, compare/): a page or a summary.md there
+    would be replaced by a file, silently."""
+    if report.is_symlink() or not report.is_dir():
+        return []
+    folders = [report, *(Path(e.path) for e in os.scandir(report) if e.is_dir(follow_symlinks=False))]
+    return [Path(e.path) for folder in folders for e in os.scandir(folder) if e.is_symlink()]
+
+
+def _in_report(link: Path, campaign: str) -> bool:
+    """Whether `link` is an entry of the campaign's report folder or of one of its folders."""
+    parents = [p.name for p in link.parents[:3]]
+    return parents[:2] == [REPORT_DIR, campaign] or parents[1:3] == [REPORT_DIR, campaign]
 
 
 NOT_THROUGH = "mbx does not write through links inside the workspace"
@@ -91,10 +108,13 @@ def _refusal(link: Path, campaign: str | None = None) -> str:
     """`<link>: a symbolic link (to <target>) where ...`, with what to do for that place."""
     start = f"{link}: a symbolic link (to {os.readlink(link)}) where "
     if campaign is None:
-        return start + WORKSPACE_ENTRIES[link.name]
+        return start + WORKSPACE_ENTRIES.get(link.name, f"mbx writes the workspace; {NOT_THROUGH}: remove it")
     if link.name == LOCK_FILE and link.parent.name == campaign:
         return start + CAMPAIGN_LOCK
-    if link.name == "report" and link.parent.name == campaign:  # the report can go anywhere with --out
+    if _in_report(link, campaign):
+        return (start + f"mbx writes the campaign's report; {NOT_THROUGH} nor replaces them: move the link away, or "
+                f"write the report elsewhere with `mbx report {campaign} --out DIR`")  # fmt: skip
+    if link.name == REPORT_DIR and link.parent.name == campaign:  # the report can go anywhere with --out
         return (start + "mbx writes the campaign's report; mbx does not write through links inside the workspace: "
                 f"move the link away, or write the report there with `mbx report {campaign} --out "
                 f"{os.path.realpath(link)}`")  # fmt: skip
