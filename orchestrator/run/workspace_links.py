@@ -56,7 +56,7 @@ def _in_report(link: Path, campaign: str) -> bool:
     return parents[:2] == [REPORT_DIR, campaign] or parents[1:3] == [REPORT_DIR, campaign]
 
 
-NOT_THROUGH = "mbx does not write through links inside the workspace"
+NOT_THROUGH = "mbx neither reads nor writes through links inside the workspace"
 # Files and folders of the workspace itself that mbx writes: where mbx keeps what (completing "a symbolic link
 # where ..."), and what to do instead. A link there is refused as a campaign's folder is.
 WORKSPACE_ENTRIES = {
@@ -112,11 +112,11 @@ def _refusal(link: Path, campaign: str | None = None) -> str:
     if link.name == LOCK_FILE and link.parent.name == campaign:
         return start + CAMPAIGN_LOCK
     if _in_report(link, campaign):
-        return (start + f"mbx writes the campaign's report; {NOT_THROUGH} nor replaces them: move the link away, or "
+        return (start + f"mbx writes the campaign's report; {NOT_THROUGH}, nor replaces them: move the link away, or "
                 f"write the report elsewhere with `mbx report {campaign} --out DIR`")  # fmt: skip
     if link.name == REPORT_DIR and link.parent.name == campaign:  # the report can go anywhere with --out
-        return (start + "mbx writes the campaign's report; mbx does not write through links inside the workspace: "
+        return (start + f"mbx writes the campaign's report; {NOT_THROUGH}: "
                 f"move the link away, or write the report there with `mbx report {campaign} --out "
                 f"{os.path.realpath(link)}`")  # fmt: skip
-    return (start + "mbx writes the campaign; mbx does not write through links inside the workspace: move the link "
+    return (start + f"mbx writes the campaign; {NOT_THROUGH}: move the link "
             "away and put a real directory in its place (the folder it points to, moved back)")  # fmt: skip
