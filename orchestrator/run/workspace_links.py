@@ -1,6 +1,6 @@
 """The workspace's folders are real directories: a symbolic link where mbx writes (a campaign's folder, a cell's,
-an attempt's, the report's, the run store mbx.sqlite, W&B's wandb/, the locks .lock) is refused, naming it, where it
-points and what to do instead; mbx never writes through one."""
+an attempt's, the report's and its files, the run store mbx.sqlite, W&B's wandb/, the locks .lock) is refused,
+naming it, where it points and what to do instead; mbx never writes through one (nor reads the store through one)."""
 
 from __future__ import annotations
 
