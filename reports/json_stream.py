@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,13 +71,21 @@ class JsonStream:
             try:
                 start = self._pos
                 value, self._pos = self._decode(self._text, start)
-                self._check_size(start)
-                return value
             except json.JSONDecodeError as err:
                 self._incomplete_or_raise(err)
+                continue
+            except ValueError:  # int() refuses a number past sys.get_int_max_str_digits()
+                raise self._too_many_digits() from None
             except RecursionError:
                 raise limits.LimitError(f"{self.path}: nested too deeply (more than about {limits.MAX_JSON_DEPTH:,} "
                                         "levels; the limit for a JSON file)") from None  # fmt: skip
+            self._check_size(start)
+            return value
+
+    def _too_many_digits(self) -> ValueError:
+        """A number too long for Python to read (no profiler writes one: a 64-bit integer has 20 digits)."""
+        return ValueError(f"{self.path}: a number of more than {sys.get_int_max_str_digits():,} digits, too long "
+                          "to read (a 64-bit integer has at most 20)")  # fmt: skip
 
     def _check_size(self, start: int) -> None:
         if self._pos - start > self.max_value:
@@ -116,6 +125,8 @@ class JsonStream:
                 value, self._pos = decode(self._text, start)
             except (json.JSONDecodeError, RecursionError):
                 value = self._value_here()
+            except ValueError:  # int() refuses a number past sys.get_int_max_str_digits()
+                raise self._too_many_digits() from None
             else:
                 if self._pos - start > self.max_value:
                     self._check_size(start)

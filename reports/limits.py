@@ -106,10 +106,11 @@ def _inflate_bounded(path: Path, limit: int, what: str) -> bytearray:
 
 
 def text_chunks_bounded(path: str | os.PathLike[str], limit: int, what: str) -> Iterator[str]:
-    """A UTF-8 file's text (a .gz file inflated) in chunks of about 1 MiB, refused (LimitError) as soon as it passes
-    `limit` bytes on disk or inflated: no more than one chunk is held here, whatever the file's size."""
+    """A UTF-8 file's text (a .gz file inflated; a byte order mark at its start dropped, as editors on Windows write
+    one) in chunks of about 1 MiB, refused (LimitError) as soon as it passes `limit` bytes on disk or inflated: no
+    more than one chunk is held here, whatever the file's size."""
     path = Path(path)
-    decoder = codecs.getincrementaldecoder("utf-8")()
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
     done = 0  # bytes decoded before the chunk at hand
     try:
         with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as handle:

@@ -130,6 +130,29 @@ def test_a_report_cut_short_by_the_disk_names_the_file_it_was_writing(full):
         fill(disk)
 
 
+def test_a_full_disk_leaves_no_folder_behind(full):
+    """`report --out` left empty assets/ and cells/, `compare --html` its folder, and a new campaign's `run` or
+    `ingest` its folder holding a .lock; compare's line named neither the file system nor what to free."""
+    workspace, campaign, root = full
+    disk = workspace.parent
+    def files() -> list[str]:  # not the store's -shm/-wal: a reader cannot remove them with no room left
+        return sorted(str(p.relative_to(disk)) for p in disk.rglob("*") if not p.name.endswith(("-shm", "-wal")))
+
+    before = files()
+    _one_line(run_mbx("report", "fd", "-w", str(workspace), "--out", str(disk / "rep" / "site")),
+              f"the file system at {disk} holding {disk / 'rep'}", "the report was not written")  # fmt: skip
+    _one_line(run_mbx("compare", "fd", "fd", "-w", str(workspace), "--html", str(disk / "cmp")),
+              f"the file system at {disk} holding {disk / 'cmp'} is full", "the comparison page was not written",
+              "free space there", "--html on another disk")  # fmt: skip
+    other = root / "fd2.yaml"
+    other.write_text(campaign.read_text().replace("name: fd", "name: fd2"))
+    _one_line(run_mbx("campaign", "run", str(other), "-w", str(workspace), "--no-wandb"),
+              f"the file system at {disk}", "is full")  # fmt: skip
+    _one_line(run_mbx("ingest", "ing1", str(MEGATRON_LOG), "-w", str(workspace)), f"the file system at {disk}")
+    after = files()
+    assert after == before, set(after) ^ set(before)
+
+
 HOLD_WORKSPACE = """
 import sys, time
 from orchestrator.run.lock import WorkspaceLock

@@ -5,8 +5,12 @@ named as such in the plan."""
 
 from __future__ import annotations
 
+import re
+import sys
+
 import pytest
 import yaml
+from conftest import FAKE_MEGATRON, MEGATRON_LOG, ROOT
 
 from orchestrator.errors import ConfigError
 from orchestrator.spec.loader import load_campaign
@@ -47,10 +51,62 @@ def test_loader_and_plugin_names_need_the_opt_in_too(tmp_path, name):
     ).env.allow_code_loading
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["PATH", "HOME", "CC", "CXX", "CUDAHOSTCXX", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVTX_INJECTION64_PATH",
+     "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH", "PYTHONPYCACHEPREFIX", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
+     "TORCHINDUCTOR_CUTLASS_DIR", "TORCH_CUSTOM_PYTHONPATH"],
+)  # fmt: skip
+def test_programs_compilers_and_bytecode_need_the_opt_in_too(tmp_path, name):
+    """PATH (which python runs), HOME (Python's user site-packages), the compilers JIT builds run, NVTX's injection
+    library, Triton's tools and torch.compile's remote cache validated without the opt-in (issue 32's second
+    review: a planted evilbin/python ran)."""
+    with pytest.raises(ConfigError, match=f"'{name}' changes which code runs"):
+        _load(tmp_path, {"values": {name: "/tmp/x"}})
+    with pytest.raises(ConfigError, match=f"'{name}' changes which code runs"):
+        _load(tmp_path, {"pass": [name]})
+    assert _load(tmp_path, {"values": {name: "/tmp/x"}, "allow_code_loading": [name]}).env.allow_code_loading
+
+
+def test_a_planted_program_on_path_never_runs(mbx, tmp_path):
+    """`env.values.PATH` put a folder holding a `python` first: `campaign run` passed and the planted one ran."""
+    evil = tmp_path / "evilbin"
+    evil.mkdir()
+    marker = tmp_path / "MARKER"
+    (evil / "python").write_text(f'#!/bin/sh\necho ran >> {marker}\nexec {sys.executable} "$@"\n')
+    (evil / "python").chmod(0o755)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "c", "env": {"values": {"PATH": f"{evil}:/usr/bin:/bin"}},
+        "trainer": {"kind": "command", "log_format": "megatron-lm",
+                    "command": ["python", str(FAKE_MEGATRON), "--replay", str(MEGATRON_LOG), "--sleep-s", "0"]},
+    }))  # fmt: skip
+    for args in (("validate",), ("run", "-w", str(tmp_path / "ws"), "--no-wandb")):
+        result = mbx("campaign", args[0], str(path), *args[1:])
+        assert result.returncode == 2, (args, result.stdout[-1500:], result.stderr[-1500:])
+        assert "env.values.PATH: 'PATH' changes which code runs" in result.stderr, result.stderr
+    assert not marker.exists() and not (tmp_path / "ws" / "c").exists()
+
+
 def test_only_code_loading_names_can_be_allowed(tmp_path):
-    with pytest.raises(ConfigError, match="'HOME' does not change which code runs"):
-        _load(tmp_path, {"allow_code_loading": ["HOME"]})
-    assert {"PYTHONPATH", "LD_PRELOAD", "PYTHONSTARTUP"} <= set(CODE_LOADING)
+    with pytest.raises(ConfigError, match="'XDG_CACHE_HOME' does not change which code runs"):
+        _load(tmp_path, {"allow_code_loading": ["XDG_CACHE_HOME"]})
+    assert {"PYTHONPATH", "LD_PRELOAD", "PYTHONSTARTUP", "PATH", "HOME", "CC", "CXX"} <= set(CODE_LOADING)
+
+
+def test_the_threat_model_names_every_code_loading_name():
+    """README's threat model is the user's list: each name (and family) the loader refuses without the opt-in."""
+    from orchestrator.spec.reserved_env import code_loading_names
+
+    text = (ROOT / "README.md").read_text()
+    model = text[text.index("**Threat model.**") :]
+    model = model[: model.index("\n\n")]
+    missing = [
+        n
+        for n in code_loading_names().split(", ")
+        if not re.search(rf"(?<![\w*]){re.escape(n)}(?![\w*])", model)
+    ]
+    assert not missing, missing
 
 
 def test_the_plan_names_pip_options_that_build_from_local_sources(mbx, tmp_path):

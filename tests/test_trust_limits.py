@@ -255,6 +255,34 @@ def test_profile_show_refuses_hostile_event_fields_in_one_line(mbx, tmp_path, ev
     assert "nan" not in result.stdout and "internal error" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("field", "digits", "needle"),
+    [("ts", 5001, "a number of more than 4,300 digits, too long to read"),
+     ("pid", 5001, "a number of more than 4,300 digits, too long to read"),
+     ("ts", 401, "event 2 of its traceEvents: 'ts' is an integer of 401 digits"),
+     ("dur", 401, "event 2 of its traceEvents: 'dur' is an integer of 401 digits")],
+)  # fmt: skip
+def test_profile_show_refuses_a_huge_integer_in_its_own_words(mbx, tmp_path, field, digits, needle):
+    """A 5,000-digit integer said "use sys.set_int_max_str_digits()" (Python's advice to a programmer), and a
+    400-digit time was an internal OverflowError."""
+    trace = tmp_path / "t.json"
+    event = {"ph": "X", "ts": 2, "dur": 1, "name": "k", "cat": "kernel", "pid": 1, field: "HUGE"}
+    trace.write_text(json.dumps({"traceEvents": [{**event, field: 1}, event]}).replace('"HUGE"', "1" + "0" * (digits - 1)))
+    result = mbx("profile", "show", str(trace))
+    assert_refused(result, str(trace), needle)
+    assert "sys.set_int_max_str_digits" not in result.stderr and "internal error" not in result.stderr
+
+
+def test_profile_show_reads_a_trace_that_starts_with_a_byte_order_mark(mbx, tmp_path):
+    """Valid JSON after a UTF-8 byte order mark (as Windows editors save it) was "found not a JSON object"."""
+    trace = tmp_path / "t.json"
+    kernel = {"ph": "X", "ts": 2, "dur": 1000, "name": "k", "cat": "kernel"}
+    trace.write_bytes(b"\xef\xbb\xbf" + json.dumps({"traceEvents": [kernel]}).encode())
+    result = mbx("profile", "show", str(trace))
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert "t.json" in result.stdout and "1.00" in result.stdout, result.stdout
+
+
 def test_many_profiled_steps_are_assigned_in_n_log_n():
     """Every kernel was tested against every ProfilerStep window: 48,000 events took 10 s, the 150,000-event limit
     ~100 s. Bisection over the merged windows: 40,000 events well under 2 s (~0.1 s)."""

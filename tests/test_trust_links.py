@@ -101,7 +101,14 @@ def test_a_linked_store_or_wandb_folder_is_refused_and_not_written_through(done,
         for args in (("campaign", "run", str(campaign)), ("campaign", "resume", "ln"), ("store", "rebuild")):
             result = run_mbx(*args, "-w", str(workspace))
             assert result.returncode == 2, (args, result.stderr[-2000:])
-            assert f"{place}: a symbolic link (to {target}) where" in result.stderr, result.stderr[-2000:]
+            where = (
+                "the workspace's run store"
+                if entry == "mbx.sqlite"
+                else "W&B's offline runs of the workspace"
+            )
+            assert f"{place}: a symbolic link (to {target}) where mbx keeps {where};" in result.stderr, (
+                result.stderr
+            )
             assert "move the link away" in result.stderr and "Traceback" not in result.stderr
         after = target.stat().st_mtime_ns, sorted(p.name for p in target.iterdir()) if target.is_dir() else []
         assert after == before
@@ -109,3 +116,98 @@ def test_a_linked_store_or_wandb_folder_is_refused_and_not_written_through(done,
         place.unlink()
         if entry == "mbx.sqlite":
             target.rename(place)
+
+
+@pytest.mark.parametrize("where", ["campaign", "workspace"])
+def test_a_linked_lock_file_is_refused_and_not_written_through(done, tmp_path, where):
+    """A `.lock` that is a symbolic link was opened and signed through it: `campaign run` wrote "mbx pid N" into
+    the campaign lock's target, `store rebuild` into the workspace lock's. Both locks are refused naming the link,
+    by `run`, `resume`, `store rebuild` and `ingest` alike, and the file it points to is left as it was."""
+    workspace, campaign = done
+    lock = workspace / ("ln" if where == "campaign" else "") / ".lock"
+    precious = tmp_path / "precious.txt"
+    precious.write_text("PRECIOUS")
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(precious)
+    try:
+        for args in (("campaign", "run", str(campaign), "--no-wandb"), ("campaign", "resume", "ln", "--no-wandb"),
+                     ("store", "rebuild"), ("ingest", "ln", str(MEGATRON_LOG))):  # fmt: skip
+            result = run_mbx(*args, "-w", str(workspace))
+            assert result.returncode == 2, (args, result.stderr[-2000:])
+            assert f"{lock}: a symbolic link (to {precious}) where mbx keeps the " in result.stderr, args
+            assert "remove the link" in result.stderr and "Traceback" not in result.stderr
+            assert precious.read_text() == "PRECIOUS", args
+    finally:
+        lock.unlink()
+
+
+def test_a_lock_linked_after_the_checks_is_refused_at_open(tmp_path):
+    """The lock is opened with O_NOFOLLOW: a link made between the folder checks and the open is refused too."""
+    from orchestrator.errors import UsageError
+    from orchestrator.run.lock import _flock
+
+    (tmp_path / "camp").mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("PRECIOUS")
+    (tmp_path / "camp" / ".lock").symlink_to(precious)
+    with pytest.raises(UsageError, match="keeps the campaign's lock"):
+        _flock(tmp_path / "camp" / ".lock", 0, "camp")
+    (tmp_path / ".lock").symlink_to(tmp_path / "dangling")
+    with pytest.raises(UsageError, match="keeps the workspace's lock"):
+        _flock(tmp_path / ".lock", 0)
+    assert precious.read_text() == "PRECIOUS" and not (tmp_path / "dangling").exists()
+
+
+def test_a_linked_store_is_refused_by_readers_too(done, tmp_path):
+    """`campaign list` and `status` read a linked mbx.sqlite (and left its -shm/-wal beside the target) while
+    `report -m` refused it: reading through a link is still a link, refused alike."""
+    workspace, _ = done
+    place = workspace / "mbx.sqlite"
+    target = tmp_path / "other.sqlite"
+    place.rename(target)
+    place.symlink_to(target)
+    try:
+        for args in (("campaign", "list"), ("campaign", "status", "ln"), ("report", "ln", "-m")):
+            result = run_mbx(*args, "-w", str(workspace))
+            assert result.returncode == 2, (args, result.stdout[-1500:], result.stderr[-1500:])
+            assert f"{place}: a symbolic link (to {target}) where mbx keeps the workspace's run store" in (
+                result.stderr
+            ), (args, result.stderr)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["other.sqlite"]
+    finally:
+        place.unlink()
+        target.rename(place)
+
+
+def test_readers_leave_no_wal_files(done):
+    """A read-only connection made mbx.sqlite-shm and -wal and could not remove them: every `campaign list` left
+    them in the workspace."""
+    workspace, _ = done
+    for args in (("campaign", "list"), ("campaign", "status", "ln"), ("report", "ln", "-m")):
+        result = run_mbx(*args, "-w", str(workspace))
+        assert result.returncode == 0, (args, result.stderr[-1500:])
+        assert not [p.name for p in workspace.iterdir() if p.name.startswith("mbx.sqlite-")], args
+
+
+@pytest.mark.parametrize("page", ["index.html", "summary.md", "cells"])
+def test_a_linked_page_of_the_report_is_refused_not_replaced(done, tmp_path, page):
+    """`report` replaced a linked report/index.html or summary.md with a file, silently (the target untouched,
+    the link gone); a link among the report's files is refused as its folder is."""
+    workspace, _ = done
+    report = workspace / "ln" / "report"
+    assert run_mbx("report", "ln", "-w", str(workspace)).returncode == 0
+    place = next((report / "cells").iterdir()) if page == "cells" else report / page
+    target = tmp_path / "mine"
+    target.write_text("MINE")
+    place.unlink()
+    place.symlink_to(target)
+    try:
+        result = run_mbx("report", "ln", "-w", str(workspace))
+        assert result.returncode == 2, result.stderr[-1500:]
+        assert (
+            f"{place}: a symbolic link (to {target}) where mbx writes the campaign's report;" in result.stderr
+        )
+        assert "`mbx report ln --out DIR`" in result.stderr and "Traceback" not in result.stderr
+        assert place.is_symlink() and target.read_text() == "MINE"
+    finally:
+        place.unlink()

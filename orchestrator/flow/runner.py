@@ -19,7 +19,7 @@ from orchestrator.judge.outcome import view_outcome
 from orchestrator.judge.verdict_kinds import Records
 from orchestrator.judge.views import campaign_view
 from orchestrator.run.baseline import baseline_summaries
-from orchestrator.run.disk import DiskFull, is_full
+from orchestrator.run.disk import DiskFull, is_full, nothing_left_on_error
 from orchestrator.run.engine import Event, Outcome
 from orchestrator.run.progress import ProgressReporter
 from orchestrator.run.regate import PointVerdict
@@ -155,9 +155,10 @@ def write_report(workspace: Path, campaign: CampaignView, out: Path | None, judg
     out_dir = Path(out) if out else workspace / campaign.name / "report"
     extras = report_extras(workspace, campaign, judged)
     try:
-        if write_baseline_page(workspace, campaign.name, out_dir / "compare") is not None:
-            extras.compare_href = "compare/index.html"
-        return write_site(campaign, out_dir, extras, {"summary.md": markdown_summary(campaign, extras)})
+        with nothing_left_on_error(out_dir):  # no empty assets/, cells/ left by a full disk
+            if write_baseline_page(workspace, campaign.name, out_dir / "compare") is not None:
+                extras.compare_href = "compare/index.html"
+            return write_site(campaign, out_dir, extras, {"summary.md": markdown_summary(campaign, extras)})
     except OSError as err:
         raise report_error(err, out_dir, campaign.name, workspace) from None
 

@@ -567,11 +567,15 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
 def write_page(comparison: Comparison, out_dir: Path) -> Path:
     """The comparison page, DIR/index.html (reports/compare_page.py); a directory that cannot hold it → RunError
     naming the path."""
+    from orchestrator.run.disk import DiskFull, is_full, nothing_left_on_error
     from reports.compare_page import write_compare_page
 
     try:
-        return write_compare_page(to_json(comparison), Path(out_dir).expanduser())
+        with nothing_left_on_error(Path(out_dir).expanduser()):  # a full disk leaves no empty folder
+            return write_compare_page(to_json(comparison), Path(out_dir).expanduser())
     except OSError as err:
+        if is_full(err, Path(out_dir)):
+            raise DiskFull(Path(out_dir), "the comparison page was not written", elsewhere="--html") from None
         raise RunError(f"the comparison page was not written: {err.filename or out_dir}: "
                        f"{err.strerror or err}") from None  # fmt: skip
 

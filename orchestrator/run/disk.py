@@ -1,10 +1,13 @@
-"""A full disk said in one line: which file system, how full, what to free (the locks, the run store, rebuild)."""
+"""A full disk said in one line: which file system, how full, what to free (the locks, the run store, rebuild);
+and nothing left behind by a command it stopped (the folders it made)."""
 
 from __future__ import annotations
 
 import errno
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from orchestrator.errors import RunError
@@ -73,3 +76,51 @@ class DiskFull(RunError):
     ):
         self.path = Path(path)
         super().__init__(str(full_disk_error(self.path, doing, again, elsewhere)))
+
+
+class NewFolders:
+    """The folders a command is about to make at and under `path` (the missing ones from its highest missing
+    ancestor down, and any new one under an existing `path`): `undo()` removes them again, with the files written
+    into them, when the command fails; folders that existed before keep everything."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path).absolute()
+        self.top = self.path
+        while not self.top.parent.exists() and self.top.parent != self.top:
+            self.top = self.top.parent
+        self.existed = {Path(d) for d, _, _ in os.walk(self.path)} if self.path.is_dir() else set()
+
+    def made(self) -> list[Path]:
+        """The folders made since, deepest first (none when `path` still does not exist)."""
+        root = self.path if self.existed else self.top
+        if root.is_symlink() or not root.is_dir():
+            return []
+        return [Path(d) for d, _, _ in os.walk(root, topdown=False) if Path(d) not in self.existed]
+
+    def undo(self, only: frozenset[str] | None = None) -> None:
+        """Remove the new folders and the regular files in them; with `only`, just when every file in them has
+        one of those names (a lock file), else leave them all. Never follows a link; what cannot go stays."""
+        made = self.made()
+        files = [Path(e.path) for d in made for e in os.scandir(d) if not e.is_dir(follow_symlinks=False)]
+        if only is not None and any(f.name not in only for f in files):
+            return
+        for file in files:
+            if file.is_file() and not file.is_symlink():
+                file.unlink(missing_ok=True)
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # something else in it: kept
+                pass
+
+
+@contextmanager
+def nothing_left_on_error(path: Path) -> Iterator[None]:
+    """Run the block; when it fails, remove the folders it made at and under `path` with what it wrote in them
+    (a report or comparison site cut short by a full disk leaves no empty `assets/`, `cells/`)."""
+    made = NewFolders(path)
+    try:
+        yield
+    except BaseException:
+        made.undo()
+        raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
@@ -10,9 +11,7 @@ from typing import IO, ClassVar
 
 from orchestrator.errors import RunError
 from orchestrator.run.disk import FULL_ERRNOS, full_disk_error
-from orchestrator.run.workspace_links import refuse_links, refuse_workspace_links
-
-LOCK_FILE = ".lock"  # <workspace>/<campaign>/.lock (one orchestrator) and <workspace>/.lock (rebuild vs campaigns)
+from orchestrator.run.workspace_links import LOCK_FILE, link_refused, refuse_links, refuse_workspace_links
 
 
 def _alive(pid: int) -> bool:
@@ -74,13 +73,21 @@ def _holder(path: Path) -> str:
     return "another process"
 
 
-def _flock(path: Path, mode: int) -> IO[str] | None:
-    """`path` opened and flocked (`mode` without LOCK_NB); None when another open file holds it."""
+def _open_no_follow(path: str, flags: int) -> int:
+    """open(2) that refuses a symbolic link as the last part of `path` (ELOOP) instead of writing through it."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+
+
+def _flock(path: Path, mode: int, campaign: str | None = None) -> IO[str] | None:
+    """`path` opened (never through a link: refused naming it, as the campaign `campaign`'s lock or the workspace's)
+    and flocked (`mode` without LOCK_NB); None when another open file holds it."""
     try:
-        handle = path.open("a+")
+        handle = open(path, "a+", opener=_open_no_follow)  # noqa: SIM115 (held until _release)
     except OSError as err:
         if err.errno in FULL_ERRNOS:
             raise full_disk_error(path, "mbx could not make its lock file") from None
+        if err.errno == errno.ELOOP and path.is_symlink():
+            raise link_refused(path, campaign) from None
         raise
     try:
         fcntl.flock(handle, mode | fcntl.LOCK_NB)
@@ -123,6 +130,7 @@ class CampaignLock:
     def __init__(self, directory: Path):
         self.path = Path(directory) / LOCK_FILE
         self._key: tuple[int, Path] | None = None
+        self._made = False  # whether acquiring made the campaign's folder
 
     def __enter__(self) -> CampaignLock:
         self._key = (threading.get_ident(), self.path.parent.resolve() / LOCK_FILE)
@@ -136,13 +144,14 @@ class CampaignLock:
 
     def _acquire(self) -> list[IO[str]]:
         refuse_links(self.path.parent)  # the campaign's, its cells' and attempts' folders: no link written through
+        self._made = not self.path.parent.exists()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             if err.errno in FULL_ERRNOS:
                 raise full_disk_error(self.path.parent, "mbx could not make the campaign's folder") from None
             raise
-        handle = _flock(self.path, fcntl.LOCK_EX)
+        handle = _flock(self.path, fcntl.LOCK_EX, self.path.parent.name)
         if handle is None:
             holder = _holder(self.path)
             raise RunError(
@@ -153,17 +162,28 @@ class CampaignLock:
         try:
             _sign(handle, "mbx")
             shared = _flock(workspace_lock, fcntl.LOCK_SH)
+            if shared is None:
+                holder = _holder(workspace_lock)
+                raise RunError(
+                    f"workspace {workspace_lock.parent} is locked by {holder} (lock {workspace_lock}): no "
+                    "campaign may start while its run store is rebuilt; wait for `mbx store rebuild` to finish"
+                )
         except BaseException:
+            self._unmake()
             _release([handle])
             raise
-        if shared is None:
-            _release([handle])
-            holder = _holder(workspace_lock)
-            raise RunError(
-                f"workspace {workspace_lock.parent} is locked by {holder} (lock {workspace_lock}): no campaign "
-                "may start while its run store is rebuilt; wait for `mbx store rebuild` to finish"
-            )
         return [handle, shared]
+
+    def _unmake(self) -> None:
+        """The campaign's folder, when this lock made it and it holds nothing but the lock (a run or an ingest
+        that a full disk stopped before it wrote anything), removed again while the lock is still held."""
+        folder = self.path.parent
+        try:
+            if self._made and set(os.listdir(folder)) <= {LOCK_FILE} and not self.path.is_symlink():
+                self.path.unlink(missing_ok=True)
+                folder.rmdir()
+        except OSError:  # something came in meanwhile: kept
+            pass
 
     def __exit__(self, *exc: object) -> None:
         assert self._key is not None, "CampaignLock exited without being entered"
@@ -173,6 +193,8 @@ class CampaignLock:
                 self._held[self._key] = (handles, depth - 1)
                 return
             del self._held[self._key]
+        if exc[0] is not None:
+            self._unmake()
         _release(handles)
 
 
@@ -194,7 +216,7 @@ class WorkspaceLock:
         self._handles.append(whole)
         try:
             for lock in sorted(self.workspace.glob(f"*/{LOCK_FILE}")):
-                handle = _flock(lock, fcntl.LOCK_EX) if lock.is_file() else None
+                handle = _flock(lock, fcntl.LOCK_EX, lock.parent.name) if lock.is_file() else None
                 if handle is None and lock.is_file():
                     raise self._busy(path)
                 if handle is not None:
@@ -212,7 +234,7 @@ class WorkspaceLock:
         for lock in sorted(self.workspace.glob(f"*/{LOCK_FILE}")):
             if not lock.is_file() or str(lock) in {h.name for h in self._handles}:
                 continue
-            probe = _flock(lock, fcntl.LOCK_EX)
+            probe = _flock(lock, fcntl.LOCK_EX, lock.parent.name)
             if probe is not None:
                 _release([probe])
                 continue

@@ -27,6 +27,7 @@ store from the workspace's files.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import tempfile
 import time
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import RunError, StoreDamaged, StoreTooNew, UsageError
 from orchestrator.rows import AttemptRow, CellRow, ResultRow
-from orchestrator.run.disk import DiskFull, is_full
+from orchestrator.run.disk import DiskFull, is_full, nearly_full
 from trainer import rundir
 
 if TYPE_CHECKING:
@@ -239,6 +240,27 @@ def _connect_read_only(path: Path, immutable: bool = False) -> sqlite3.Connectio
     return db
 
 
+def _wal_files(path: Path) -> list[Path]:
+    """The store's -wal and -shm files that exist (WAL mode keeps them while a connection is open)."""
+    return [p for p in (Path(f"{path}-wal"), Path(f"{path}-shm")) if p.exists()]
+
+
+def _remove_reader_files(path: Path) -> None:
+    """The -wal and -shm files a read-only connection made and cannot remove, removed the way SQLite does: by
+    closing a connection that may write, which checkpoints and deletes them when no other connection uses them
+    (one that does keeps them; a disk with no room, or a store this user cannot write, is left alone)."""
+    if not _wal_files(path) or nearly_full(path) or not os.access(path, os.W_OK):
+        return
+    try:
+        db = sqlite3.connect(path, timeout=0.1, isolation_level=None)
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:  # busy or locked by a writer: its close removes them
+        pass
+
+
 def _no_pending_writes(path: Path) -> bool:
     """Whether the main file holds every write: no -wal file, or an empty one (then no -shm file is needed)."""
     wal = Path(f"{path}-wal")
@@ -290,8 +312,12 @@ def check_workspace(workspace: Path, create: bool = True, file: str = STORE_FILE
                 f"workspace {path} cannot be written ({err.strerror or err}): give --workspace a writable directory"
             ) from None
     store = path / file
-    if (store.exists() or store.is_symlink()) and not store.is_file():
-        raise UsageError(f"{store} is not a file (a directory or broken link is in the run store's place): "
+    if store.is_symlink():  # read or written, the store is never taken through a link (workspace_links)
+        from orchestrator.run.workspace_links import link_refused
+
+        raise link_refused(store)
+    if store.exists() and not store.is_file():
+        raise UsageError(f"{store} is not a file (a directory or a device is in the run store's place): "
                          "move it away, or give --workspace another directory")  # fmt: skip
     if not create and not store.exists():
         hint = f"; `mbx store rebuild --workspace {path}` restores it" if any(path.glob(f"*/{MANIFEST}")) else ""
@@ -337,6 +363,7 @@ class Store:
         self.path = self.workspace / file
         self.read_only = read_only
         self.full_disk = False  # opened read-only because its disk is full: derived data is not stored again
+        self._reader_files = read_only and not _wal_files(self.path)  # the -wal/-shm a reader makes, removed at close
         try:
             self._connect()
         except (sqlite3.OperationalError, OSError) as err:
@@ -427,6 +454,8 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+        if self._reader_files and not self.full_disk:
+            _remove_reader_files(self.path)
 
     def __enter__(self) -> Store:
         return self

@@ -118,9 +118,9 @@ class Env(_Strict):
 
     allow_code_loading: list[str] = Field(
         default_factory=list,
-        description="Names that change which code runs (PYTHONPATH, LD_PRELOAD, LD_LIBRARY_PATH, PYTHONSTARTUP, "
-        "...: orchestrator/spec/reserved_env.py CODE_LOADING) that this campaign sets, sweeps or passes on purpose; "
-        "any of them not listed here is refused.",
+        description="Names that change which code runs (PATH, PYTHONPATH, LD_PRELOAD, LD_LIBRARY_PATH, CC, CXX, "
+        "TRITON_*_PATH, ...: orchestrator/spec/reserved_env.py CODE_LOADING) that this campaign sets, sweeps or "
+        "passes on purpose; any of them not listed here is refused.",
     )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -128,12 +128,12 @@ class Env(_Strict):
     @field_validator("allow_code_loading")
     @classmethod
     def _code_loading_names(cls, names: list[str]) -> list[str]:
-        from orchestrator.spec.reserved_env import CODE_LOADING
+        from orchestrator.spec.reserved_env import code_loading_names, code_loading_reason
 
         for name in names:
-            if name not in CODE_LOADING:
+            if code_loading_reason(name) is None:
                 raise ValueError(f"{name!r} does not change which code runs, nothing to allow; the names that do: "
-                                 f"{', '.join(CODE_LOADING)}")  # fmt: skip
+                                 f"{code_loading_names()}")  # fmt: skip
         return names
 
     @field_validator("values", "pass_names")

@@ -18,15 +18,16 @@ Reserved, and why:
   TORCH_EXTENSIONS_DIR, ...): the trainer points them at rank-local folders and the node side removes
   inherited values; a shared value is exactly the race they avoid. Choose the root with `cache_dir`.
 
-Names that change which code runs (CODE_LOADING: PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, PYTHONUSERBASE,
-PYTHONBREAKPOINT, PYTHONWARNINGS, PYTHONPLATLIBDIR, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, DYLD_*, BASH_ENV, ENV,
-GCONV_PATH, CUDA_INJECTION64_PATH/32, NCCL_NET_PLUGIN, NCCL_TUNER_PLUGIN, NCCL_PROFILER_PLUGIN: each loads a
-library, a module or a script it names) are allowed only when the campaign lists them in `env.allow_code_loading`: a campaign from someone else cannot slip a library or a module path into
-the trainer unnoticed. mbx prepends its checkout and the software worktrees/overlays to PYTHONPATH; an allowed
-campaign value is kept after them.
+Names that change which code runs (CODE_LOADING below, and its families TRITON_*_PATH and
+TORCHINDUCTOR_*REMOTE_CACHE*: each makes a process import a module, load a library, run a program or compiler, or
+read compiled code from a place it names; PATH, HOME, CC and CXX among them) are allowed only when the campaign
+lists them in `env.allow_code_loading`: a campaign from someone else cannot slip a library, a module path or a
+program into the trainer unnoticed. A campaign that needs its own PATH (a python or a compiler of its own) says
+so there. mbx prepends its checkout and the software worktrees/overlays to PYTHONPATH; an allowed campaign value
+is kept after them.
 
-Not reserved: OMP_NUM_THREADS and PYTHONUNBUFFERED (mbx sets them only when the campaign does not), XDG_CACHE_HOME
-and everything else.
+Not reserved: OMP_NUM_THREADS and PYTHONUNBUFFERED (mbx sets them only when the campaign does not), XDG_CACHE_HOME,
+HF_HOME and everything else.
 """
 
 from __future__ import annotations
@@ -67,33 +68,91 @@ def name_problem(name: str) -> str | None:
 
 
 CODE_LOADING: dict[str, str] = {
+    # Python: where it imports modules and bytecode from, what it runs at start
     "PYTHONPATH": "Python imports modules from its folders first",
     "PYTHONHOME": "Python loads its standard library from there",
     "PYTHONSTARTUP": "Python runs that file at an interactive start",
     "PYTHONUSERBASE": "Python imports the user site-packages under it",
     "PYTHONBREAKPOINT": "Python imports and calls that function at breakpoint()",
+    "PYTHONWARNINGS": "Python imports the module a warning filter's category names",
+    "PYTHONPLATLIBDIR": "Python loads its platform-specific standard library from there",
+    "PYTHONPYCACHEPREFIX": "Python reads compiled bytecode from that tree instead of beside the sources",
+    "PYTHONEXECUTABLE": "Python on macOS takes it for its own executable, which its subprocesses run",
+    "TORCH_CUSTOM_PYTHONPATH": "torch.compile's worker processes import modules from its folders",
+    # programs looked up, and the home folder their configuration and Python's user site-packages come from
+    "PATH": "every program named without a folder, python and compilers among them, is taken from its folders first",
+    "HOME": "Python imports the user site-packages under it and tools read their start-up files there",
+    "BASH_ENV": "bash runs that file before every script",
+    "ENV": "sh runs that file at every interactive start",
+    # the dynamic loader and libraries loaded by name
     "LD_PRELOAD": "the dynamic loader loads that library into every process",
     "LD_LIBRARY_PATH": "the dynamic loader takes shared libraries from its folders first",
     "LD_AUDIT": "the dynamic loader runs that library's hooks in every process",
     "DYLD_INSERT_LIBRARIES": "the macOS loader loads that library into every process",
     "DYLD_LIBRARY_PATH": "the macOS loader takes libraries from its folders first",
-    "BASH_ENV": "bash runs that file before every script",
-    "ENV": "sh runs that file at every interactive start",
-    "PYTHONWARNINGS": "Python imports the module a warning filter's category names",
-    "PYTHONPLATLIBDIR": "Python loads its platform-specific standard library from there",
     "GCONV_PATH": "glibc's iconv loads character-conversion modules from its folders",
     "CUDA_INJECTION64_PATH": "the CUDA driver loads that library into every CUDA process",
     "CUDA_INJECTION32_PATH": "the CUDA driver loads that library into every 32-bit CUDA process",
+    "NVTX_INJECTION64_PATH": "NVTX loads that library into every process that marks a range",
+    "NVTX_INJECTION32_PATH": "NVTX loads that library into every 32-bit process that marks a range",
+    "TORCH_CUPTI_MONITOR_LIBCUPTI_PATH": "torch's profiler loads that CUPTI library",
     "NCCL_NET_PLUGIN": "NCCL loads that network plugin library",
     "NCCL_TUNER_PLUGIN": "NCCL loads that tuner plugin library",
     "NCCL_PROFILER_PLUGIN": "NCCL loads that profiler plugin library",
+    # compilers that JIT builds (Triton, torch.compile, C++/CUDA extensions) run, and what they compile in
+    "CC": "Triton, torch.compile and extension builds run that C compiler and load what it builds",
+    "CXX": "torch.compile and C++/CUDA extension builds run that C++ compiler and load what it builds",
+    "CUDAHOSTCXX": "nvcc runs that host compiler for CUDA extensions",
+    "NVCC_CCBIN": "nvcc runs that host compiler",
+    "NVCC_PREPEND_FLAGS": "nvcc adds those options to every compilation; -ccbin picks the compiler it runs",
+    "NVCC_APPEND_FLAGS": "nvcc adds those options to every compilation; -ccbin picks the compiler it runs",
+    "PYTORCH_NVCC": "torch's extension builds run that nvcc",
+    "CUDA_HOME": "torch's and Triton's builds run nvcc and ptxas from under it",
+    "CUDA_PATH": "torch's and Triton's builds run nvcc and ptxas from under it",
+    "TORCHINDUCTOR_CUTLASS_DIR": "torch.compile compiles the CUTLASS sources there into its kernels",
+    "TORCHINDUCTOR_CK_DIR": "torch.compile compiles the Composable Kernel sources there into its kernels",
+    "TRITON_CACHE_MANAGER": "Triton imports that module:class to manage its kernel cache",
+    "TRITON_REMOTE_CACHE_BACKEND": "Triton imports that module:class and loads compiled kernels from it",
+    "TRITON_OVERRIDE_DIR": "Triton replaces kernels with the ones in that folder when TRITON_KERNEL_OVERRIDE is set",
+    "TRITON_KERNEL_OVERRIDE": "Triton replaces kernels with the ones in TRITON_OVERRIDE_DIR",
+    "TORCHINDUCTOR_REDIS_URL": "torch.compile's remote cache loads compiled code from that server",
+    "TORCHINDUCTOR_REDIS_HOST": "torch.compile's remote cache loads compiled code from that server",
+    "TORCHINDUCTOR_REDIS_PORT": "torch.compile's remote cache loads compiled code from that server",
 }
+# Whole families: (prefix, what the name must contain or end with, why). A name of one is CODE_LOADING's too.
+CODE_LOADING_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    (
+        "TRITON_",
+        "_PATH",
+        "Triton runs the tool, or loads the library or headers, that it names: ptxas, cuobjdump, libcuda, ...",
+    ),
+    ("TORCHINDUCTOR_", "REMOTE_CACHE", "torch.compile loads compiled code from its remote cache"),
+)
 ALLOW_KEY = "env.allow_code_loading"
+
+
+def code_loading_reason(name: str) -> str | None:
+    """What `name` makes run (None: it does not change which code runs): CODE_LOADING or one of its families."""
+    if name in CODE_LOADING:
+        return CODE_LOADING[name]
+    for prefix, part, why in CODE_LOADING_FAMILIES:
+        if name.startswith(prefix) and part in name[len(prefix) :]:
+            return why
+    return None
+
+
+def code_loading_names() -> str:
+    """The names and families, for a message: `PYTHONPATH, ..., TRITON_*_PATH, TORCHINDUCTOR_*REMOTE_CACHE*`."""
+    families = [
+        f"{prefix}*{part}" + ("" if part[0] == "_" else "*") for prefix, part, _ in CODE_LOADING_FAMILIES
+    ]
+    return ", ".join([*CODE_LOADING, *families])
 
 
 def code_loading_problem(name: str, allowed: list[str] | tuple[str, ...]) -> str | None:
     """`'LD_PRELOAD' changes which code runs (...)` for a name of CODE_LOADING the campaign did not allow."""
-    if name not in CODE_LOADING or name in allowed:
+    why = code_loading_reason(name)
+    if why is None or name in allowed:
         return None
-    return (f"{name!r} changes which code runs ({CODE_LOADING[name]}); a campaign sets, sweeps or passes it only "
-            f"on purpose: list it in {ALLOW_KEY}")  # fmt: skip
+    return (f"{name!r} changes which code runs ({why}); a campaign sets, sweeps or passes it only on purpose: "
+            f"list it in {ALLOW_KEY}")  # fmt: skip
