@@ -27,6 +27,10 @@ from reports import compare as stats
 OBJECTIVES = {"tflops": "tflops", "step_time": "step_time"}
 SEARCH_OBJECTIVES = {"tflops_per_gpu": "tflops", "step_time_ms": "step_time"}  # sweep.search.objective → --by
 TIE_BREAKS = {"memory": "peak_alloc", "step_time": "step_time", "tflops": "tflops"}
+UNDECIDED_TRIALS = {  # a short run's trial state (orchestrator/judge/search_ledger.py) → why it is not decided
+    "promoted": "kept for a longer run the search never made (it stopped first)",
+    "completed": "its rung was never ranked (the search stopped first)",
+}
 
 
 @dataclass
@@ -169,21 +173,37 @@ def search_of(record: dict[str, Any]) -> Search | None:
 
 def search_rejected(points: list[Point], search: Search, trials: list[dict[str, Any]]) -> dict[str, Rejected]:
     """A search's points that cannot win: shorter runs of its rungs, runs that are not candidates (the base
-    recipe), and full-length trials the search excluded (a constraint), each with why."""
+    recipe), and full-length trials the search excluded (a constraint), each with why. A short run the search
+    kept (promoted) or never ranked before the search stopped (the budget ran out first) is undecided, not
+    failed: more budget may make it the best (`short_run`)."""
     rows = {r["point_id"]: r for r in trials if r.get("point_id")}
+    last_rung: dict[Any, int] = {}
+    for r in trials:
+        last_rung[r.get("trial")] = max(last_rung.get(r.get("trial"), 0), int(r.get("rung") or 0))
     out: dict[str, Rejected] = {}
     for p in points:
         row = rows.get(p.point_id)
         if not full_length(p.params, search):
-            steps = p.params.get(search.steps_key)
-            out[p.point_id] = Rejected(p.point_id, p.label, f"a {steps}-step trial of the search's rung "
-                                       f"{row['rung'] if row else '?'}: only full-length trials can win", "short run")  # fmt: skip
+            went_on = row is not None and last_rung.get(row.get("trial"), 0) > int(row.get("rung") or 0)
+            out[p.point_id] = short_run(p, search, None if row is None else {**row, "went_on": went_on})
         elif row is None:
             out[p.point_id] = Rejected(p.point_id, p.label, "not a search candidate (the base recipe, run as the "
                                        "loss reference)", "reference")  # fmt: skip
         elif row["state"] in ("excluded", "failed", "infeasible"):
             out[p.point_id] = Rejected(p.point_id, p.label, row.get("reason") or row["state"], "constraint")
     return out
+
+
+def short_run(point: Point, search: Search, row: dict[str, Any] | None) -> Rejected:
+    """A shorter run of a search's rung: never a winner; undecided (INCONCLUSIVE) when the search stopped before
+    it was dropped or its trial ran a longer rung (UNDECIDED_TRIALS; `row["went_on"]`: it did), else lost in its
+    rung or decided by its longer run (FAIL)."""
+    steps = point.params.get(search.steps_key)
+    head = f"a {steps}-step trial of the search's rung {row['rung'] if row else '?'}"
+    if row is not None and row.get("state") in UNDECIDED_TRIALS and not row.get("went_on"):
+        return Rejected(point.point_id, point.label, f"{head}: {UNDECIDED_TRIALS[row['state']]}: not decided; only "
+                        "full-length trials can win", "short run", INCONCLUSIVE)  # fmt: skip
+    return Rejected(point.point_id, point.label, f"{head}: only full-length trials can win", "short run")
 
 
 def _lost(other: Point, choice: Choice, goal: Metric, breaker: Metric) -> Rejected:
