@@ -226,6 +226,17 @@ def _lost(other: Point, choice: Choice, goal: Metric, breaker: Metric) -> Reject
                     f"{fmt_decision(d)}; lost the tie-break ({_tie_break(winner, other, breaker)})", "tie")  # fmt: skip
 
 
+def tie_losers(choice: Choice, eligible: list[Point], goal: Metric) -> list[Rejected]:
+    """The points that lost to the leader of a tie no figure separates (DIFFERENT, worse): rejected with their
+    verdict against it, though the tied points are not decided yet."""
+    leader = choice.leader
+    if leader is None:
+        return []
+    return [Rejected(p.point_id, p.label, f"slower than the leader {leader.point_id} in {goal.label} (the points "
+                     f"tied with it are not decided yet): {fmt_decision(choice.decisions[p.point_id])}", "slower")
+            for p in eligible if p.point_id in choice.decisions and p not in choice.tied]  # fmt: skip
+
+
 def _tie_break(winner: Point, other: Point, breaker: Metric) -> str:
     mine, theirs = figure(winner, breaker)[0], figure(other, breaker)[0]
     if not mine or not theirs:
@@ -315,8 +326,9 @@ def freeze(
         allowed = _allowed(winner, excluded, point, allow_failed, done)
         how = _standing(winner, choice, goal, min_effect, floors)
         rejected = [_not_chosen(winner, p, goal, min_effect, floors) for p in eligible if p is not winner]
-    elif choice.undecided:
-        raise Tied(f"{campaign}: {choice.how}; freeze one of them with --point", [*excluded.values(), *infeasible])
+    elif choice.undecided:  # the tie's losers (DIFFERENT, worse, than the leader) are rejected all the same
+        raise Tied(f"{campaign}: {choice.how}; freeze one of them with --point",
+                   [*tie_losers(choice, eligible, goal), *excluded.values(), *infeasible])  # fmt: skip
     elif choice.winner is None:
         raise _nothing(campaign, [*excluded.values(), *infeasible], choice.how if eligible else None)
     else:
