@@ -200,6 +200,24 @@ def test_only_keys_a_change_set_join_its_line() -> None:
     ]  # fmt: skip
 
 
+def test_a_command_trainers_param_is_one_change() -> None:
+    """A Megatron command's `trainer.params.X` (the campaign's), `trainer.recipe.params.X` (the cell's recipe)
+    and the flag it renders to are one change, said once (were two lines: the recipe's key on its own)."""
+    from orchestrator.judge.compare_config import ranked_groups
+
+    keys = ("trainer.params.micro_batch_size", "trainer.recipe.argv --micro-batch-size",
+            "trainer.recipe.params.micro_batch_size")  # fmt: skip
+    diff = [{"key": k, "a": "1", "b": "2"} for k in keys]
+    diff += [{"key": k, "a": "full", "b": "selective"} for k in ("trainer.params.recompute_granularity",
+             "trainer.recipe.argv --recompute-granularity", "trainer.recipe.params.recompute_granularity")]  # fmt: skip
+    assert ranked_groups(diff, {}) == [
+        ("trainer.params.micro_batch_size: 1 → 2 (also: trainer.recipe.argv --micro-batch-size, "
+         "trainer.recipe.params.micro_batch_size)", "batch and sequence"),
+        ("trainer.params.recompute_granularity: full → selective (also: trainer.recipe.argv "
+         "--recompute-granularity, trainer.recipe.params.recompute_granularity)", "recompute"),
+    ]  # fmt: skip
+
+
 # ---- campaign plan: why a point is infeasible, not its headroom --------------------------------------------------
 def test_plan_says_why_a_row_is_infeasible_and_names_a_sized_gpu_plainly(mbx, write_campaign) -> None:
     """`--gpu 80GiB`: the too-big point's row says "INFEASIBLE: memory" with no headroom (it showed -70.8 beside
