@@ -103,6 +103,30 @@ def test_compare_json_exit_code_is_the_process_exit_code(tmp_path: Path, mbx, wr
     assert payload["closing"].startswith("FAIL ra → rb (practical threshold 1.0%), ")
 
 
+def test_compare_of_a_matched_point_that_never_completed(tmp_path: Path, mbx, write_campaign) -> None:
+    """Sides sweeping env.FAIL [none, config] (fake Megatron `--fail config`: every cell of that point fails):
+    `compare --run` and `compare` of the stored sides both exit 1 with the FAIL closing, compare the point that
+    completed and name the one not compared (--run exited 1 with a bare error, the stored compare 2; no JSON)."""
+    files = []
+    for name in ("fa", "fb"):
+        spec = fake(name)
+        spec["trainer"]["command"] += ["--fail", "{env.FAIL}"]
+        spec["env"]["values"]["FAIL"] = "none"
+        spec["sweep"]["axes"] = {"env.FAIL": ["none", "config"]}
+        files.append(str(write_campaign(spec, f"{name}.yaml")))
+    ws = str(tmp_path / "ws")
+    ran = mbx("compare", "--run", *files, "-w", ws, "--metric", "step_time", "--json")
+    stored = mbx("compare", "fa", "fb", "-w", ws, "--metric", "step_time", "--json")
+    for proc in (ran, stored):
+        told = json.loads(proc.stdout)
+        assert (proc.returncode, told["exit_code"], told["verdict"]) == (1, 1, "fail"), proc.stderr
+        assert [p["a"]["label"] for p in told["pairs"]] == ["FAIL=none"]  # the completed point is compared
+        assert told["parts"]["points"]["verdict"] == "fail", told["parts"]
+        (why,) = told["not_compared"]
+        assert why.startswith("A fa point ") and "[FAIL=config] and B fb point " in why, why
+        assert told["closing"].startswith("FAIL fa → fb (practical threshold 1.0%), 1 matched point(s) not")
+
+
 # ---- ingest: the same closing line ---------------------------------------------------------------------------
 def test_ingest_ends_with_the_closing_line_of_its_outcome(mbx, tmp_path: Path) -> None:
     """A completed log passes, a truncated one fails (exit 1): each says so in one closing line, --json too
