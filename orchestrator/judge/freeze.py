@@ -145,9 +145,10 @@ class NoWinner(RunError):
     """No point can be frozen: undecided (a tie no figure separates, or points whose checks are not decided yet:
     exit 3) or failed (every point failed a check: exit 1); `outcome` is the closing line that says so."""
 
-    def __init__(self, message: str, verdict: str, rejected: list[Rejected] | None = None):
+    def __init__(self, message: str, verdict: str, rejected: list[Rejected] | None = None,
+                 nothing: str = "nothing frozen"):  # fmt: skip
         super().__init__(message)
-        self.verdict, self.rejected = verdict, rejected or []
+        self.verdict, self.rejected, self.nothing = verdict, rejected or [], nothing
 
     @property
     def exit_code(self) -> int:  # type: ignore[override]
@@ -155,7 +156,12 @@ class NoWinner(RunError):
 
     def outcome(self) -> Outcome:
         """The one closing line (orchestrator/judge/outcome.py): its word, why nothing was frozen."""
-        return Outcome("", (Part("freeze", self.verdict, f"{self}; nothing frozen"),))
+        return Outcome("", (Part("freeze", self.verdict, f"{self}; {self.nothing}"),))
+
+
+class Refused(NoWinner):
+    """`--point` names a point ruled out by a check: FAIL (exit 1) when it failed the check, INCONCLUSIVE (exit 3)
+    when the check is not decided yet (an inconclusive gate or parity pair, a repeat not finished)."""
 
 
 class Tied(NoWinner):
@@ -267,10 +273,12 @@ def _standing(chosen: Point, choice: Choice, goal: Metric, min_effect: float, fl
 
 
 def _allowed(
-    chosen: Point, excluded: dict[str, Rejected], point: str, allow_failed: str | None, done: str = "frozen"
-) -> str | None:
-    """The check the chosen point failed and the reason it is `done` anyway (None: it failed none); RunError
-    (exit 1) naming the check unless `--allow-failed` gives a reason and the point has completed repeats."""
+    chosen: Point, excluded: dict[str, Rejected], point: str, allow_failed: str | None, done: str = "frozen",
+    campaign: str = "",
+) -> str | None:  # fmt: skip
+    """The check the chosen point failed (or has not passed yet) and the reason it is `done` anyway (None: it is
+    ruled out by none); Refused naming the check unless `--allow-failed` gives a reason and the point has
+    completed repeats: FAIL (exit 1) for a failed check, INCONCLUSIVE (exit 3) for one not decided yet."""
     failed = excluded.get(chosen.point_id)
     if failed is None:
         return None
@@ -278,9 +286,10 @@ def _allowed(
         return f"{failed.why}; {done} anyway with --allow-failed: {allow_failed}"
     hint = (f" (it has no completed repeat to be {done})" if not chosen.repeats else
             f'; --allow-failed "REASON" gets it {done} anyway, with that reason written beside the check')  # fmt: skip
-    raise RunError(
-        f"--point {point!r} cannot be {done}: it failed a check ({failed.kind}): {failed.why}{hint}"
-    )
+    state = "it failed a check" if failed.verdict == FAIL else "its check is not decided yet"
+    nothing = "nothing frozen" if done == "frozen" else f"nothing {done}"
+    raise Refused(f"{campaign}: --point {point!r} cannot be {done}: {state} ({failed.kind}): {failed.why}{hint}",
+                  FAIL if failed.verdict == FAIL else INCONCLUSIVE, [failed], nothing)  # fmt: skip
 
 
 def refuse_ingested(record: dict[str, Any], campaign: str, what: str) -> None:
@@ -298,8 +307,9 @@ def freeze(
     """The winner (`point`, or the best by orchestrator/judge/best.py's rule) and every other point's reason. For a
     search the objective and threshold default to its own, and only its full-length trials can win. No winner
     raises NoWinner: Tied (exit 3) for a tie no figure separates unless `point` names one, else exit 3 while a
-    point is undecided, 1 when every point failed a check. A `point` that failed a check raises RunError (exit 1,
-    saying it cannot be `done`) unless `allow_failed` gives the reason to take it anyway."""
+    point is undecided, 1 when every point failed a check. A `point` ruled out by a check raises Refused (a
+    NoWinner saying it cannot be `done`: exit 1 for a failed check, 3 for one not decided yet) unless
+    `allow_failed` gives the reason to take it anyway."""
     with Store(workspace, create=False) as store:
         points = load_points(store, campaign)
         record = store.campaign(campaign) or {}
@@ -323,7 +333,7 @@ def freeze(
     allowed = None
     if point is not None:
         winner = _named(points, point, campaign)
-        allowed = _allowed(winner, excluded, point, allow_failed, done)
+        allowed = _allowed(winner, excluded, point, allow_failed, done, campaign)
         how = _standing(winner, choice, goal, min_effect, floors)
         rejected = [_not_chosen(winner, p, goal, min_effect, floors) for p in eligible if p is not winner]
     elif choice.undecided:  # the tie's losers (DIFFERENT, worse, than the leader) are rejected all the same
