@@ -181,6 +181,22 @@ def test_freeze_of_an_undecided_campaign_exits_3_with_the_closing_line(mbx, tmp_
         assert (told["verdict"], told["exit_code"], told["written"]) == ("inconclusive", 0, []), told
         assert told["closing"].endswith("(exit 0: --inconclusive-ok accepted it)")
     assert not out.exists() and not card.exists()
+    # card check of a card whose TFLOP/s floor the interval straddles: its closing says how it exits, as all do
+    assert mbx("card", "export", "incon", "-w", str(ws), "-p", point, "-o", str(card), "--allow-failed",
+               "noisy on purpose").returncode == 0  # fmt: skip
+    document = yaml.safe_load(card.read_text())
+    for body in document["items"]["pretrain_performance"].values():
+        name = "last_10_steps_model_tflops_per_gpu_avg"  # a card measured at 360, floor 349 (as the gate's)
+        body["thresholds"][name].update(min=349, measured=360)
+        body["metrics"][name] = 360
+    card.write_text(yaml.safe_dump(document))
+    checked = mbx("card", "check", "incon", str(card), "-w", str(ws))
+    assert checked.returncode == 3, checked.stdout + checked.stderr
+    last = checked.stdout.rstrip().splitlines()[-1]
+    assert last == f"INCONCLUSIVE incon against {card.name}: 1 point(s) (exit 3; --inconclusive-ok accepts it)"  # fmt: skip
+    told = json.loads(mbx("card", "check", "incon", str(card), "-w", str(ws), "--json", "--inconclusive-ok").stdout)  # fmt: skip
+    assert told["closing"] == f"{last.split(' (exit')[0]} (exit 0: --inconclusive-ok accepted it)", told
+    card.unlink()
 
     regate = mbx(
         "campaign", "regate", "incon", "-w", str(ws), "-f", str(_noisy_campaign(tmp_path / "q", 10_000))

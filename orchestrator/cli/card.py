@@ -183,11 +183,11 @@ def check(
     checked = check_card(card_file, workspace, campaign, item=item, margin=0.05 if margin is None else margin)
     for note in checked.notes:
         _note(note)
+    outcome = checked.outcome(campaign, card_file.name)
     if as_json:
         code = checked.exit_code(inconclusive_ok)
         emit_json({"campaign": campaign, "card": str(card_file), "item": checked.item, "verdict": checked.verdict,
-                   "closing": f"{checked.verdict.upper()} {campaign} against {card_file.name}: "
-                              f"{len(checked.points)} point(s)", "exit_code": code,
+                   "closing": outcome.closing(inconclusive_ok), "exit_code": code,
                    "points": [{"point_id": p.point_id, "label": p.label, "repeats": p.finished, "verdict": p.verdict,
                                "why": p.why() if p.verdict != "pass" else ""} for p in checked.points]})  # fmt: skip
         raise typer.Exit(code)
@@ -199,6 +199,7 @@ def check(
                       Text(point.verdict.upper(), style=VERDICT_STYLE.get(point.verdict, "")),
                       point.why() if point.verdict != "pass" else "")  # fmt: skip
     console(soft_wrap=True).print(table)
-    console(soft_wrap=True).print(Text.assemble((checked.verdict.upper(), VERDICT_STYLE[checked.verdict]),
-                                                f" {campaign} against {card_file.name}: {len(checked.points)} point(s)"))  # fmt: skip
+    from orchestrator.judge.closing import closing_text
+
+    console(soft_wrap=True).print(closing_text(outcome, inconclusive_ok))
     raise typer.Exit(checked.exit_code(inconclusive_ok))
