@@ -95,6 +95,7 @@ def page_context(data: dict[str, Any], generated_at: str | None = None) -> dict[
     when = generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"a": data["a"], "b": data["b"], "min_effect": f"{min_effect:.1%}", "overall": word,
             "exit_code": data.get("exit_code"), "pairs": pairs, "unmatched": data.get("unmatched", []),
+            "not_compared": data.get("not_compared", []),
             "generated_at": when, "min_effects": data.get("min_effects", {}),
             "rule": data.get("rule", "DIFFERENT at p ≤ 0.01 and at least the threshold"),
             "ci_header": f"{float(data.get('confidence') or 0.95) * 100:.4g}% CI"}  # fmt: skip

@@ -148,6 +148,12 @@ def test_bisect_refuses_ends_that_do_not_differ(tmp_path, mbx, write_campaign):
     assert len([p for p in (tmp_path / "ws").glob("replayed.bisect-*/*/*") if p.name.isdigit()]) == 2 * 2, (
         "the two ends, their first repeats only: no probe"
     )
+    again = mbx("bisect", str(path), "--key", "env.SLOW", "--values", "1.0,1.00,1.000", "-w", str(tmp_path / "ws"),
+                "--min-effect", "40", "--repeats", "2", "--max-repeats", "8", "--json", "--inconclusive-ok")  # fmt: skip
+    assert again.returncode == 1, again.stdout + again.stderr  # from the store: nothing runs again
+    result = json.loads(again.stdout)
+    assert (result["verdict"], result["exit_code"]) == ("fail", 1)
+    assert result["closing"] == closing[0].strip()  # --json carries the printed closing line
 
 
 def test_bisect_bad_input(tmp_path, mbx, write_campaign):

@@ -107,5 +107,6 @@ def test_freeze_a_real_campaign(mbx, write_campaign, tmp_path: Path, cache_env) 
     )
     # a point that failed cannot be frozen: exit 1 naming the check; --allow-failed cannot help a point that
     # has no completed repeat
-    assert refused.returncode == 1 and "cannot be frozen: it failed a check (failed)" in refused.stderr
-    assert "no completed repeat" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.returncode == 1 and "cannot be frozen: it failed a check (failed)" in refused.stdout
+    assert refused.stdout.startswith("FAIL tofreeze: --point ") and "no completed repeat" in refused.stdout
+    assert "Traceback" not in refused.stderr

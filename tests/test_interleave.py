@@ -183,7 +183,14 @@ def test_a_side_whose_cells_fail_exits_1_naming_them(tmp_path: Path, mbx, cache_
     b = write(tmp_path, broken)
     proc = mbx("compare", "--run", str(a), str(b), "--workspace", str(tmp_path / "ws"), env=cache_env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "B " in proc.stdout and "did not complete" in proc.stdout
-    error = proc.stderr.strip().splitlines()[0]
-    assert error.startswith("error: f-b point ") and "has no completed repeat to compare" in error
-    assert "cells that did not complete: " in error and "fp8" in error and "Traceback" not in proc.stderr
+    assert "B " in proc.stdout and "did not complete" in proc.stdout and "Traceback" not in proc.stderr
+    assert not proc.stderr.startswith("error:"), proc.stderr  # was a bare error; now the one closing line
+    closing = proc.stdout.rstrip().splitlines()[-1]
+    assert closing.startswith("FAIL f-a → f-b (practical threshold 1.0%), 1 matched point(s) not compared: B f-b "
+                              "point "), closing  # fmt: skip
+    assert "no completed repeat" in closing and "cell(s) did not complete: " in closing and "fp8" in closing
+    assert any(line.startswith("not compared: B f-b point ") for line in proc.stdout.splitlines())
+    stored = mbx("compare", "f-a", "f-b", "--workspace", str(tmp_path / "ws"), "--json")  # the data, stored
+    told = json.loads(stored.stdout)  # exited 2 with a bare error and no JSON
+    assert (stored.returncode, told["exit_code"], told["verdict"]) == (1, 1, "fail"), stored.stderr
+    assert told["closing"].startswith("FAIL f-a → f-b") and told["not_compared"][0].startswith("B f-b point ")

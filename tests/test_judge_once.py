@@ -67,8 +67,9 @@ def test_a_fast_point_that_failed_parity_never_wins(tmp_path: Path, mbx, write_c
 
     refused = mbx("freeze", "parityfast", "-w", str(ws), "-p", fast, "-o", str(tmp_path / "f2"))
     assert refused.returncode == 1, refused.stdout + refused.stderr
-    assert "cannot be frozen: it failed a check (parity): parity FAIL" in refused.stderr
-    assert '--allow-failed "REASON"' in refused.stderr and not (tmp_path / "f2").exists()
+    assert refused.stdout.startswith(f"FAIL parityfast: --point '{fast}' cannot be frozen: it failed a check "
+                                     "(parity): parity FAIL"), refused.stdout  # the one closing line  # fmt: skip
+    assert '--allow-failed "REASON"' in refused.stdout and not (tmp_path / "f2").exists()
     lonely = mbx("freeze", "parityfast", "-w", str(ws), "--allow-failed", "perf only")
     assert lonely.returncode == 2 and "give it with --point" in lonely.stderr
 
@@ -149,12 +150,37 @@ def test_one_tie_rule_and_reasons_that_agree_with_the_verdicts(h200: Path, mbx) 
     assert "some UNKNOWN" in tied.stdout and tied.stdout.strip().endswith("(exit 3; --inconclusive-ok accepts it)")
     as_json = mbx("freeze", "singles", "--by", "step_time", "-w", str(h200), "--json")  # printed nothing on a tie
     assert as_json.returncode == 3 and json.loads(as_json.stdout)["closing"] == tied.stdout.strip(), as_json.stdout
+    # the fused point, DIFFERENT (worse) than the leader, is rejected with its reason though the rest tie (was [])
+    (loser,) = json.loads(as_json.stdout)["rejected"]
+    assert (loser["point_id"], loser["kind"]) == (FUSED, "slower") and "(DIFFERENT" in loser["why"], loser
     frozen = freeze(h200, "singles", point=BASE, objective="step_time")
     kinds = {r.point_id: r for r in frozen.rejected}
     assert kinds[CAPACITY].kind == "not chosen" and "(UNKNOWN" in kinds[CAPACITY].why
     assert kinds[FUSED].kind == "slower" and "(DIFFERENT" in kinds[FUSED].why
     for r in frozen.rejected:  # the kind never contradicts the verdict beside it
         assert (r.kind == "slower") == ("(DIFFERENT" in r.why and "slower" in r.why), r
+
+
+def test_a_tie_still_rejects_the_points_worse_than_its_leader(tmp_path: Path, mbx, write_campaign) -> None:
+    """One run a point (SLOW 1.0 / 1.03 / 1.2, seeded noise): 1.0 and 1.03 tie (UNKNOWN with the run-to-run
+    floor, equal memory: no winner, exit 3), while 1.2 is DIFFERENT (worse): freeze --json and the report's
+    Rejected experiments list it with its verdict (both said nothing)."""
+    spec = fake("tied3", sweep={"axes": {"env.SLOW": ["1.0", "1.03", "1.2"]}})
+    spec["env"]["values"]["NOISE"] = "0.005"
+    ws = tmp_path / "ws"
+    assert mbx("campaign", "run", str(write_campaign(spec)), "-w", str(ws), "--no-report").returncode == 0
+    slow = point_ids(mbx, "tied3", ws)["1.2"]
+    tied = mbx("freeze", "tied3", "-w", str(ws), "--json")
+    assert tied.returncode == 3, tied.stdout + tied.stderr
+    told = json.loads(tied.stdout)
+    assert told["closing"].startswith("INCONCLUSIVE tied3: TIE: 2 points are not DIFFERENT"), told["closing"]
+    (loser,) = told["rejected"]
+    assert (loser["point_id"], loser["kind"], loser["verdict"]) == (slow, "slower", "fail"), loser
+    assert loser["why"].startswith("slower than the leader ") and "(DIFFERENT" in loser["why"], loser
+    summary = mbx("report", "tied3", "-w", str(ws), "-m")
+    assert summary.returncode == 0, summary.stdout + summary.stderr
+    listed = summary.stdout.split("### Rejected experiments", 1)[1].split("###", 1)[0]
+    assert f"`{slow}` [SLOW=1.2] (slower): slower than the leader" in listed, listed
 
 
 # ---- 5. one run a side is honest ----------------------------------------------------------------------------

@@ -103,6 +103,30 @@ def test_compare_json_exit_code_is_the_process_exit_code(tmp_path: Path, mbx, wr
     assert payload["closing"].startswith("FAIL ra → rb (practical threshold 1.0%), ")
 
 
+def test_compare_of_a_matched_point_that_never_completed(tmp_path: Path, mbx, write_campaign) -> None:
+    """Sides sweeping env.FAIL [none, config] (fake Megatron `--fail config`: every cell of that point fails):
+    `compare --run` and `compare` of the stored sides both exit 1 with the FAIL closing, compare the point that
+    completed and name the one not compared (--run exited 1 with a bare error, the stored compare 2; no JSON)."""
+    files = []
+    for name in ("fa", "fb"):
+        spec = fake(name)
+        spec["trainer"]["command"] += ["--fail", "{env.FAIL}"]
+        spec["env"]["values"]["FAIL"] = "none"
+        spec["sweep"]["axes"] = {"env.FAIL": ["none", "config"]}
+        files.append(str(write_campaign(spec, f"{name}.yaml")))
+    ws = str(tmp_path / "ws")
+    ran = mbx("compare", "--run", *files, "-w", ws, "--metric", "step_time", "--json")
+    stored = mbx("compare", "fa", "fb", "-w", ws, "--metric", "step_time", "--json")
+    for proc in (ran, stored):
+        told = json.loads(proc.stdout)
+        assert (proc.returncode, told["exit_code"], told["verdict"]) == (1, 1, "fail"), proc.stderr
+        assert [p["a"]["label"] for p in told["pairs"]] == ["FAIL=none"]  # the completed point is compared
+        assert told["parts"]["points"]["verdict"] == "fail", told["parts"]
+        (why,) = told["not_compared"]
+        assert why.startswith("A fa point ") and "[FAIL=config] and B fb point " in why, why
+        assert told["closing"].startswith("FAIL fa → fb (practical threshold 1.0%), 1 matched point(s) not")
+
+
 # ---- ingest: the same closing line ---------------------------------------------------------------------------
 def test_ingest_ends_with_the_closing_line_of_its_outcome(mbx, tmp_path: Path) -> None:
     """A completed log passes, a truncated one fails (exit 1): each says so in one closing line, --json too
@@ -197,6 +221,24 @@ def test_only_keys_a_change_set_join_its_line() -> None:
         ("sweep.training.micro_batch_size: 1 → 2 (also: trainer.recipe.argv --micro-batch-size, "
          "trainer.recipe.training.micro_batch_size)", "batch and sequence"),
         ("env.OTHER: 1 → 2", None),
+    ]  # fmt: skip
+
+
+def test_a_command_trainers_param_is_one_change() -> None:
+    """A Megatron command's `trainer.params.X` (the campaign's), `trainer.recipe.params.X` (the cell's recipe)
+    and the flag it renders to are one change, said once (were two lines: the recipe's key on its own)."""
+    from orchestrator.judge.compare_config import ranked_groups
+
+    keys = ("trainer.params.micro_batch_size", "trainer.recipe.argv --micro-batch-size",
+            "trainer.recipe.params.micro_batch_size")  # fmt: skip
+    diff = [{"key": k, "a": "1", "b": "2"} for k in keys]
+    diff += [{"key": k, "a": "full", "b": "selective"} for k in ("trainer.params.recompute_granularity",
+             "trainer.recipe.argv --recompute-granularity", "trainer.recipe.params.recompute_granularity")]  # fmt: skip
+    assert ranked_groups(diff, {}) == [
+        ("trainer.params.micro_batch_size: 1 → 2 (also: trainer.recipe.argv --micro-batch-size, "
+         "trainer.recipe.params.micro_batch_size)", "batch and sequence"),
+        ("trainer.params.recompute_granularity: full → selective (also: trainer.recipe.argv "
+         "--recompute-granularity, trainer.recipe.params.recompute_granularity)", "recompute"),
     ]  # fmt: skip
 
 

@@ -100,14 +100,13 @@ def test_freeze_status_report_and_card_blame_the_same_side_of_a_failed_eval_chec
     assert f"--point {train_only}" in report.stdout and f"--point {evaluating}" not in report.stdout
 
     card = tmp_path / "c.card.yaml"
-    refused = mbx("card", "export", "evalcard", "-w", str(ws), "-p", evaluating, "-o", str(card))
+    refused = mbx("card", "export", "evalcard", "-w", str(ws), "-p", evaluating, "-o", str(card), "--json")
     assert refused.returncode == 1, refused.stdout + refused.stderr
-    assert "cannot be exported as a card: it failed a check (parity): parity FAIL" in refused.stderr
-    assert (
-        '--allow-failed "REASON"' in refused.stderr
-        and not card.exists()
-        and "Traceback" not in refused.stderr
-    )
+    told = json.loads(refused.stdout)  # the one closing line (was a bare error: and no JSON)
+    assert (told["verdict"], told["exit_code"]) == ("fail", 1), told
+    assert told["closing"].startswith("FAIL evalcard: ")
+    assert "cannot be exported as a card: it failed a check (parity): parity FAIL" in told["closing"]
+    assert '--allow-failed "REASON"' in told["closing"] and not card.exists() and not refused.stderr
     allowed = mbx("card", "export", "evalcard", "-w", str(ws), "-p", evaluating, "-o", str(card),
                   "--allow-failed", "eval bug known, fixed upstream")  # fmt: skip
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
@@ -171,6 +170,36 @@ def test_freeze_of_an_undecided_campaign_exits_3_with_the_closing_line(mbx, tmp_
     ) and not out.exists()
     assert data["closing"].endswith("(exit 0: --inconclusive-ok accepted it)")
     assert [(r["kind"], r["verdict"]) for r in data["rejected"]] == [("gate", "inconclusive")]
+    # -p of that point, freeze or card export: not decided (3), never "failed" (was "it failed a check", exit 1)
+    point = data["rejected"][0]["point_id"]
+    card = tmp_path / "c.yaml"
+    for args in (("freeze", "incon", "-o", str(out)), ("card", "export", "incon", "-o", str(card))):
+        chosen = mbx(*args, "-w", str(ws), "-p", point)
+        assert chosen.returncode == 3, chosen.stdout + chosen.stderr
+        said = chosen.stdout.strip()
+        assert said.startswith(f"INCONCLUSIVE incon: --point '{point}' cannot be "), said
+        assert "failed a check" not in said and "its check is not decided yet (gate): gate inconcl" in said
+        assert said.endswith("(exit 3; --inconclusive-ok accepts it)"), said
+        told = json.loads(mbx(*args, "-w", str(ws), "-p", point, "--json", "--inconclusive-ok").stdout)
+        assert (told["verdict"], told["exit_code"], told["written"]) == ("inconclusive", 0, []), told
+        assert told["closing"].endswith("(exit 0: --inconclusive-ok accepted it)")
+    assert not out.exists() and not card.exists()
+    # card check of a card whose TFLOP/s floor the interval straddles: its closing says how it exits, as all do
+    assert mbx("card", "export", "incon", "-w", str(ws), "-p", point, "-o", str(card), "--allow-failed",
+               "noisy on purpose").returncode == 0  # fmt: skip
+    document = yaml.safe_load(card.read_text())
+    for body in document["items"]["pretrain_performance"].values():
+        name = "last_10_steps_model_tflops_per_gpu_avg"  # a card measured at 360, floor 349 (as the gate's)
+        body["thresholds"][name].update(min=349, measured=360)
+        body["metrics"][name] = 360
+    card.write_text(yaml.safe_dump(document))
+    checked = mbx("card", "check", "incon", str(card), "-w", str(ws))
+    assert checked.returncode == 3, checked.stdout + checked.stderr
+    last = checked.stdout.rstrip().splitlines()[-1]
+    assert last == f"INCONCLUSIVE incon against {card.name}: 1 point(s) (exit 3; --inconclusive-ok accepts it)"  # fmt: skip
+    told = json.loads(mbx("card", "check", "incon", str(card), "-w", str(ws), "--json", "--inconclusive-ok").stdout)  # fmt: skip
+    assert told["closing"] == f"{last.split(' (exit')[0]} (exit 0: --inconclusive-ok accepted it)", told
+    card.unlink()
 
     regate = mbx(
         "campaign", "regate", "incon", "-w", str(ws), "-f", str(_noisy_campaign(tmp_path / "q", 10_000))

@@ -6,6 +6,7 @@ nothing failed is inconclusive (exit 3, one closing line), not a failure. On the
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 from conftest import TINY_MOE_RECIPE
@@ -93,6 +94,13 @@ def test_a_search_that_spent_its_budget_with_nothing_failed_exits_3(mbx, write_c
     again = mbx("campaign", "resume", "spent", "--workspace", str(workspace), "--no-report", "--inconclusive-ok",
                 env=cache_env)  # fmt: skip
     assert again.returncode == 0, again.stdout + again.stderr
+    # freeze says the same: its short run was kept for a full-length run that never came, so nothing is frozen
+    # and that is undecided (3), not "every point failed" (1)
+    frozen = mbx("freeze", "spent", "--workspace", str(workspace), "--json")
+    assert frozen.returncode == 3, frozen.stdout + frozen.stderr
+    told = json.loads(frozen.stdout)
+    assert (told["verdict"], told["exit_code"]) == ("inconclusive", 3), told
+    assert [r["kind"] for r in told["rejected"]] == ["short run"] and "not decided" in told["rejected"][0]["why"]
 
 
 def test_the_halving_front_keeps_points_that_stopped_early_for_memory() -> None:

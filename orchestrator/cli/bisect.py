@@ -134,9 +134,7 @@ def show(result: object, inconclusive_ok: bool = False) -> None:
                       Text(search.fmt_verdict(m), style=_STYLE.get(m.verdict, "")))  # fmt: skip
     console().print(table)
     from orchestrator.judge.closing import closing_text
-    from orchestrator.judge.outcome import Outcome, Part
 
-    bisected = Outcome("", (Part("bisect", result.verdict, result.message),))
-    console().print(closing_text(bisected, inconclusive_ok), soft_wrap=True)
+    console().print(closing_text(result.outcome(), inconclusive_ok), soft_wrap=True)
     for line in result.diagnosis:
         console().print(Text(f"  diagnosis: {line}"), soft_wrap=True)

@@ -52,6 +52,7 @@ def export(
     title: Annotated[str | None, typer.Option(help="The card's title [default: the campaign name].")] = None,
     allow_failed: AllowFailedOpt = None,
     as_json: JsonOpt = False,
+    inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
     """Write a card's performance item for one point, from all its completed repeats.
 
@@ -67,11 +68,14 @@ def export(
 
     A point that failed a check is not exported, as mbx freeze --point refuses it: a gate not passed, a parity
     pair not passed that rules it out (the side under test: the on side of a toggle or pair, the reloading
-    side of a checkpoint check, the evaluating side of eval_check), a failed or unstable repeat. That exits 1
-    naming the check, unless --allow-failed "REASON" says why: then the card is written `unverified`, with
-    `failed_check` naming the check and the reason.
+    side of a checkpoint check, the evaluating side of eval_check), a failed or unstable repeat. That ends with
+    one closing line naming the check (FAIL, exit 1; INCONCLUSIVE, exit 3, for a check not decided yet: an
+    inconclusive gate or parity pair, a repeat not finished; --json: the verdict, closing line and exit code),
+    unless --allow-failed "REASON" says why: then the card is written `unverified`, with `failed_check` naming
+    the check and the reason.
 
-    Exit codes: 0 written; 1 the point failed a check (without --allow-failed); 2 bad input.
+    Exit codes: 0 written; 1 the point failed a check (without --allow-failed); 2 bad input; 3 undecided: a
+    check of the point not decided yet (`--inconclusive-ok` turns it into 0; nothing is written either way).
 
     Example: mbx card export quickstart --point 3f2a9c01d2 --out quickstart.card.yaml
     """
@@ -83,8 +87,14 @@ def export(
 
     if allow_failed is not None and not allow_failed.strip():
         raise UsageError('--allow-failed "REASON": give a reason (it is written in the card\'s failed_check)')
-    done = export_card(workspace, campaign, point, item=item, margin=margin, title=title,
-                       allow_failed=allow_failed)  # fmt: skip
+    from orchestrator.cli.freeze import no_winner
+    from orchestrator.judge.freeze import NoWinner
+
+    try:
+        done = export_card(workspace, campaign, point, item=item, margin=margin, title=title,
+                           allow_failed=allow_failed)  # fmt: skip
+    except NoWinner as refused:  # the point is ruled out by a check: the one closing line, nothing written
+        raise typer.Exit(no_winner(campaign, refused, as_json, inconclusive_ok)) from None
     for note in done.notes:
         _note(note)
     if out is None:
@@ -173,11 +183,11 @@ def check(
     checked = check_card(card_file, workspace, campaign, item=item, margin=0.05 if margin is None else margin)
     for note in checked.notes:
         _note(note)
+    outcome = checked.outcome(campaign, card_file.name)
     if as_json:
         code = checked.exit_code(inconclusive_ok)
         emit_json({"campaign": campaign, "card": str(card_file), "item": checked.item, "verdict": checked.verdict,
-                   "closing": f"{checked.verdict.upper()} {campaign} against {card_file.name}: "
-                              f"{len(checked.points)} point(s)", "exit_code": code,
+                   "closing": outcome.closing(inconclusive_ok), "exit_code": code,
                    "points": [{"point_id": p.point_id, "label": p.label, "repeats": p.finished, "verdict": p.verdict,
                                "why": p.why() if p.verdict != "pass" else ""} for p in checked.points]})  # fmt: skip
         raise typer.Exit(code)
@@ -189,6 +199,7 @@ def check(
                       Text(point.verdict.upper(), style=VERDICT_STYLE.get(point.verdict, "")),
                       point.why() if point.verdict != "pass" else "")  # fmt: skip
     console(soft_wrap=True).print(table)
-    console(soft_wrap=True).print(Text.assemble((checked.verdict.upper(), VERDICT_STYLE[checked.verdict]),
-                                                f" {campaign} against {card_file.name}: {len(checked.points)} point(s)"))  # fmt: skip
+    from orchestrator.judge.closing import closing_text
+
+    console(soft_wrap=True).print(closing_text(outcome, inconclusive_ok))
     raise typer.Exit(checked.exit_code(inconclusive_ok))

@@ -125,7 +125,8 @@ def compare(
     It ends with one closing line, PASS / FAIL / INCONCLUSIVE as every judging command says it (`--json`:
     `verdict`, `closing` and `exit_code`, the code the command exits with). Exit codes: 0 every metric SAME
     (or below --min-effect, or better); 1 a metric DIFFERENT in the bad direction (slower, fewer TFLOP/s, more
-    memory, higher loss), or with --run a cell that did not complete; 3 an UNKNOWN (more repeats needed) and
+    memory, higher loss), a matched point with no completed repeat (listed "not compared"; the other points are
+    compared), or with --run a cell that did not complete; 3 an UNKNOWN (more repeats needed) and
     nothing worse (`--inconclusive-ok` turns it into 0); 2 bad input.
 
     --min-effect is a percent [default: 1], for every metric and per metric: `2,final_loss=0.5` (a `%` sign
@@ -243,4 +244,6 @@ def _print(result: object) -> None:
             out.print(Text.assemble((head, "bold"), text))
     for line in result.unmatched:
         out.print(Text.assemble(("unmatched: ", "yellow"), line))
+    for line in result.not_compared:
+        out.print(Text.assemble(("not compared: ", "bold red"), line))
     out.print(Text(f"rule: {cmp.rule_text(result)}", style="dim"))

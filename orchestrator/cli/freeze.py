@@ -98,8 +98,9 @@ def freeze(
     When nothing is frozen, one closing line says why (INCONCLUSIVE or FAIL, as every judging command; with
     --json, the verdict, closing line, exit code and rejected points). Exit codes: 0 frozen; 1 every point
     failed a check (or is infeasible), or --point names a point that failed a check; 2 bad input; 3 undecided:
-    a tie no figure separates, or a point not decided yet (an inconclusive gate or parity pair, a repeat not
-    finished) and none eligible; `--inconclusive-ok` turns 3 into 0 (nothing is written either way).
+    a tie no figure separates, a point not decided yet (an inconclusive gate or parity pair, a repeat not
+    finished, a search's short run it stopped before deciding) and none eligible, or --point names a point
+    whose check is not decided yet; `--inconclusive-ok` turns 3 into 0 (nothing is written either way).
 
     Example: mbx freeze quickstart --out frozen/
     """
@@ -122,7 +123,7 @@ def freeze(
         frozen = pick(workspace, campaign, point=point, objective=by,
                       tie_break=tie_break, min_effect=effect, allow_failed=allow_failed)  # fmt: skip
     except NoWinner as none:  # the one closing line; 3 undecided (0 with --inconclusive-ok), 1 every point failed
-        raise typer.Exit(_no_winner(campaign, none, as_json, inconclusive_ok)) from None
+        raise typer.Exit(no_winner(campaign, none, as_json, inconclusive_ok)) from None
     target = out or workspace / campaign / "frozen"
     check_out_dir(target)
     try:
@@ -163,9 +164,9 @@ def _frozen_json(campaign: str, frozen: Any, target: Path) -> dict[str, Any]:
     return _frozen_outcome(campaign, frozen, target).to_dict()
 
 
-def _no_winner(campaign: str, none: Any, as_json: bool, inconclusive_ok: bool) -> int:
-    """Print why nothing is frozen as the one closing line (orchestrator/judge/outcome.py), or with --json the
-    outcome and the rejected points; the exit code."""
+def no_winner(campaign: str, none: Any, as_json: bool, inconclusive_ok: bool) -> int:
+    """Print why nothing is frozen (or exported: `card export -p`) as the one closing line
+    (orchestrator/judge/outcome.py), or with --json the outcome and the rejected points; the exit code."""
     from orchestrator.judge.closing import closing_text
 
     outcome = none.outcome()

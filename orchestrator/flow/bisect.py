@@ -25,7 +25,7 @@ from scipy import stats as sps
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.flow.options import Options
 from orchestrator.judge import compare
-from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, exit_code
+from orchestrator.judge.outcome import FAIL, INCONCLUSIVE, PASS, Outcome, Part, exit_code
 from orchestrator.spec import software
 from orchestrator.spec.campaign import Campaign, Sweep
 from orchestrator.spec.keys import key_problem, value_problem
@@ -83,6 +83,10 @@ class Result:
     def exit_code(self, inconclusive_ok: bool = False) -> int:
         """orchestrator/judge/outcome.py's exit code of the verdict: 0 named, 1 refused, 3 undecided."""
         return exit_code(self.verdict, inconclusive_ok)
+
+    def outcome(self) -> Outcome:
+        """The one closing line's outcome (orchestrator/judge/outcome.py): the verdict and the message."""
+        return Outcome("", (Part("bisect", self.verdict, self.message),))
 
 
 # ---- the list of versions ------------------------------------------------------------------------------
@@ -432,7 +436,8 @@ def fmt_verdict(m: Measurement) -> str:
 
 
 def to_json(res: Result, inconclusive_ok: bool = False) -> dict[str, Any]:
-    """The bisect as JSON: every measurement, the first bad version, the verdict and the exit code."""
+    """The bisect as JSON: every measurement, the first bad version, the verdict, the closing line (as printed,
+    `inconclusive_ok`: the command was given --inconclusive-ok) and the exit code."""
 
     def one(m: Measurement | None) -> dict[str, Any] | None:
         if m is None:
@@ -446,7 +451,8 @@ def to_json(res: Result, inconclusive_ok: bool = False) -> dict[str, Any]:
             "versions": [{"value": v, "label": lab} for v, lab in zip(plan.values, plan.labels, strict=True)],
             "measurements": [one(m) for m in res.measurements], "first_bad": one(res.culprit),
             "last_good": one(res.last_good), "diagnosis": res.diagnosis, "message": res.message,
-            "verdict": res.verdict, "exit_code": res.exit_code(inconclusive_ok)}  # fmt: skip
+            "verdict": res.verdict, "closing": res.outcome().closing(inconclusive_ok),
+            "exit_code": res.exit_code(inconclusive_ok)}  # fmt: skip
 
 
 def to_markdown(res: Result) -> str:

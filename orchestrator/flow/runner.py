@@ -204,12 +204,14 @@ def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None
 def pick_winner(workspace: Path, campaign: CampaignView, extras: SiteExtras) -> None:
     """The winner and the rejected points by the verdicts (mbx freeze's pick), or why there is none: never a point
     a verdict kind rules out (freeze reads each kind's `blame`, orchestrator/judge/verdict_kinds.py)."""
-    from orchestrator.judge.freeze import freeze
+    from orchestrator.judge.freeze import NoWinner, freeze
 
     try:
         frozen = freeze(workspace, campaign.name)
     except (MbxError, KeyError, ValueError) as err:  # e.g. nothing eligible yet: the report says why
         extras.freeze_note = f"No winner picked by the verdicts: {err}"
+        if isinstance(err, NoWinner):  # a tie, nothing eligible: every point it rules out, and why
+            extras.rejected = [dict(vars(r)) for r in err.rejected]
         return
     extras.winner, extras.how = frozen.winner.point_id, frozen.how
     extras.rejected = [dict(vars(r)) for r in frozen.rejected]

@@ -13,7 +13,7 @@ from typing import Any
 from orchestrator import trainers
 from orchestrator.errors import UsageError
 from orchestrator.judge.freeze import freeze, refuse_ingested
-from orchestrator.judge.outcome import combine, exit_code
+from orchestrator.judge.outcome import Outcome, Part, combine, exit_code
 from orchestrator.run.outfile import write_out
 from orchestrator.run.regate import PointVerdict, judge_campaign
 from orchestrator.run.store import CellRow, Store
@@ -227,6 +227,11 @@ class Checked:
 
     def exit_code(self, inconclusive_ok: bool = False) -> int:
         return exit_code(self.verdict, inconclusive_ok)
+
+    def outcome(self, campaign: str, card: str) -> Outcome:
+        """The one closing line's outcome: `WORD CAMPAIGN against CARD: N point(s)` (an inconclusive one says how
+        it exits, as every closing line)."""
+        return Outcome("", (Part("card", self.verdict, f"{campaign} against {card}: {len(self.points)} point(s)"),))
 
 
 def pick_item(document: dict[str, Any], wanted: str | None) -> tuple[str, dict[str, Any]]:

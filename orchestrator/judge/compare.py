@@ -128,17 +128,25 @@ class Comparison:
     unmatched: list[str]
     min_effects: dict[str, float] = field(default_factory=dict)  # per-metric thresholds (others: min_effect)
     looks: int = 1  # the most looks of a sequential comparison (--until-conclusive): each at alpha / looks
+    not_compared: list[str] = field(default_factory=list)  # matched points a side has no completed repeat of
 
     @property
     def levels(self) -> stats.Levels:
         return stats.Levels.for_looks(self.looks)
 
     @property
-    def verdict(self) -> str:
-        """fail: a metric DIFFERENT in the bad direction; inconclusive: an UNKNOWN and nothing worse; else pass."""
+    def metrics_verdict(self) -> str:
+        """The compared pairs' verdict: fail, a metric DIFFERENT in the bad direction; inconclusive, an UNKNOWN
+        and nothing worse (or no pair compared); else pass."""
         if any(p.worse() for p in self.pairs):
             return FAIL
-        return INCONCLUSIVE if any(p.unknown() for p in self.pairs) else PASS
+        return INCONCLUSIVE if not self.pairs or any(p.unknown() for p in self.pairs) else PASS
+
+    @property
+    def verdict(self) -> str:
+        """The metrics' verdict; fail when a matched point has no completed repeat to compare (its cells did not
+        complete: a failure, as in `campaign run`)."""
+        return FAIL if self.not_compared else self.metrics_verdict
 
     @property
     def exit_code(self) -> int:
@@ -441,17 +449,23 @@ def compare_campaigns(workspace: Path, a: str, b: str, *, metrics: list[str] | N
             f"; a golden-values file is the point {GOLDEN_POINT!r}" if golden_ref(a) or golden_ref(b) else ""
         )
         raise UsageError(f"no point of {a!r} matches a point of {b!r} by swept values (use --pair A:B{hint})")
+    not_compared = [no_repeat(a_, b_) for a_, b_ in matched if not a_.repeats or not b_.repeats]
+    matched = [(a_, b_) for a_, b_ in matched if a_.repeats and b_.repeats]
     for left, right in matched:
-        if not left.repeats or not right.repeats:
-            empty = left if not left.repeats else right
-            raise UsageError(f"{empty.campaign} point {empty.point_id} has no completed repeat to compare")
         if "golden" not in (left.source, right.source):  # a golden file records no GPU
             check_hardware(left, right, allow_different_hardware)
     floors = load_floors(workspace, (a, b))
     results = [
         compare_pair(left, right, chosen, min_effect, min_effects, looks, floors) for left, right in matched
     ]
-    return Comparison(a, b, min_effect, results, unmatched, min_effects, looks)
+    return Comparison(a, b, min_effect, results, unmatched, min_effects, looks, not_compared)
+
+
+def no_repeat(left: Point, right: Point) -> str:
+    """Why a matched pair is not compared: the side(s) with no completed repeat (its cells failed or never ran)."""
+    empty = [f"{side} {p.campaign} point {p.point_id} [{p.label}]" for side, p in (("A", left), ("B", right))
+             if not p.repeats]  # fmt: skip
+    return f"{' and '.join(empty)}: no completed repeat (its cells failed or did not run)"
 
 
 # ---- rendering (plain data, Markdown) ---------------------------------------------------------------------
@@ -561,7 +575,8 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
             "equivalence_alpha": levels.equivalence_alpha, "confidence": levels.confidence,
             "memory_floor": {"rel": stats.MEMORY_FLOOR.rel, "gib": stats.MEMORY_FLOOR.absolute},
             "rule": rule_text(comparison), "metric_labels": {m.name: m.label for m in METRICS},
-            "pairs": pairs, "unmatched": comparison.unmatched, "exit_code": comparison.exit_code}  # fmt: skip
+            "pairs": pairs, "unmatched": comparison.unmatched, "not_compared": comparison.not_compared,
+            "exit_code": comparison.exit_code}  # fmt: skip
 
 
 def write_page(comparison: Comparison, out_dir: Path) -> Path:
@@ -615,6 +630,7 @@ def to_markdown(comparison: Comparison) -> str:
         notes += [f"diagnosis: {md_text(x)}" for x in r.diagnosis] + [md_text(x) for x in advice(r)]
         lines += [f"- {x}" for x in notes] + ([""] if notes else [])
     lines += [f"- unmatched: {md_text(x)}" for x in comparison.unmatched]
+    lines += [f"- not compared: {md_text(x)}" for x in comparison.not_compared]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -8,8 +8,9 @@ into their flags (`trainer.recipe.argv --cross-entropy-fusion-impl`), so one cha
 value differs between a point's own repeats is shown as varying, not as a difference of the sides.
 
 Each change is said once (`grouped`): a swept key (`sweep.env.SLOW`) and the keys it set with the same A → B
-(`env.SLOW`, the argv flag its template fills with `{env.SLOW}`, the flag a param renders to) are one line; a key
-that only happens to change alike stays on its own.
+(`env.SLOW`, the argv flag its template fills with `{env.SLOW}`, the flag a param renders to) are one line, as are
+a command trainer's `trainer.params.X`, its recipe's `trainer.recipe.params.X` and the flag `--x` they render to; a
+key that only happens to change alike stays on its own.
 
 Suspects (`ranked`): of the differing keys, the known performance keys come first, in the order of the rule that
 names them (PERFORMANCE_KEYS: precision, parallel layout, batch and sequence, recompute, kernels and fusions,
@@ -54,6 +55,7 @@ PERFORMANCE_KEYS = (  # (rule, key patterns): known performance keys, most likel
 ARGV_KEYS = ("argv", "trainer.command")  # lists shown flag by flag: a command's argv and its template
 TEMPLATE = "trainer.command "  # a command template's flags as flattened: `trainer.command --flag` → `{env.X}`
 ARGV = "trainer.recipe.argv "  # the rendered argv's flags
+PARAMS = "trainer.params."  # a command trainer's params as the campaign gives them (its recipe has them too)
 
 
 def _text(value: Any) -> str:
@@ -131,10 +133,12 @@ def diff_line(item: dict[str, str]) -> str:
 
 def sets(source: str, key: str, templates: dict[str, str]) -> bool:
     """Whether `key` is set from `source` (a swept `sweep.K` or any key K): K itself, a key ending in `.K` (the
-    recipe's), a command's argv flag its template fills with `{K}`, or the flag K renders to (`--micro-batch-size`
-    for `training.micro_batch_size`)."""
+    recipe's; a command trainer's `trainer.params.K` sets the recipe's `trainer.recipe.params.K`), a command's
+    argv flag its template fills with `{K}`, or the flag K renders to (`--micro-batch-size` for
+    `training.micro_batch_size`)."""
     name = source.removeprefix("sweep.")
-    if key != source and (key == name or key.endswith(f".{name}")):
+    names = {name, name.removeprefix("trainer.")} if name.startswith(PARAMS) else {name}
+    if key != source and any(key == n or key.endswith(f".{n}") for n in names):
         return True
     if not key.startswith(ARGV):
         return False

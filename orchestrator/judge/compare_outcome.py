@@ -20,8 +20,11 @@ def _metrics(names: Sequence[str]) -> str:
 
 
 def compare_part(comparison: Comparison) -> Part:
-    """`compare WORSE: step time (ms) DIFFERENT in the bad direction`, SAME or UNKNOWN likewise."""
-    verdict = comparison.verdict
+    """`compare WORSE: step time (ms) DIFFERENT in the bad direction`, SAME or UNKNOWN likewise (of the pairs
+    compared; none compared: undecided)."""
+    verdict = comparison.metrics_verdict
+    if not comparison.pairs:
+        return Part("compare", INCONCLUSIVE, "compare: no matched point has a completed repeat on both sides")
     if verdict == FAIL:
         worse = _metrics([n for p in comparison.pairs for n in p.worse()])
         return Part("compare", FAIL, f"compare WORSE: {worse} DIFFERENT in the bad direction")
@@ -32,9 +35,12 @@ def compare_part(comparison: Comparison) -> Part:
 
 
 def compare_outcome(comparison: Comparison, not_completed: Sequence[str] = ()) -> Outcome:
-    """The comparison's outcome; `not_completed` ("cell id: why" of cells a `--run` ran that did not complete)
-    fail it, as they fail `campaign run`."""
+    """The comparison's outcome; matched points with no completed repeat (not compared) and `not_completed`
+    ("cell id: why" of cells a `--run` ran that did not complete) fail it, as they fail `campaign run`."""
     parts = [compare_part(comparison)]
+    if comparison.not_compared:
+        parts.append(Part("points", FAIL, f"{len(comparison.not_compared)} matched point(s) not compared: "
+                          + "; ".join(comparison.not_compared)))  # fmt: skip
     if not_completed:
         parts.append(
             Part("cells", FAIL, f"{len(not_completed)} cell(s) did not complete: " + "; ".join(not_completed))

@@ -27,6 +27,10 @@ from reports import compare as stats
 OBJECTIVES = {"tflops": "tflops", "step_time": "step_time"}
 SEARCH_OBJECTIVES = {"tflops_per_gpu": "tflops", "step_time_ms": "step_time"}  # sweep.search.objective → --by
 TIE_BREAKS = {"memory": "peak_alloc", "step_time": "step_time", "tflops": "tflops"}
+UNDECIDED_TRIALS = {  # a short run's trial state (orchestrator/judge/search_ledger.py) → why it is not decided
+    "promoted": "kept for a longer run the search never made (it stopped first)",
+    "completed": "its rung was never ranked (the search stopped first)",
+}
 
 
 @dataclass
@@ -142,9 +146,10 @@ class NoWinner(RunError):
     """No point can be frozen: undecided (a tie no figure separates, or points whose checks are not decided yet:
     exit 3) or failed (every point failed a check: exit 1); `outcome` is the closing line that says so."""
 
-    def __init__(self, message: str, verdict: str, rejected: list[Rejected] | None = None):
+    def __init__(self, message: str, verdict: str, rejected: list[Rejected] | None = None,
+                 nothing: str = "nothing frozen"):  # fmt: skip
         super().__init__(message)
-        self.verdict, self.rejected = verdict, rejected or []
+        self.verdict, self.rejected, self.nothing = verdict, rejected or [], nothing
 
     @property
     def exit_code(self) -> int:  # type: ignore[override]
@@ -152,7 +157,12 @@ class NoWinner(RunError):
 
     def outcome(self) -> Outcome:
         """The one closing line (orchestrator/judge/outcome.py): its word, why nothing was frozen."""
-        return Outcome("", (Part("freeze", self.verdict, f"{self}; nothing frozen"),))
+        return Outcome("", (Part("freeze", self.verdict, f"{self}; {self.nothing}"),))
+
+
+class Refused(NoWinner):
+    """`--point` names a point ruled out by a check: FAIL (exit 1) when it failed the check, INCONCLUSIVE (exit 3)
+    when the check is not decided yet (an inconclusive gate or parity pair, a repeat not finished)."""
 
 
 class Tied(NoWinner):
@@ -170,21 +180,37 @@ def search_of(record: dict[str, Any]) -> Search | None:
 
 def search_rejected(points: list[Point], search: Search, trials: list[dict[str, Any]]) -> dict[str, Rejected]:
     """A search's points that cannot win: shorter runs of its rungs, runs that are not candidates (the base
-    recipe), and full-length trials the search excluded (a constraint), each with why."""
+    recipe), and full-length trials the search excluded (a constraint), each with why. A short run the search
+    kept (promoted) or never ranked before the search stopped (the budget ran out first) is undecided, not
+    failed: more budget may make it the best (`short_run`)."""
     rows = {r["point_id"]: r for r in trials if r.get("point_id")}
+    last_rung: dict[Any, int] = {}
+    for r in trials:
+        last_rung[r.get("trial")] = max(last_rung.get(r.get("trial"), 0), int(r.get("rung") or 0))
     out: dict[str, Rejected] = {}
     for p in points:
         row = rows.get(p.point_id)
         if not full_length(p.params, search):
-            steps = p.params.get(search.steps_key)
-            out[p.point_id] = Rejected(p.point_id, p.label, f"a {steps}-step trial of the search's rung "
-                                       f"{row['rung'] if row else '?'}: only full-length trials can win", "short run")  # fmt: skip
+            went_on = row is not None and last_rung.get(row.get("trial"), 0) > int(row.get("rung") or 0)
+            out[p.point_id] = short_run(p, search, None if row is None else {**row, "went_on": went_on})
         elif row is None:
             out[p.point_id] = Rejected(p.point_id, p.label, "not a search candidate (the base recipe, run as the "
                                        "loss reference)", "reference")  # fmt: skip
         elif row["state"] in ("excluded", "failed", "infeasible"):
             out[p.point_id] = Rejected(p.point_id, p.label, row.get("reason") or row["state"], "constraint")
     return out
+
+
+def short_run(point: Point, search: Search, row: dict[str, Any] | None) -> Rejected:
+    """A shorter run of a search's rung: never a winner; undecided (INCONCLUSIVE) when the search stopped before
+    it was dropped or its trial ran a longer rung (UNDECIDED_TRIALS; `row["went_on"]`: it did), else lost in its
+    rung or decided by its longer run (FAIL)."""
+    steps = point.params.get(search.steps_key)
+    head = f"a {steps}-step trial of the search's rung {row['rung'] if row else '?'}"
+    if row is not None and row.get("state") in UNDECIDED_TRIALS and not row.get("went_on"):
+        return Rejected(point.point_id, point.label, f"{head}: {UNDECIDED_TRIALS[row['state']]}: not decided; only "
+                        "full-length trials can win", "short run", INCONCLUSIVE)  # fmt: skip
+    return Rejected(point.point_id, point.label, f"{head}: only full-length trials can win", "short run")
 
 
 def _lost(other: Point, choice: Choice, goal: Metric, breaker: Metric) -> Rejected:
@@ -205,6 +231,17 @@ def _lost(other: Point, choice: Choice, goal: Metric, breaker: Metric) -> Reject
                         "slower")  # fmt: skip
     return Rejected(other.point_id, other.label, f"tied with {than} in {goal.label} (not DIFFERENT): "
                     f"{fmt_decision(d)}; lost the tie-break ({_tie_break(winner, other, breaker)})", "tie")  # fmt: skip
+
+
+def tie_losers(choice: Choice, eligible: list[Point], goal: Metric) -> list[Rejected]:
+    """The points that lost to the leader of a tie no figure separates (DIFFERENT, worse): rejected with their
+    verdict against it, though the tied points are not decided yet."""
+    leader = choice.leader
+    if leader is None:
+        return []
+    return [Rejected(p.point_id, p.label, f"slower than the leader {leader.point_id} in {goal.label} (the points "
+                     f"tied with it are not decided yet): {fmt_decision(choice.decisions[p.point_id])}", "slower")
+            for p in eligible if p.point_id in choice.decisions and p not in choice.tied]  # fmt: skip
 
 
 def _tie_break(winner: Point, other: Point, breaker: Metric) -> str:
@@ -237,10 +274,12 @@ def _standing(chosen: Point, choice: Choice, goal: Metric, min_effect: float, fl
 
 
 def _allowed(
-    chosen: Point, excluded: dict[str, Rejected], point: str, allow_failed: str | None, done: str = "frozen"
-) -> str | None:
-    """The check the chosen point failed and the reason it is `done` anyway (None: it failed none); RunError
-    (exit 1) naming the check unless `--allow-failed` gives a reason and the point has completed repeats."""
+    chosen: Point, excluded: dict[str, Rejected], point: str, allow_failed: str | None, done: str = "frozen",
+    campaign: str = "",
+) -> str | None:  # fmt: skip
+    """The check the chosen point failed (or has not passed yet) and the reason it is `done` anyway (None: it is
+    ruled out by none); Refused naming the check unless `--allow-failed` gives a reason and the point has
+    completed repeats: FAIL (exit 1) for a failed check, INCONCLUSIVE (exit 3) for one not decided yet."""
     failed = excluded.get(chosen.point_id)
     if failed is None:
         return None
@@ -248,9 +287,10 @@ def _allowed(
         return f"{failed.why}; {done} anyway with --allow-failed: {allow_failed}"
     hint = (f" (it has no completed repeat to be {done})" if not chosen.repeats else
             f'; --allow-failed "REASON" gets it {done} anyway, with that reason written beside the check')  # fmt: skip
-    raise RunError(
-        f"--point {point!r} cannot be {done}: it failed a check ({failed.kind}): {failed.why}{hint}"
-    )
+    state = "it failed a check" if failed.verdict == FAIL else "its check is not decided yet"
+    nothing = "nothing frozen" if done == "frozen" else f"nothing {done}"
+    raise Refused(f"{campaign}: --point {point!r} cannot be {done}: {state} ({failed.kind}): {failed.why}{hint}",
+                  FAIL if failed.verdict == FAIL else INCONCLUSIVE, [failed], nothing)  # fmt: skip
 
 
 def refuse_ingested(record: dict[str, Any], campaign: str, what: str) -> None:
@@ -268,8 +308,9 @@ def freeze(
     """The winner (`point`, or the best by orchestrator/judge/best.py's rule) and every other point's reason. For a
     search the objective and threshold default to its own, and only its full-length trials can win. No winner
     raises NoWinner: Tied (exit 3) for a tie no figure separates unless `point` names one, else exit 3 while a
-    point is undecided, 1 when every point failed a check. A `point` that failed a check raises RunError (exit 1,
-    saying it cannot be `done`) unless `allow_failed` gives the reason to take it anyway."""
+    point is undecided, 1 when every point failed a check. A `point` ruled out by a check raises Refused (a
+    NoWinner saying it cannot be `done`: exit 1 for a failed check, 3 for one not decided yet) unless
+    `allow_failed` gives the reason to take it anyway."""
     with Store(workspace, create=False) as store:
         points = load_points(store, campaign)
         record = store.campaign(campaign) or {}
@@ -293,11 +334,12 @@ def freeze(
     allowed = None
     if point is not None:
         winner = _named(points, point, campaign)
-        allowed = _allowed(winner, excluded, point, allow_failed, done)
+        allowed = _allowed(winner, excluded, point, allow_failed, done, campaign)
         how = _standing(winner, choice, goal, min_effect, floors)
         rejected = [_not_chosen(winner, p, goal, min_effect, floors) for p in eligible if p is not winner]
-    elif choice.undecided:
-        raise Tied(f"{campaign}: {choice.how}; freeze one of them with --point", [*excluded.values(), *infeasible])
+    elif choice.undecided:  # the tie's losers (DIFFERENT, worse, than the leader) are rejected all the same
+        raise Tied(f"{campaign}: {choice.how}; freeze one of them with --point",
+                   [*tie_losers(choice, eligible, goal), *excluded.values(), *infeasible])  # fmt: skip
     elif choice.winner is None:
         raise _nothing(campaign, [*excluded.values(), *infeasible], choice.how if eligible else None)
     else:
