@@ -132,6 +132,11 @@ class Regated:
     gates_changed: bool
     parity: list[dict[str, Any]] = field(default_factory=list)  # a parity campaign's pairs, judged again
     trials: list[dict[str, Any]] = field(default_factory=list)  # a search's trial rows: its answer
+    # set by the lifecycle (judge/outcome.py's Outcome; run/ stays below judge/): a search's outcome, its answer
+    # judged again (judge/search_answer.py), and the campaign's outcome, what regate's closing line says
+    searched: Any = None
+    outcome: Any = None
+    unwritten: dict[str, Path] = field(default_factory=dict)  # outputs a full disk kept out, and where
 
 
 def regate(store: Store, name: str, spec: GateSpec | None = None) -> Regated:
