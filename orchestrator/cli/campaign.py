@@ -92,12 +92,14 @@ def validate(
 
     Example: mbx campaign validate campaigns/quickstart.yaml --json
     """
+    from orchestrator.flow.search_length import check_steps_key
     from orchestrator.spec.loader import load_campaign
-    from orchestrator.trainers import expand, with_parity_axes
+    from orchestrator.trainers import expand, with_parity_axes, with_steps_key
 
-    campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
+    campaign = with_parity_axes(with_steps_key(load_campaign(file)), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells)
     _check_like_plan(campaign, points, file)
+    check_steps_key(campaign, points, file)  # a search's shorter trials: their length through its steps key
     _check_baseline(ctx, check_baseline, workspace, campaign, file)
     distinct = len({p.point_id for p in points})
     if as_json:

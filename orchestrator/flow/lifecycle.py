@@ -114,9 +114,9 @@ class Plan:
 def load(file: Path, options: Options) -> tuple[Campaign, list[Point]]:
     """A campaign file validated, its parity sides added as sweep factors, its points expanded."""
     from orchestrator.spec.loader import load_campaign
-    from orchestrator.trainers import expand, with_parity_axes
+    from orchestrator.trainers import expand, with_parity_axes, with_steps_key
 
-    campaign = load_campaign(file)
+    campaign = with_steps_key(load_campaign(file))  # a search's steps key: its trainer kind's unless set
     if options.repeats is not None:
         campaign = campaign.model_copy(update={"sweep": campaign.sweep.model_copy(update={"repeats": options.repeats})})
     campaign = with_parity_axes(campaign, file)
@@ -172,7 +172,11 @@ def _assessed(campaign: Campaign, points: list[Point], source: Path | None, opti
 def prepare_search(campaign: Campaign, points: list[Point], source: Path | None, options: Options) -> Plan:
     """The Plan of a search (`sweep.search`): every point assessed as `prepare_points` does (what `mbx campaign
     plan` shows), no cells of its own (each rung is a plan of the points the search picks, prepared when the
-    rung runs), its stored trial rows read read-only. Writes nothing."""
+    rung runs), its stored trial rows read read-only; a steps key that cannot set a shorter trial's length is
+    refused here (flow/search_length.py), before anything is written. Writes nothing."""
+    from orchestrator.flow.search_length import check_steps_key
+
+    check_steps_key(campaign, points, source)
     plan = _assessed(campaign, points, source, options)
     plan.cells, plan.searched = [], campaign
     with read_only(plan.workspace) as store:
