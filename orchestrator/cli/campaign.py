@@ -92,14 +92,16 @@ def validate(
 
     Example: mbx campaign validate campaigns/quickstart.yaml --json
     """
-    from orchestrator.flow.search_length import check_steps_key
     from orchestrator.spec.loader import load_campaign
     from orchestrator.trainers import expand, with_parity_axes, with_steps_key
 
     campaign = with_parity_axes(with_steps_key(load_campaign(file)), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells)
     _check_like_plan(campaign, points, file)
-    check_steps_key(campaign, points, file)  # a search's shorter trials: their length through its steps key
+    if campaign.sweep.search is not None:  # its shorter trials: their length set through its steps key
+        from orchestrator.flow.search_length import check_steps_key  # (numpy: searches only)
+
+        check_steps_key(campaign, points, file)
     _check_baseline(ctx, check_baseline, workspace, campaign, file)
     distinct = len({p.point_id for p in points})
     if as_json:
