@@ -1,8 +1,8 @@
 """A full disk is a clear error, never an internal one (issue 32): on a workspace whose small tmpfs is full, the
-commands that only read (status, list, freeze -o elsewhere, golden export, regate without changes, --no-report, --no-wandb) work from
-the store opened read-only; those that must write (run, store rebuild, regate's report, the report's page) end with one line naming
-the file system, how full it is and what to free; once space is freed the store is whole. And a refused lock
-names the process that holds it now, never the pid of a run that ended long ago."""
+commands that only read (status, list, freeze -o elsewhere, golden export, regate without changes with --no-report
+--no-wandb) work from the store opened read-only; those that must write (run, store rebuild, regate's report, the
+report's page) end with one line naming the file system, how full it is and what to free; once space is freed the
+store is whole. And a refused lock names the process that holds it now, never the pid of a run that ended long ago."""
 
 from __future__ import annotations
 
