@@ -124,6 +124,18 @@ def test_a_search_best_that_fails_a_new_gate_is_no_best_anywhere(refused_search,
     assert "**FAIL** search grid" in summary and "exit 1" not in summary
     freeze = mbx("freeze", "search-h100", "-w", str(workspace), "-o", str(workspace.parent / "fz"), env=env)
     assert freeze.returncode == 1, freeze.stdout + freeze.stderr
+    # the other way: a search whose every trial failed that gate, regated with a looser one, is no longer FAIL
+    data["name"] = "search-strict"
+    strict = mbx("campaign", "run", str(write_campaign(data, name="strict.yaml")), "-w", str(workspace),
+                 "--no-report", "--no-wandb", env=env)  # fmt: skip
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    del data["gates"]["tflops_per_gpu_min"]
+    loose = mbx("campaign", "regate", "search-strict", "-w", str(workspace), "-f", str(write_campaign(data)),
+                "--no-report", "--json", env=env)  # fmt: skip
+    said = json.loads(loose.stdout)
+    assert said["verdict"] != "fail" and "(judged again with the current gates)" in said["closing"], said["closing"]
+    freeze = mbx("freeze", "search-strict", "-w", str(workspace), "-o", str(workspace.parent / "fz2"), env=env)
+    assert freeze.returncode == loose.returncode, freeze.stdout + freeze.stderr  # both: the best, or the tie
 
 
 def test_a_command_searchs_steps_key_fits_its_trainer_or_is_refused_before_anything_is_written(

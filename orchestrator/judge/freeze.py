@@ -181,9 +181,15 @@ def search_rejected(points: list[Point], search: Search, trials: list[dict[str, 
         elif row is None:
             out[p.point_id] = Rejected(p.point_id, p.label, "not a search candidate (the base recipe, run as the "
                                        "loss reference)", "reference")  # fmt: skip
-        elif row["state"] in ("excluded", "failed", "infeasible"):
+        elif row["state"] in ("excluded", "failed", "infeasible") and not _gate_only(row):
             out[p.point_id] = Rejected(p.point_id, p.label, row.get("reason") or row["state"], "constraint")
     return out
+
+
+def _gate_only(row: dict[str, Any]) -> bool:
+    """A trial the search excluded for its gate verdict alone (orchestrator/judge/search_rank.py's `exclusion`):
+    `_excluded` judges that gate again with the campaign's current gates, so a gate changed since decides."""
+    return row["state"] == "excluded" and str(row.get("reason") or "").startswith("gate ")
 
 
 def _lost(other: Point, choice: Choice, goal: Metric, breaker: Metric) -> Rejected:

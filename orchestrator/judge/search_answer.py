@@ -44,7 +44,8 @@ def _judged_again(workspace: Path, name: str, kept: Mapping[str, Any]) -> Part |
     try:
         frozen = freeze(workspace, name)
     except Tied as err:
-        part = search_part(False, True, str(err).removeprefix(f"{name}: "), None, 0)
+        how = str(err).removeprefix(f"{name}: ").removesuffix("; freeze one of them with --point")
+        part = search_part(False, True, how, None, 0)
     except NoWinner as err:
         counted: dict[str, int] = {}
         for r in err.rejected:
