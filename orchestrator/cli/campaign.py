@@ -284,8 +284,10 @@ def run(
     batch the search would run (a halving's first rung at its run length, Optuna's first trial), since what
     follows depends on those results.
 
-    `--json` prints the progress on stderr and, at the end, the exit code and every cell (as `mbx campaign
-    status --json`) on stdout (with --dry-run, the scripts go to stderr).
+    `--json` prints the progress on stderr and, at the end, on stdout: the closing line as printed (`closing`,
+    `verdict`, `parts`), the exit code and every cell (as `mbx campaign status --json`); with --dry-run, the
+    scripts go to stderr. The report page, summary.md and the W&B outcome say the closing line's word without
+    its exit hint (W&B's `outcome/exit_code`: this command's).
 
     Example: mbx campaign run campaigns/quickstart.yaml -w mbx-workspace -j 2
     """
