@@ -116,7 +116,7 @@ def test_a_search_best_that_fails_a_new_gate_is_no_best_anywhere(refused_search,
     assert regate.returncode == 1, regate.stdout + regate.stderr
     said = json.loads(regate.stdout)
     assert said["verdict"] == "fail" and "search FAIL: no best point" in said["closing"], said["closing"]
-    assert "2 failed a gate" in said["closing"] and said["closing"] in regate.stderr
+    assert "2 trial(s) failed" in said["closing"] and said["closing"] in regate.stderr
     status = mbx("campaign", "status", "search-h100", "-w", str(workspace), "--json", env=env)
     now = json.loads(status.stdout)
     assert (now["verdict"], now["exit_code"], now["closing"]) == ("fail", 1, said["closing"])

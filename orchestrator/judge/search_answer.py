@@ -17,8 +17,7 @@ from orchestrator.errors import MbxError
 from orchestrator.judge.outcome import FAIL, SEARCH_OUTCOME, Outcome, Part, search_part, stored_search_outcome
 
 AGAIN = "judged again with the current gates"
-# a rejected point's kinds that count as a failed trial, and how the closing line says them
-FAILED_KINDS = {"failed": "failed", "oom": "out of memory", "gate": "failed a gate", "parity": "failed a parity check"}
+FAILED_KINDS = ("failed", "oom", "gate", "parity")  # a rejected point's kinds that count as a failed trial
 
 
 def search_answer(workspace: Path, name: str, trials: list[dict[str, Any]] | None = None) -> Outcome | None:
@@ -47,13 +46,8 @@ def _judged_again(workspace: Path, name: str, kept: Mapping[str, Any]) -> Part |
         how = str(err).removeprefix(f"{name}: ").removesuffix("; freeze one of them with --point")
         part = search_part(False, True, how, None, 0)
     except NoWinner as err:
-        counted: dict[str, int] = {}
-        for r in err.rejected:
-            if r.kind in FAILED_KINDS and r.verdict == FAIL:
-                counted[r.kind] = counted.get(r.kind, 0) + 1
-        why = ", ".join(f"{n} {FAILED_KINDS[kind]}" for kind, n in counted.items())
-        how = "no full-length trial passed every check" + (f" ({why})" if why else "")
-        part = search_part(False, False, how, kept.get("stop_reason"), sum(counted.values()))
+        failed = sum(r.kind in FAILED_KINDS and r.verdict == FAIL for r in err.rejected)
+        part = search_part(False, False, "no full-length trial passed every check", kept.get("stop_reason"), failed)
     except (MbxError, KeyError, ValueError):
         return None
     else:
