@@ -255,3 +255,74 @@ def test_every_command_that_can_exit_3_takes_inconclusive_ok() -> None:
         flags = {name for option in options(ALL[words]) for name in option.opts}
         assert "--inconclusive-ok" in flags, words
         assert "--inconclusive-ok" in " ".join((ALL[words].help or "").split()), words
+
+
+# ---- --inconclusive-ok: --json says the printed line; files carry no exit hint; regate rewrites them ----------
+def _undecided_campaign(write_campaign, wandb_dir: Path, tflops_min: float = 349) -> Path:
+    """The fake Megatron trainer, 2 noisy repeats whose mean TFLOP/s sits on the gate (349): undecided."""
+    import sys
+
+    from conftest import FAKE_MEGATRON, MEGATRON_LOG
+
+    command = [sys.executable, str(FAKE_MEGATRON), "--replay", str(MEGATRON_LOG), "--sleep-s", "0",
+               "--fake-noise", "{env.NOISE}"]  # fmt: skip
+    return write_campaign({
+        "name": "undecided", "trainer": {"kind": "command", "command": command, "steps": 15},
+        "env": {"values": {"NOISE": "0.03"}}, "sweep": {"repeats": 2}, "gates": {"tflops_per_gpu_min": tflops_min},
+        "launchers": {"local": {"parallel": 2}}, "wandb": {"mode": "offline", "dir": str(wandb_dir)},
+    }, name=f"undecided-{tflops_min:g}.yaml")  # fmt: skip
+
+
+def _outcome_runs(wandb_dir: Path) -> list[dict[str, Any]]:
+    """The summaries of every W&B outcome run (job_type `outcome`), oldest first (by their offline dir's name)."""
+    from reports.wandb_log import read_run_file
+
+    found = []
+    for path in sorted(wandb_dir.rglob("run-*.wandb"), key=lambda p: p.parent.name):
+        records = read_run_file(path)
+        if next(r.run for r in records if r.WhichOneof("record_type") == "run").job_type == "outcome":
+            found.append({i.key or ".".join(i.nested_key): json.loads(i.value_json)
+                          for r in records if r.WhichOneof("record_type") == "summary" for i in r.summary.update})  # fmt: skip
+    return found
+
+
+def _said(stderr: str) -> str:
+    """The closing line a --json command printed (on stderr)."""
+    return next(line for line in stderr.splitlines() if line.startswith(("PASS ", "FAIL ", "INCONCLUSIVE ")))
+
+
+def test_inconclusive_ok_json_says_the_printed_line_files_no_exit_hint_and_regate_rewrites_them(
+    tmp_path: Path, mbx, write_campaign
+) -> None:
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    ws, wandb_dir = tmp_path / "ws", tmp_path / "wandb"
+    run = mbx("campaign", "run", str(_undecided_campaign(write_campaign, wandb_dir)), "-w", str(ws),
+              "--inconclusive-ok", "--json", env=env)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    got = json.loads(run.stdout)
+    printed = _said(run.stderr)
+    assert printed.endswith("(exit 0: --inconclusive-ok accepted it)") and printed.startswith("INCONCLUSIVE 2/2")
+    assert (got["closing"], got["verdict"], got["exit_code"]) == (printed, "inconclusive", 0)
+    statement = printed.removesuffix(" (exit 0: --inconclusive-ok accepted it)")
+    summary = (ws / "undecided" / "report" / "summary.md").read_text()
+    assert f"**INCONCLUSIVE** {statement.removeprefix('INCONCLUSIVE ')}\n" in summary and "exit 3" not in summary
+    (logged,) = _outcome_runs(wandb_dir)
+    assert (logged["outcome/closing"], logged["outcome/exit_code"]) == (statement, 0)  # the run's own exit code
+    resume = mbx("campaign", "resume", "undecided", "-w", str(ws), "--no-wandb", "--no-report", "--inconclusive-ok",
+                 "--json", env=env)  # fmt: skip
+    printed = _said(resume.stderr)
+    assert "(2 skipped: already completed)" in printed and json.loads(resume.stdout)["closing"] == printed
+    # regate with a looser gate: the closing, --json, summary.md, the page's badge and W&B all say PASS
+    loose = _undecided_campaign(write_campaign, wandb_dir, tflops_min=100)
+    regate = mbx("campaign", "regate", "undecided", "-w", str(ws), "-f", str(loose), "--json", env=env)
+    assert regate.returncode == 0, regate.stdout + regate.stderr
+    printed = _said(regate.stderr)
+    assert printed.startswith("PASS ") and json.loads(regate.stdout)["closing"] == printed
+    assert "**PASS**" in (ws / "undecided" / "report" / "summary.md").read_text()
+    assert 'outcome-badge verdict-pass">PASS' in (ws / "undecided" / "report" / "index.html").read_text()
+    logged = _outcome_runs(wandb_dir)
+    assert len(logged) == 2 and (logged[-1]["outcome/verdict"], logged[-1]["outcome/exit_code"]) == ("pass", 0)
+    before = (ws / "undecided" / "report" / "summary.md").stat().st_mtime_ns
+    kept = mbx("campaign", "regate", "undecided", "-w", str(ws), "--no-report", "--no-wandb", env=env)
+    assert kept.returncode == 0 and "report:" not in kept.stdout and len(_outcome_runs(wandb_dir)) == 2
+    assert (ws / "undecided" / "report" / "summary.md").stat().st_mtime_ns == before

@@ -105,6 +105,66 @@ def test_regate_of_a_search_says_what_status_says(refused_search, mbx) -> None:
     assert accepted.returncode == json.loads(accepted.stdout)["exit_code"] == 0
 
 
+def test_a_search_best_that_fails_a_new_gate_is_no_best_anywhere(refused_search, mbx, write_campaign) -> None:
+    """regate --file with a gate the best (and its tie) fails: the search's answer is judged again by freeze's
+    rule, so regate, status, the report and freeze all say FAIL (before: the stored PASS/tie, exit 0/3)."""
+    _result, workspace, env = refused_search
+    data = h200_search()
+    data["gates"]["tflops_per_gpu_min"] = 400  # the replayed log makes 349 TFLOP/s
+    regate = mbx("campaign", "regate", "search-h100", "-w", str(workspace), "-f", str(write_campaign(data)),
+                 "--no-report", "--json", env=env)  # fmt: skip
+    assert regate.returncode == 1, regate.stdout + regate.stderr
+    said = json.loads(regate.stdout)
+    assert said["verdict"] == "fail" and "search FAIL: no best point" in said["closing"], said["closing"]
+    assert "2 trial(s) failed" in said["closing"] and said["closing"] in regate.stderr
+    status = mbx("campaign", "status", "search-h100", "-w", str(workspace), "--json", env=env)
+    now = json.loads(status.stdout)
+    assert (now["verdict"], now["exit_code"], now["closing"]) == ("fail", 1, said["closing"])
+    summary = mbx("report", "search-h100", "-w", str(workspace), "-m", env=env).stdout
+    assert "**FAIL** search grid" in summary and "exit 1" not in summary
+    freeze = mbx("freeze", "search-h100", "-w", str(workspace), "-o", str(workspace.parent / "fz"), env=env)
+    assert freeze.returncode == 1, freeze.stdout + freeze.stderr
+    # the other way: a search whose every trial failed that gate, regated with a looser one, is no longer FAIL
+    data["name"] = "search-strict"
+    strict = mbx("campaign", "run", str(write_campaign(data, name="strict.yaml")), "-w", str(workspace),
+                 "--no-report", "--no-wandb", env=env)  # fmt: skip
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    del data["gates"]["tflops_per_gpu_min"]
+    loose = mbx("campaign", "regate", "search-strict", "-w", str(workspace), "-f", str(write_campaign(data)),
+                "--no-report", "--json", env=env)  # fmt: skip
+    said = json.loads(loose.stdout)
+    assert said["verdict"] != "fail" and "(judged again with the current gates)" in said["closing"], said["closing"]
+    freeze = mbx("freeze", "search-strict", "-w", str(workspace), "-o", str(workspace.parent / "fz2"), env=env)
+    assert freeze.returncode == loose.returncode, freeze.stdout + freeze.stderr  # both: the best, or the tie
+
+
+def test_a_command_searchs_steps_key_fits_its_trainer_or_is_refused_before_anything_is_written(
+    mbx, write_campaign, tmp_path
+) -> None:
+    """Optuna prunes after a short run, set through sweep.search.steps_key: on a Megatron-LM command it defaults to
+    params.train_iters (not the bundled trainer's training.steps, which the run refused only after it had made
+    the workspace); a trainer.steps that overrides it is refused by validate, plan and run, naming what to set."""
+    data = h200_search()
+    data["sweep"]["search"] = {"method": "optuna", "budget": {"points": 2}}
+    path = write_campaign(data)
+    workspace = tmp_path / "ws"
+    for command in (("campaign", "validate", str(path)), ("campaign", "plan", str(path)),
+                    ("campaign", "run", str(path), "-w", str(workspace), "--no-wandb")):  # fmt: skip
+        refused = mbx(*command)
+        assert refused.returncode == 2, command
+        assert "sweep.search.steps_key: 'params.train_iters' does not set a 5-step trial's length" in refused.stderr
+        assert "trainer.steps (15) overrides params.train_iters" in refused.stderr and "prune: false" in refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert not workspace.exists()  # nothing left behind
+    del data["trainer"]["steps"]
+    data["trainer"]["params"]["train_iters"] = 15
+    path = write_campaign(data)
+    assert mbx("campaign", "validate", str(path)).returncode == 0
+    dry = mbx("campaign", "run", str(path), "-w", str(workspace), "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "--train-iters 5" in dry.stdout and "at 5 steps" in dry.stdout  # the short run, its length set
+
+
 # ---- `campaign plan` and `run --dry-run` share prepare --------------------------------------------------------
 def _estimate_rows(text: str, first: str, count: int) -> list[str]:
     """The estimate columns (world, est GiB, gpu, headroom, feasible) of the `count` rows of the table whose

@@ -35,9 +35,19 @@ app = noun_app(
 )
 
 
-def _closing(arguments: dict[str, Any], code: int) -> dict[str, Any]:
-    """`run/resume/regate --json`: the campaign's outcome (its verdict and closing line), the exit code and every
-    cell, as `mbx campaign status --json` prints them (judged in memory from the store, read-only)."""
+class Closed(typer.Exit):
+    """A command's exit with the outcome its closing line said (`inconclusive_ok`: given --inconclusive-ok):
+    what its `--json` carries, word for word."""
+
+    def __init__(self, judged: Any, inconclusive_ok: bool) -> None:
+        super().__init__(judged.exit_code(inconclusive_ok))
+        self.judged, self.inconclusive_ok = judged, inconclusive_ok
+
+
+def _closing(arguments: dict[str, Any], code: int, exited: typer.Exit | None = None) -> dict[str, Any]:
+    """`run/resume/regate --json`: the campaign's outcome as the command's closing line said it (its verdict,
+    that line, its parts), the exit code and every cell as `mbx campaign status --json` prints them (judged in
+    memory from the store, read-only)."""
     from orchestrator.cli import status_view
     from orchestrator.flow import runner
 
@@ -49,7 +59,8 @@ def _closing(arguments: dict[str, Any], code: int) -> dict[str, Any]:
     if arguments.get("dry_run"):  # nothing was recorded
         return {"campaign": name, "exit_code": code, "dry_run": True}
     view = runner.view(arguments["workspace"], name, with_rows=False)
-    return {**status_view.status_json(arguments["workspace"], view), "exit_code": code}
+    said = exited.judged.to_dict(exited.inconclusive_ok) if isinstance(exited, Closed) else {}
+    return {**status_view.status_json(arguments["workspace"], view), **said, "exit_code": code}
 
 
 def _check_baseline(ctx: typer.Context, wanted: bool, workspace: Path, campaign: Any, file: Path) -> None:
@@ -82,11 +93,15 @@ def validate(
     Example: mbx campaign validate campaigns/quickstart.yaml --json
     """
     from orchestrator.spec.loader import load_campaign
-    from orchestrator.trainers import expand, with_parity_axes
+    from orchestrator.trainers import expand, with_parity_axes, with_steps_key
 
-    campaign = with_parity_axes(load_campaign(file), file)  # parity sides as sweep factors
+    campaign = with_parity_axes(with_steps_key(load_campaign(file)), file)  # parity sides as sweep factors
     points = expand(campaign, file, max_cells)
     _check_like_plan(campaign, points, file)
+    if campaign.sweep.search is not None:  # its shorter trials: their length set through its steps key
+        from orchestrator.flow.search_length import check_steps_key  # (numpy: searches only)
+
+        check_steps_key(campaign, points, file)
     _check_baseline(ctx, check_baseline, workspace, campaign, file)
     distinct = len({p.point_id for p in points})
     if as_json:
@@ -269,8 +284,10 @@ def run(
     batch the search would run (a halving's first rung at its run length, Optuna's first trial), since what
     follows depends on those results.
 
-    `--json` prints the progress on stderr and, at the end, the exit code and every cell (as `mbx campaign
-    status --json`) on stdout (with --dry-run, the scripts go to stderr).
+    `--json` prints the progress on stderr and, at the end, on stdout: the closing line as printed (`closing`,
+    `verdict`, `parts`), the exit code and every cell (as `mbx campaign status --json`); with --dry-run, the
+    scripts go to stderr. The report page, summary.md and the W&B outcome say the closing line's word without
+    its exit hint (W&B's `outcome/exit_code`: this command's).
 
     Example: mbx campaign run campaigns/quickstart.yaml -w mbx-workspace -j 2
     """
@@ -283,7 +300,9 @@ def run(
     _check_gpu_names(campaign, file)  # as validate and plan: the file's GPU names, whatever --gpu says
     plan = lifecycle.prepare_loaded(campaign, points, file, options)  # a search too: its rungs are plans in turn
     finished = lifecycle.render(plan) if dry_run else lifecycle.execute(plan)
-    raise typer.Exit(finished.exit_code(inconclusive_ok))
+    if finished.judged is None:  # a dry run judges nothing
+        raise typer.Exit(finished.exit_code(inconclusive_ok))
+    raise Closed(finished.judged, inconclusive_ok)
 
 
 @app.command()
@@ -309,7 +328,9 @@ def resume(
     options = lifecycle.Options(workspace, parallel=parallel, make_report=report, log_wandb=wandb,
                                 inconclusive_ok=inconclusive_ok)
     finished = lifecycle.execute(lifecycle.prepare_stored(workspace, name, options))
-    raise typer.Exit(finished.exit_code(inconclusive_ok))
+    if finished.judged is None:
+        raise typer.Exit(finished.exit_code(inconclusive_ok))
+    raise Closed(finished.judged, inconclusive_ok)
 
 
 @app.command()
@@ -318,13 +339,18 @@ def regate(
     name: CampaignNameArg,
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     file: CampaignFileOpt = None,
+    report: ReportOpt = True,
+    wandb: WandbOpt = True,
     inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
     """Judge every stored result of a campaign again with its gates, and print the verdicts that changed.
 
-    With --file, the gates come from that (changed) campaign file and become the campaign's gates. Exit
-    codes as for `run`, from the points' verdicts and the parity pairs (the closing line says the same word):
-    0 pass, 1 fail, 2 bad input, 3 inconclusive (`--inconclusive-ok` turns it into 0). `--json`: as for `run`.
+    With --file, the gates come from that (changed) campaign file and become the campaign's gates. A search's
+    answer is judged again too: a best point that now fails a gate is no best (`mbx freeze`'s rule). Then, as
+    `run` does, the report (summary.md, the page's badge) is written again and the outcome logged to W&B, so
+    they say the closing line's word (--no-report, --no-wandb: not). Exit codes as for `run`, from the points'
+    verdicts, the parity pairs and a search's answer (the closing line says the same word): 0 pass, 1 fail,
+    2 bad input, 3 inconclusive (`--inconclusive-ok` turns it into 0). `--json`: as for `run`.
     --file/-f: take the gates from this campaign file (the same name) and store them.
 
     Example: mbx campaign regate quickstart --file campaigns/quickstart.yaml
@@ -335,17 +361,21 @@ def regate(
     from orchestrator.judge.closing import closing_text, verdict_lines
     from orchestrator.run.progress import print_changes
 
-    done = lifecycle.regate_campaign(workspace, name, file)
+    options = lifecycle.Options(
+        workspace, make_report=report, log_wandb=wandb, inconclusive_ok=inconclusive_ok
+    )
+    done = lifecycle.regate_campaign(workspace, name, file, options)
     print_changes(done.changes, "re-judged with " + ("the gates of " + str(file) if file else "the stored gates"))
     points = done.judged.points
     gates = "gates updated" if done.gates_changed else "gates unchanged"
     console().print(Text(f"{name}: {len(points)} point(s) judged; {gates}; {done.rewritten} stored result(s) "
                          f"rewritten, {len(done.changes)} verdict(s) changed"), soft_wrap=True)  # fmt: skip
-    judged = lifecycle.regated_outcome(done)  # a search's answer, as status says it (judge/outcome.py)
+    judged = done.outcome  # a search's answer judged again, as status says it (judge/outcome.py)
     console().print(closing_text(judged, inconclusive_ok), soft_wrap=True)
     for line in verdict_lines(done.verdicts):  # a parity campaign: its pairs are judged again too
         console().print(line, soft_wrap=True)
-    raise typer.Exit(judged.exit_code(inconclusive_ok))
+    lifecycle.say_unwritten(done.unwritten)  # a full disk: one line, exit 1 (every verdict is stored)
+    raise Closed(judged, inconclusive_ok)
 
 
 @app.command()

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.judge.outcome import view_outcome
+from orchestrator.judge.outcome import Outcome, view_outcome
 from orchestrator.run.progress import fmt
 from reports.views import CampaignView, CellView, PointView
 from reports.window import Summary
@@ -130,16 +130,14 @@ def _repeat_cells(cell: CellView) -> list[Any]:
 
 def status_json(workspace: Path, view: CampaignView) -> dict[str, Any]:
     """`status --json` (and the `--json` closings of run, resume, regate): the campaign's outcome and every cell."""
-    return {"campaign": view.name, **view_outcome(view, _trials(workspace, view.name)).to_dict(),
-            "cells": status_payload(view)}  # fmt: skip
+    return {"campaign": view.name, **_outcome(workspace, view).to_dict(), "cells": status_payload(view)}
 
 
-def _trials(workspace: Path, name: str) -> list[dict[str, Any]]:
-    """The campaign's search trials, read-only (empty: not a search)."""
-    from orchestrator.run.store import Store
+def _outcome(workspace: Path, view: CampaignView) -> Outcome:
+    """The campaign's outcome now (a search: its answer judged again with the current gates)."""
+    from orchestrator.judge.search_answer import search_answer
 
-    with Store(workspace, create=False, read_only=True) as store:
-        return store.trials(name)
+    return view_outcome(view, searched=search_answer(workspace, view.name))
 
 
 def verdict_lines(workspace: Path, view: CampaignView) -> list[Text]:
@@ -151,8 +149,7 @@ def verdict_lines(workspace: Path, view: CampaignView) -> list[Text]:
     from orchestrator.judge import closing, verdict_kinds
     from reports.site_data import SiteExtras
 
-    outcome = view_outcome(view, _trials(workspace, view.name))
-    lines = [closing.closing_text(outcome), *closing.verdict_lines(verdict_kinds.of_view(view))]
+    lines = [closing.closing_text(_outcome(workspace, view)), *closing.verdict_lines(verdict_kinds.of_view(view))]
     if not any(c.state == "completed" for c in view.cells):
         return lines
     picked = SiteExtras()

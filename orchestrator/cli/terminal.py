@@ -45,10 +45,13 @@ def emit_json(payload: Any) -> None:
     typer.echo(json.dumps(payload, indent=2, default=str))
 
 
-def json_result(payload: Callable[[dict[str, Any], int], Any]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+def json_result(
+    payload: Callable[[dict[str, Any], int, typer.Exit | None], Any],
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a command that prints progress (campaign run, resume, regate) a `--json` option: with it, what the
-    command prints goes to stderr, and `payload(its arguments, its exit code)` is printed as JSON on stdout
-    before it exits with that code. The command's own body is unchanged."""
+    command prints goes to stderr, and `payload(its arguments, its exit code, the typer.Exit it raised or None)`
+    is printed as JSON on stdout before it exits with that code (the Exit may carry what the command said, e.g.
+    its closing line). The command's own body is unchanged."""
     import functools
     import inspect
 
@@ -62,13 +65,13 @@ def json_result(payload: Callable[[dict[str, Any], int], Any]) -> Callable[[Call
             import contextlib
             import sys
 
-            code = 0
+            code, exited = 0, None
             with contextlib.redirect_stdout(sys.stderr):
                 try:
                     command(*args, **kwargs)
                 except typer.Exit as done:
-                    code = done.exit_code
-            emit_json(payload(kwargs, code))
+                    code, exited = done.exit_code, done
+            emit_json(payload(kwargs, code, exited))
             raise typer.Exit(code)
 
         signature = inspect.signature(command, eval_str=True)  # Typer reads annotations from it

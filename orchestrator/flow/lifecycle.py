@@ -115,9 +115,9 @@ class Plan:
 def load(file: Path, options: Options) -> tuple[Campaign, list[Point]]:
     """A campaign file validated, its parity sides added as sweep factors, its points expanded."""
     from orchestrator.spec.loader import load_campaign
-    from orchestrator.trainers import expand, with_parity_axes
+    from orchestrator.trainers import expand, with_parity_axes, with_steps_key
 
-    campaign = load_campaign(file)
+    campaign = with_steps_key(load_campaign(file))  # a search's steps key: its trainer kind's unless set
     if options.repeats is not None:
         campaign = campaign.model_copy(update={"sweep": campaign.sweep.model_copy(update={"repeats": options.repeats})})
     campaign = with_parity_axes(campaign, file)
@@ -173,7 +173,11 @@ def _assessed(campaign: Campaign, points: list[Point], source: Path | None, opti
 def prepare_search(campaign: Campaign, points: list[Point], source: Path | None, options: Options) -> Plan:
     """The Plan of a search (`sweep.search`): every point assessed as `prepare_points` does (what `mbx campaign
     plan` shows), no cells of its own (each rung is a plan of the points the search picks, prepared when the
-    rung runs), its stored trial rows read read-only. Writes nothing."""
+    rung runs), its stored trial rows read read-only; a steps key that cannot set a shorter trial's length is
+    refused here (flow/search_length.py), before anything is written. Writes nothing."""
+    from orchestrator.flow.search_length import check_steps_key
+
+    check_steps_key(campaign, points, source)
     plan = _assessed(campaign, points, source, options)
     plan.cells, plan.searched = [], campaign
     with read_only(plan.workspace) as store:
@@ -348,19 +352,21 @@ def _judged(store: Store, plan: Plan, outcome: Outcome, closing: bool) -> Finish
     print_changes(regated.changes, "re-judged with the current gates")
     regated.verdicts = record_verdicts(store, campaign)
     judged = run_outcome(outcome, points, regated.verdicts, infeasible)
-    unwritten = _publish(store, plan, judged, plan.options.make_report)
+    unwritten = _publish(store, campaign, judged, plan.options)
     print_closing(outcome, points, regated.verdicts, plan.options.resume_hint, infeasible,
                   plan.options.inconclusive_ok)  # fmt: skip
-    _say_unwritten(unwritten)
+    say_unwritten(unwritten)
     return Finished(outcome, points, regated.verdicts, judged)
 
 
-def _publish(store: Store, plan: Plan, judged: Judged, report: bool) -> dict[str, Path]:
-    """The outcome said beyond the terminal: the report (with `report`) and the W&B outcome run. Returns what a
-    full disk kept from being written, and where (`_say_unwritten` says it in one line after the closing)."""
-    campaign = plan.campaign
+def _publish(store: Store, campaign: Campaign, judged: Judged, options: Options, report: bool = True
+             ) -> dict[str, Path]:  # fmt: skip
+    """The outcome said beyond the terminal, under the campaign lock: the report (with `options.make_report` and
+    `report`) and the W&B outcome run (with `options.log_wandb`; its exit code the command's, as
+    `options.inconclusive_ok` makes it). Returns what a full disk kept from being written, and where
+    (`say_unwritten` says it in one line after the closing)."""
     unwritten: dict[str, Path] = {}
-    if report:
+    if options.make_report and report:
         try:
             page = write_report(store.workspace, campaign_view(store, campaign.name), None, judged)
             console.print(Text(f"report: {page}"))
@@ -368,13 +374,13 @@ def _publish(store: Store, plan: Plan, judged: Judged, report: bool) -> dict[str
             unwritten[f"the report (`mbx report {campaign.name}` writes it)"] = err.path
         except MbxError as err:  # every cell is stored: the verdicts below still stand
             err_console.print(Text(f"warning: {err}"), soft_wrap=True)
-    if plan.options.log_wandb and campaign.wandb.mode != "disabled":
-        if not log_outcome(store.workspace, campaign, judged, quiet_when_full=True):
+    if options.log_wandb and campaign.wandb.mode != "disabled":
+        if not log_outcome(store.workspace, campaign, judged, options.inconclusive_ok, quiet_when_full=True):
             unwritten["the W&B outcome run"] = Path(campaign.wandb.dir or store.workspace) / "wandb"
     return unwritten
 
 
-def _say_unwritten(unwritten: dict[str, Path]) -> None:
+def say_unwritten(unwritten: dict[str, Path]) -> None:
     """Every result is stored and the verdicts printed stand; outputs a full disk kept out: one line, exit 1."""
     if unwritten:
         were = "were" if len(unwritten) > 1 else "was"
@@ -417,11 +423,11 @@ def _execute_search(plan: Plan) -> Finished:
                 source = str(plan.source) if plan.source else None
                 store.register_campaign(name, source, spec, plan.launcher.name, cell_rows(plan.campaign, ran))
             points = regate(store, name).judged.points if store.campaign(name) else []
-            unwritten = _publish(store, plan, judged, plan.options.make_report and bool(ran))
+            unwritten = _publish(store, plan.campaign, judged, plan.options, report=bool(ran))
         for line in outcome_lines(found):
             console.print(Text(printable(line)), soft_wrap=True)
         console.print(closing_text(judged, plan.options.inconclusive_ok), soft_wrap=True)
-    _say_unwritten(unwritten)
+    say_unwritten(unwritten)
     return Finished(Outcome(name, total=len(ran)), points, judged=judged, search=found)
 
 
@@ -437,13 +443,17 @@ def _render_search(plan: Plan) -> Finished:
     return Finished(Outcome(plan.campaign.name, total=0), search=found)
 
 
-def log_outcome(workspace: Path, campaign: Campaign, judged: Judged, quiet_when_full: bool = False) -> bool:
-    """The campaign's outcome as a W&B run of its group (reports/wandb_log.py); a failure is one warning. With
-    `quiet_when_full`, a failure on a full disk is no warning but False: the caller says so in its one line."""
+def log_outcome(workspace: Path, campaign: Campaign, judged: Judged, inconclusive_ok: bool = False,
+                quiet_when_full: bool = False) -> bool:  # fmt: skip
+    """The campaign's outcome as a W&B run of its group (reports/wandb_log.py): its statement (no exit hint: a
+    W&B run outlives the command) and the exit code of the command that logs it (`inconclusive_ok`: given
+    --inconclusive-ok); a failure is one warning. With `quiet_when_full`, a failure on a full disk is no warning
+    but False: the caller says so in its one line."""
     from reports.wandb_log import log_outcome as log
 
     warnings: list[str] = []
-    log(campaign.wandb, campaign.name, judged.to_dict(), workspace, on_warning=warnings.append)
+    outcome = judged.to_dict(inconclusive_ok, exit_hint=False)
+    log(campaign.wandb, campaign.name, outcome, workspace, on_warning=warnings.append)
     if warnings and quiet_when_full and nearly_full(Path(campaign.wandb.dir or workspace)):
         return False
     for warning in warnings:
@@ -451,11 +461,19 @@ def log_outcome(workspace: Path, campaign: Campaign, judged: Judged, quiet_when_
     return True
 
 
-def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Regated:
+def regate_campaign(
+    workspace: Path, name: str, file: Path | None = None, options: Options | None = None
+) -> Regated:
     """`mbx campaign regate`: execute's judging step alone, on a stored campaign: every stored result judged
     again with its gates, or with the gates of campaign file `file` (of the same name; with the headroom gate's
-    GPU memory as prepare sets it; they are stored as the campaign's gates), and its verdict kinds (parity pairs)
-    again from their run dirs. Holds the campaign lock."""
+    GPU memory as prepare sets it; they are stored as the campaign's gates), its verdict kinds (parity pairs)
+    again from their run dirs and a search's answer again (orchestrator/judge/search_answer.py); then the outcome
+    written as run writes it (`options`: the report unless make_report is off, the W&B outcome unless log_wandb
+    is off; what a full disk kept out is in `unwritten`, for `say_unwritten` after the closing line). Holds the
+    campaign lock."""
+    from orchestrator.judge.search_answer import search_answer
+
+    options = options or Options(workspace)
     gates = None
     if file is not None:
         from orchestrator.spec.loader import load_campaign
@@ -471,14 +489,18 @@ def regate_campaign(workspace: Path, name: str, file: Path | None = None) -> Reg
             done = regate(store, name, gates)
             if verdict_kinds.asked_in_spec(record["spec"]):  # judged again from their run dirs, and stored
                 done.verdicts = record_verdicts(store, Campaign.model_validate(record["spec"]), quiet=True)
-            done.trials = store.trials(name)  # a search: its outcome is its answer, as status says it
+            done.trials = store.trials(name)  # a search: its outcome is its answer, judged again
+            done.searched = search_answer(workspace, name, done.trials)
+            done.outcome = regated_outcome(done)
+            campaign = Campaign.model_validate(store.campaign(name)["spec"])  # its gates as now stored
+            done.unwritten = _publish(store, campaign, done.outcome, options)
             return done
 
 
 def regated_outcome(done: Regated) -> Judged:
     """The outcome `mbx campaign regate` closes with: orchestrator/judge/outcome.py's, as status says it."""
     verdicts = [p.verdict for p in done.judged.points]
-    return campaign_outcome(verdicts, done.verdicts, infeasible=done.judged.infeasible, trials=done.trials)
+    return campaign_outcome(verdicts, done.verdicts, infeasible=done.judged.infeasible, searched=done.searched)
 
 
 def run_points(campaign: Campaign, points: list[Point], file: Path | None, options: Options) -> Finished:

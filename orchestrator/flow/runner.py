@@ -188,7 +188,11 @@ def report_extras(workspace: Path, campaign: CampaignView, judged: Judged | None
         extras.estimates, extras.trials = store.estimates(campaign.name), store.trials(campaign.name)
         extras.search_steps = search_full_steps(store.campaign(campaign.name)) if extras.trials else None
         attempts = store.attempts(campaign.name)
-    extras.outcome = (judged or view_outcome(campaign, extras.trials)).to_dict()
+    if judged is None:  # the outcome now (a search: its answer judged again with the current gates)
+        from orchestrator.judge.search_answer import search_answer
+
+        judged = view_outcome(campaign, searched=search_answer(workspace, campaign.name, extras.trials))
+    extras.outcome = judged.to_dict(exit_hint=False)  # a file outlives the command: no exit hint
 
     def gpus(cell_id: str) -> int:
         res = cells[cell_id].resources if cell_id in cells else {}

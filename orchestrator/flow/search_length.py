@@ -1,6 +1,6 @@
-"""A search's run lengths: the sweep's planned length (every point's), and its full length (the run length its best
+"""A search's run lengths: the sweep's planned length (every point's), its full length (the run length its best
 is picked at) from the campaign as the store keeps it: what its report calls "full length", even when its budget
-stopped it before any trial ran that long."""
+stopped it before any trial ran that long; and the check that its steps key really sets a shorter trial's length."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from orchestrator.errors import ConfigError, MbxError
 from orchestrator.judge.search_rank import target_steps
 from orchestrator.run.store import CellRow
 from orchestrator.spec.campaign import Campaign
+from orchestrator.spec.search import Search
 from orchestrator.spec.sweep import Point as SweepPoint
 
 
@@ -54,3 +55,56 @@ def cell_rows_of(point: SweepPoint) -> CellRow:
     return CellRow(campaign="", cell_id=point.cell_id, point_id=point.point_id, repeat=point.repeat, ordinal=0,
                    label=point.label, params=point.params, recipe=point.recipe, resources=point.resources,
                    env=point.env, trainer_kind=point.trainer_kind)  # fmt: skip
+
+
+def short_steps(search: Search, full: int) -> int | None:
+    """The length of the shorter trials a search runs through its steps key (a halving's first rung, an Optuna
+    trial's short run when it prunes); None: it runs every trial at full length (grid, random)."""
+    if search.method == "halving":
+        return search.halving.steps[0]
+    if search.method == "optuna" and search.optuna.prune:
+        short = search.optuna.prune_at or max(5, full // 10)
+        return short if short < full else None
+    return None
+
+
+def check_steps_key(campaign: Campaign, points: list[SweepPoint], file: Path | None) -> None:
+    """ConfigError (exit 2, before anything is written) when a search that runs shorter trials cannot set their
+    length through `sweep.search.steps_key`: the trainer kind refuses the key, or its planned steps stay the
+    same (e.g. a command's trainer.steps overrides params.train_iters)."""
+    search = campaign.sweep.search
+    if search is None or not points:
+        return
+    short = short_steps(search, full_steps(points))
+    if short is None:
+        return
+    key, where = search.steps_key, str(file) if file else campaign.name
+    sweep = campaign.sweep.model_copy(update={"axes": {key: [short]}, "zip": [], "cells": [], "exclude": [],
+                                              "search": None, "repeats": 1})  # fmt: skip
+    probe = campaign.model_copy(update={"sweep": sweep})  # the base recipe at the short length
+    try:
+        planned = {trainers.get(p.trainer_kind).planned_steps(cell_rows_of(p)) for p in
+                   trainers.expand(probe, file, None, strict=False)}  # fmt: skip
+        problem = None if planned == {short} else f"its trials would still plan {sorted(map(str, planned))} steps"
+    except ConfigError as err:
+        problem = "; ".join(p.split(": ", 1)[-1] for p in err.problems)
+    if problem is None:
+        return
+    raise ConfigError([f"sweep.search.steps_key: {key!r} does not set a {short}-step trial's length "
+                       f"({problem}); {_steps_key_hint(campaign, search)}"], file=where)  # fmt: skip
+
+
+def _steps_key_hint(campaign: Campaign, search: Search) -> str:
+    """What to set instead: the kind's own steps key; for a command, trainer.steps left out (it overrides
+    params.train_iters); for Optuna, no pruning (every trial at full length)."""
+    kind = trainers.for_campaign(campaign)
+    fits, why = kind.steps_key(campaign), "its rungs" if search.method == "halving" else "its short runs"
+    hints = [f"the search runs {why} through it"]
+    if fits is not None and fits != search.steps_key:
+        hints.append(f"set sweep.search.steps_key: {fits} (what sets a {kind.name} trainer's run length)")
+    steps = getattr(campaign.trainer, "steps", None)
+    if kind.name == "command" and steps:
+        hints.append(f"trainer.steps ({steps}) overrides {fits}: leave it out and give the run length as {fits}")
+    if search.method == "optuna":
+        hints.append("or set sweep.search.optuna.prune: false (every trial at full length)")
+    return "; ".join(hints)

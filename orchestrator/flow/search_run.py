@@ -154,7 +154,8 @@ def run_search(searching: Searching, runner: RungRunner, save: Callable[[list[di
     searching.found = SearchFinished(best, ledger, grid_steps, len(cands))
     judged = searching.found.outcome()
     for row in ledger.rows.values():
-        row[SEARCH_OUTCOME] = {"verdict": judged.verdict, "head": judged.head, "text": judged.parts[0].text}
+        row[SEARCH_OUTCOME] = {"verdict": judged.verdict, "head": judged.head, "text": judged.parts[0].text,
+                               "stop_reason": ledger.stop_reason}  # fmt: skip
     ledger.flush()
     return searching.found
 

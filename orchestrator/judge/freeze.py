@@ -196,7 +196,7 @@ def search_rejected(points: list[Point], search: Search, trials: list[dict[str, 
         elif row is None:
             out[p.point_id] = Rejected(p.point_id, p.label, "not a search candidate (the base recipe, run as the "
                                        "loss reference)", "reference")  # fmt: skip
-        elif row["state"] in ("excluded", "failed", "infeasible"):
+        elif row["state"] in ("excluded", "failed", "infeasible") and not _gate_only(row):
             out[p.point_id] = Rejected(p.point_id, p.label, row.get("reason") or row["state"], "constraint")
     return out
 
@@ -211,6 +211,12 @@ def short_run(point: Point, search: Search, row: dict[str, Any] | None) -> Rejec
         return Rejected(point.point_id, point.label, f"{head}: {UNDECIDED_TRIALS[row['state']]}: not decided; only "
                         "full-length trials can win", "short run", INCONCLUSIVE)  # fmt: skip
     return Rejected(point.point_id, point.label, f"{head}: only full-length trials can win", "short run")
+
+
+def _gate_only(row: dict[str, Any]) -> bool:
+    """A trial the search excluded for its gate verdict alone (orchestrator/judge/search_rank.py's `exclusion`):
+    `_excluded` judges that gate again with the campaign's current gates, so a gate changed since decides."""
+    return row["state"] == "excluded" and str(row.get("reason") or "").startswith("gate ")
 
 
 def _lost(other: Point, choice: Choice, goal: Metric, breaker: Metric) -> Rejected:

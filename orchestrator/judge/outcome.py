@@ -55,22 +55,30 @@ class Outcome:
         """The closing line of a command run without `--inconclusive-ok` (`closing`)."""
         return self.closing()
 
-    def closing(self, inconclusive_ok: bool = False) -> str:
-        """`WORD head, parts`: failed parts first, then undecided, then passed ones; an inconclusive outcome says
-        how it exits (3, or 0 as `inconclusive_ok` accepted it). A part that passed says so briefly only when
-        everything passed (a failed parity check is never beside "every gate passed")."""
+    @property
+    def statement(self) -> str:
+        """`WORD head, parts` without how a command exits: what files say (the report page, summary.md, the W&B
+        summary), which outlive the command that wrote them. Failed parts first, then undecided, then passed
+        ones; a part that passed says so briefly only when everything passed (a failed parity check is never
+        beside "every gate passed")."""
         rank = {FAIL: 0, INCONCLUSIVE: 1, PASS: 2}
         parts = sorted(self.parts, key=lambda p: rank.get(p.verdict, 1))
         passed = self.verdict == PASS
         texts = [(p.brief or p.text) if passed else p.text for p in parts]
-        hint = ACCEPTED_HINT if inconclusive_ok else ACCEPT_HINT
-        tail = f" ({hint})" if self.verdict == INCONCLUSIVE else ""
-        return f"{self.word} {', '.join(filter(None, [self.head, '; '.join(texts)]))}{tail}"
+        return f"{self.word} {', '.join(filter(None, [self.head, '; '.join(texts)]))}"
 
-    def to_dict(self, inconclusive_ok: bool = False) -> dict[str, Any]:
-        """What `--json` closings, status and the W&B summary carry."""
-        return {"verdict": self.verdict, "closing": self.closing(inconclusive_ok),
-                "exit_code": self.exit_code(inconclusive_ok),
+    def closing(self, inconclusive_ok: bool = False) -> str:
+        """A command's closing line: the statement and, when inconclusive, how the command exits (3, or 0 as
+        `inconclusive_ok` accepted it)."""
+        hint = ACCEPTED_HINT if inconclusive_ok else ACCEPT_HINT
+        return self.statement + (f" ({hint})" if self.verdict == INCONCLUSIVE else "")
+
+    def to_dict(self, inconclusive_ok: bool = False, exit_hint: bool = True) -> dict[str, Any]:
+        """What `--json` closings and status carry (the closing line of a command given `inconclusive_ok` or
+        not, its exit code); without `exit_hint`, what the report and the W&B summary carry: the statement, and
+        the exit code of the command that wrote them."""
+        closing = self.closing(inconclusive_ok) if exit_hint else self.statement
+        return {"verdict": self.verdict, "closing": closing, "exit_code": self.exit_code(inconclusive_ok),
                 "parts": {p.name: {"verdict": p.verdict, "text": p.text} for p in self.parts}}  # fmt: skip
 
 
@@ -120,13 +128,14 @@ def search_part(found: bool, tie: bool, how: str, stop_reason: str | None, faile
 def campaign_outcome(point_verdicts: list[str], verdicts: Mapping[str, list[Mapping[str, Any]]], *,
                      completed: int | None = None, total: int | None = None, not_completed: int = 0,
                      skipped: int = 0, infeasible: int = 0, trials: list[Mapping[str, Any]] | None = None,
-                     ) -> Outcome:  # fmt: skip
+                     searched: Outcome | None = None) -> Outcome:  # fmt: skip
     """A campaign's outcome: its gates (every point's verdict; `not_completed` cells fail them, and so does
     every point being one of the `infeasible`) and the part of each verdict kind with records in `verdicts`
     (kind name → its records: the parity pairs), after `completed` of `total` cells completed (`skipped` of them
-    already before this run; not said when None: a re-judging, which runs nothing). A search (stored `trials`)
-    is judged by its answer instead: `stored_search_outcome`."""
-    searched = stored_search_outcome(trials or [])
+    already before this run; not said when None: a re-judging, which runs nothing). A search is judged by its
+    answer instead: `searched` (orchestrator/judge/search_answer.py: judged again with the current gates), else
+    as its stored `trials` keep it (`stored_search_outcome`)."""
+    searched = searched or stored_search_outcome(trials or [])
     if searched is not None:
         return searched
     head = ""
@@ -138,13 +147,15 @@ def campaign_outcome(point_verdicts: list[str], verdicts: Mapping[str, list[Mapp
     return Outcome(head, (gates_part(point_verdicts, not_completed, infeasible), *filter(None, kinds)))
 
 
-def view_outcome(view: Any, trials: list[Mapping[str, Any]] | None = None) -> Outcome:
+def view_outcome(view: Any, trials: list[Mapping[str, Any]] | None = None, searched: Outcome | None = None
+                 ) -> Outcome:  # fmt: skip
     """The outcome of a campaign as a report view holds it (reports.views.CampaignView: its points' verdicts,
-    each verdict kind's records, judged in memory, and its infeasible points), or of a search as its trial rows
-    store it: what status, the report page and summary.md say."""
+    each verdict kind's records, judged in memory, and its infeasible points), or of a search (`searched`, else as
+    its trial rows store it): what status, the report page and summary.md say."""
     completed = sum(c.state == "completed" for c in view.cells)
     return campaign_outcome([p.verdict for p in view.points], verdict_kinds.of_view(view), completed=completed,
-                            total=len(view.cells), infeasible=view.infeasible, trials=trials)  # fmt: skip
+                            total=len(view.cells), infeasible=view.infeasible, trials=trials,
+                            searched=searched)  # fmt: skip
 
 
 SEARCH_OUTCOME = "search_outcome"  # the key under which each stored trial row keeps its search's outcome

@@ -133,6 +133,11 @@ class Regated:
     # each verdict kind's records, judged again (kind name → records; "parity": the pairs)
     verdicts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     trials: list[dict[str, Any]] = field(default_factory=list)  # a search's trial rows: its answer
+    # set by the lifecycle (judge/outcome.py's Outcome; run/ stays below judge/): a search's outcome, its answer
+    # judged again (judge/search_answer.py), and the campaign's outcome, what regate's closing line says
+    searched: Any = None
+    outcome: Any = None
+    unwritten: dict[str, Path] = field(default_factory=dict)  # outputs a full disk kept out, and where
 
 
 def regate(store: Store, name: str, spec: GateSpec | None = None) -> Regated:

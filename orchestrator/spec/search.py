@@ -143,7 +143,9 @@ class Search(BaseModel):
     )
     steps_key: str = Field(
         "training.steps",
-        description="The dotted sweep key that sets a run's length (command trainers: e.g. params.train_iters).",
+        description="The dotted sweep key that sets a run's length for a halving's rungs and Optuna's short runs; "
+        "unset: the trainer kind's (training.steps for the bundled trainer, params.train_iters for a Megatron-LM "
+        "command, params.train.train_iters for Bridge).",
     )
     halving: Halving = Field(default_factory=Halving, description="Rungs of successive halving.")
     optuna: OptunaSettings = Field(default_factory=OptunaSettings, description="Optuna TPE settings.")

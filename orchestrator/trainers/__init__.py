@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from trainer.memory import MemoryEstimate
 
 __all__ = ["Follower", "TrainerKind", "every_kind", "expand", "for_campaign", "get", "memory_estimate", "names",
-           "with_parity_axes"]  # fmt: skip
+           "with_parity_axes", "with_steps_key"]  # fmt: skip
 
 
 def for_campaign(campaign: Campaign) -> TrainerKind:
@@ -42,3 +42,17 @@ def with_parity_axes(campaign: Campaign, campaign_file: Path | None = None) -> C
     on the trainer kind (eval_check, checkpoint) on the keys its kind gives (`TrainerKind.parity_axes`)."""
     axes = for_campaign(campaign).parity_axes(campaign, campaign_file) if campaign.parity else None
     return parity.with_parity_axes(campaign, campaign_file, axes)
+
+
+def with_steps_key(campaign: Campaign) -> Campaign:
+    """A search's `sweep.search.steps_key`, when the file leaves it unset, as the trainer kind sets a run's length
+    (`TrainerKind.steps_key`: training.steps for the bundled trainer, params.train_iters for a Megatron-LM
+    command); the campaign as it is otherwise."""
+    search = campaign.sweep.search
+    if search is None or "steps_key" in search.model_fields_set:
+        return campaign
+    key = for_campaign(campaign).steps_key(campaign)
+    if key is None or key == search.steps_key:
+        return campaign
+    search = search.model_copy(update={"steps_key": key})
+    return campaign.model_copy(update={"sweep": campaign.sweep.model_copy(update={"search": search})})

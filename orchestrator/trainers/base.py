@@ -180,6 +180,10 @@ class TrainerKind(abc.ABC):
         default the point's params as its only sweep cell."""
         return {"sweep": {"cells": [params] if params else [], "repeats": repeats}}
 
+    def steps_key(self, campaign: Campaign) -> str | None:
+        """The sweep key that sets a run's length (a search's default `sweep.search.steps_key`); None: none."""
+        return None
+
     @abc.abstractmethod
     def planned_steps(self, cell: CellRow) -> int | None:
         """The training steps an attempt of this cell should make (None: not known before it runs)."""

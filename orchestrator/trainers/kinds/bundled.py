@@ -135,6 +135,9 @@ class BundledKind(TrainerKind):
         return {"trainer": {"kind": "bundled", "recipe": recipe}, "resources": resources,
                 "sweep": {"repeats": repeats}}  # fmt: skip
 
+    def steps_key(self, campaign: Campaign) -> str | None:
+        return "training.steps"
+
     def planned_steps(self, cell: CellRow) -> int | None:
         steps = (cell.recipe.get("training") or {}).get("steps")
         return int(steps) if isinstance(steps, int) else None

@@ -207,6 +207,11 @@ class CommandKind(TrainerKind):
             }
             rundir.write_status(run_dir, record, rundir.COLLECTOR)
 
+    def steps_key(self, campaign: Campaign) -> str | None:
+        """train_iters of the params (Bridge: train.train_iters); trainer.steps, when set, overrides it."""
+        bridge = getattr(campaign.trainer, "style", None) == "megatron-bridge"
+        return "params.train.train_iters" if bridge else "params.train_iters"
+
     def planned_steps(self, cell: CellRow) -> int | None:
         return cell.recipe.get("steps")
 
