@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import MbxError
+from orchestrator.judge import verdict_kinds
 from orchestrator.judge.outcome import FAIL, SEARCH_OUTCOME, Outcome, Part, search_part, stored_search_outcome
 
 AGAIN = "judged again with the current gates"
-FAILED_KINDS = ("failed", "oom", "gate", "parity")  # a rejected point's kinds that count as a failed trial
+FAILED_KINDS = ("failed", "oom", "gate")  # a rejected point's kinds that count as a failed trial (+ verdict kinds)
 
 
 def search_answer(workspace: Path, name: str, trials: list[dict[str, Any]] | None = None) -> Outcome | None:
@@ -46,7 +47,8 @@ def _judged_again(workspace: Path, name: str, kept: Mapping[str, Any]) -> Part |
         how = str(err).removeprefix(f"{name}: ").removesuffix("; freeze one of them with --point")
         part = search_part(False, True, how, None, 0)
     except NoWinner as err:
-        failed = sum(r.kind in FAILED_KINDS and r.verdict == FAIL for r in err.rejected)
+        kinds = (*FAILED_KINDS, *verdict_kinds.names())  # a point a verdict kind ruled out failed a check too
+        failed = sum(r.kind in kinds and r.verdict == FAIL for r in err.rejected)
         part = search_part(False, False, "no full-length trial passed every check", kept.get("stop_reason"), failed)
     except (MbxError, KeyError, ValueError):
         return None
