@@ -313,7 +313,7 @@ def _context_hits(line: str) -> Iterator[Hit]:
     """Secrets a command's words make: `Authorization: Bearer …`, `wandb login KEY`, `wandb.login(key=…)`, `-p PASS`
     of a login command (docker login, sshpass, mysql) and curl's `-u user:PASS` in the same shell command."""
     for match in _AUTHORIZATION.finditer(line):
-        if secret_value("token", match.group("value")):
+        if secret_value("Authorization", match.group("value")):  # a lower-case word: prose (`bearer tokens`)
             yield "an HTTP credential", match.start("value"), match.end("value"), "Authorization"
     yield from _wandb_login_hits(line)
     logins = [m.start() for m in _LOGIN_PROGRAM.finditer(line)]
@@ -326,7 +326,7 @@ def _context_hits(line: str) -> Iterator[Hit]:
         for _, start, end in _flags_in_command(line, curls, _USER_FLAG, ("dq", "sq", "bare")):
             colon = line.find(":", start, end)
             if colon >= 0 and secret_value("password", line[colon + 1 : end]):
-                yield "a password (curl -u user:password)", colon + 1, end, "curl -u"
+                yield "a password (curl -u user:password)", colon + 1, end, ""
 
 
 def _wandb_login_hits(line: str) -> Iterator[Hit]:
@@ -771,9 +771,11 @@ class _Argv:
     def key_of(self, items: list[Any] | tuple[Any, ...], i: int) -> str:
         item, before = items[i], items[i - 1] if i else None
         under = self._under(item, before)
+        if not isinstance(item, str):
+            return under
         if item in _SHELL_SEPARATORS:
             self._reset()  # the next command starts afresh
-        elif isinstance(item, str):
+        else:
             self._advance(item, before, under)
         return under
 
