@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+import math
 import re
 import string
 from collections.abc import Callable, Iterable, Iterator
@@ -64,7 +65,7 @@ _FLAG = re.compile(r"(?<![\w-])--(?P<name>[A-Za-z][\w-]{0,127})(?P<sep>=|[ \t]+)
 _BARE_END = re.compile(r"[\s\"',;)\]}]")  # what ends an unquoted value
 # the further words of a passphrase (`PASSWORD=correct horse battery staple`), up to a flag, an assignment, a
 # quote or a shell operator
-_MORE_WORDS = re.compile(r"(?:[ \t]+[^\s\"'`=;&|<>-][^\s\"'`=;&|<>]*(?![^\s]))*")
+_MORE_WORDS = re.compile(r"(?:[ \t]++[^\s\"'`=;&|<>-][^\s\"'`=;&|<>]*+(?![^\s]))*+")
 _URL_PASSWORD = re.compile(r"://[^\s:/?#@\[\]]+:(?P<password>[^\s/?#@\[\]]+)@")
 _AUTHORIZATION = re.compile(  # `Authorization: Bearer …` (any scheme, the value quoted or not), a lone `Bearer …`
     r"(?i)(?<![\w-])(?:(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?"
@@ -75,7 +76,7 @@ _AUTHORIZATION = re.compile(  # `Authorization: Bearer …` (any scheme, the val
 _WANDB_LOGIN = re.compile(r"(?i)(?<![\w-])wandb[ \t]+login(?![\w-])")
 _WANDB_LOGIN_VALUED = frozenset({"--host"})  # its options that take the next word as their value
 _WANDB_CALL = re.compile(r"(?<![\w.])wandb\.login\((?:[^()\n]{0,200}?[(, \t])?key[ \t]*=[ \t]*")  # wandb.login(key=…)
-_SHELL_WORD = re.compile(r"[ \t]+(?:\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`;|&<>]+)")  # the next word, quoted or bare
+_SHELL_WORD = re.compile(r"[ \t]++(?:\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`;|&<>]++)")  # the next word, quoted or bare
 # commands whose `-p` is a password (docker login -u me -p …, sshpass -p …, mysql -p…); elsewhere `-p` is a port,
 # a path option (mkdir -p) or anything else
 _LOGIN_PROGRAMS = ("sshpass", "mysql", "mysqldump", "mysqladmin", "mysqlcheck", "mysqlimport", "mysqlshow",
@@ -117,7 +118,7 @@ _VARIABLE_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")  # a NAME (HF_TO
 _KEY_PATH = re.compile(
     r"^[a-z]+(?:[_.-][a-z]+)*$"
 )  # `steps_key: trainer.params.train_iters`: a name, not a key
-_NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?$", re.IGNORECASE)
+_NUMBER = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?$", re.IGNORECASE)  # `\d+\.?\d*`: quadratic
 # after a flag and a space, the next flag (`--token --next-flag`, `--token -v`): no value given; a value that only
 # starts with dashes (`--db-password=--hunter2`, `DB_PASSWORD: --hunter2`, `--password --Hunter2`) is one
 _NEXT_FLAG = re.compile(r"^--[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*(?:=.*)?$|^-[A-Za-z]$")
@@ -128,7 +129,10 @@ MIN_NUMERIC_KEY = 16  # digits: a number this long under a key/token name is a k
 # detect-secrets plugins not used: IPPublicDetector (addresses are not credentials; version strings match it),
 # HexHighEntropyString (a git SHA is high-entropy hex), KeywordDetector's unquoted rules (prose such as
 # "secrets: passed by name" matches them; the project's rules cover unquoted assignments precisely).
-_SKIPPED_PLUGINS = {"IPPublicDetector", "HexHighEntropyString", "Base64HighEntropyString", "KeywordDetector"}
+# NpmDetector and OpenAIDetector (`//.+/:_authToken`, `sk-[…]*[…]{20}T3BlbkFJ` read from every `//` or `sk-` to the
+# line's end: quadratic; the project's rules find `_authToken=…` by its name and `sk-…` by its format).
+_SKIPPED_PLUGINS = {"IPPublicDetector", "HexHighEntropyString", "Base64HighEntropyString", "KeywordDetector",
+                    "NpmDetector", "OpenAIDetector"}  # fmt: skip
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 _LETTER = re.compile(r"[A-Za-z]")
 
@@ -156,10 +160,15 @@ def _low(pattern: str) -> _Low:
     return _Low(re.compile(pattern))
 
 
-_OPERATOR = r"[\"']?\]? *(?:=|:|:=|=>| +|::) *[\"']?"  # between a keyword and its value, in the plugins below
+# between a keyword and its value in the plugins below (their ` *(?:=|:| +|…) *` backtracks in cubic time over a
+# run of spaces; this reads each space once and matches all they match)
+_OPERATOR = r"[\"']?\]? *+(?:(?:=|:|:=|=>|::) *+)?[\"']?"
 Probe = str | re.Pattern[str] | _Low
 _CREDENTIAL_PROBES = _folded("key", "token", "secret", "pass", "pwd", "credential", "auth", "contrase")
 _CREDENTIAL_WORD = re.compile("|".join(_CREDENTIAL_PROBES))  # in lower-cased text
+_RULE_GATE = (  # a name ending in a credential word, then an assignment (`=`, `:`) or a flag's `=` or space
+    _low(r"(?:key|token|secret|pass|passwd|passphrase|password|pwd|credentials?|auth)(?:[\"']?\s*+[:=]|[ \t])"),
+)
 _PLUGIN_GATES: dict[str, tuple[str, tuple[Probe, ...]]] = {
     "AWSKeyDetector": ("a3de395ccbea", ("A3T", "ABIA", "ACCA", "AKIA", "ASIA", _Fold("aws"))),
     "ArtifactoryDetector": ("0c5c39fd5128", (re.compile(r"AKC[a-zA-Z0-9]{10}"), re.compile(r"AP[0-9A-F][a-zA-Z0-9]{8}"))),
@@ -175,8 +184,6 @@ _PLUGIN_GATES: dict[str, tuple[str, tuple[Probe, ...]]] = {
     "IbmCosHmacDetector": ("c28db5195f6c", (_low(r"secret[-_]?(?:access)?[-_]?key" + _OPERATOR + r"[a-f0-9]{48}"),)),
     "JwtTokenDetector": ("5b431cb0e5b6", ("eyJ",)),
     "MailchimpDetector": ("5ecaecf8ee35", ("-us",)),
-    "NpmDetector": ("af12b8dcb1ff", (":_authToken=",)),
-    "OpenAIDetector": ("081cb1e70d30", ("T3BlbkFJ",)),
     "PrivateKeyDetector": ("36155a4d3106", ("BEGIN",)),
     "PypiTokenDetector": ("b7dc9b5b2e1f", ("pypi-Ag",)),
     "SendGridDetector": ("aaa7166b7908", ("SG.",)),
@@ -187,14 +194,22 @@ _PLUGIN_GATES: dict[str, tuple[str, tuple[Probe, ...]]] = {
     "TelegramBotTokenDetector": ("2e096b281cd1", (re.compile(r":[0-9A-Za-z_-]{35}"),)),
     "TwilioKeyDetector": ("581d0291eff5", (re.compile(r"AC[a-z0-9]{32}"), re.compile(r"SK[a-z0-9]{32}"))),
 }  # fmt: skip
-# KeywordDetector's patterns: a keyword, then `:`, `=`, `=>`, `==`, `!=` and a quote, or a quoted value compared
-# (`==`) with one, or a quoted value and `;` after one.
-_KEYWORD_ASSIGNMENT = re.compile(
-    r"(?i)(?:key|pass|pwd|secret|contrase)\w*[\]'\"]{0,2}\s*[:=!>]{1,3}\s*[\"'`]"
-)
+# KeywordDetector's patterns: a word holding one of its keywords (api_key, db_pass, password, secret, …), then `:`,
+# `=`, `=>`, `==`, `!=` and a quote, or a quoted value compared (`==`) with one, or a quoted value and `;` after one.
+_KEYWORD_PROBES = _folded(*(f"{word}{sep}{tail}" for word in ("api", "auth", "service", "account", "db", "database",
+                                                              "priv", "private", "client") for sep in ("", "_")
+                            for tail in ("key",)), "db_pass", "dbpass", "database_pass", "databasepass", "key_pass",
+                          "keypass", "passw", "pwd", "secret", "contrase")  # fmt: skip
+_KEYWORD_WORDS = re.compile("|".join(_KEYWORD_PROBES))  # in a lower-cased word
+# a word (each word read once: a keyword then `\w*` from every keyword of a long word is quadratic) and the
+# assignment after it
+_KEYWORD_ASSIGNMENT = re.compile(r"(?<!\w)(\w++)[\]'\"]{0,2}\s*+[:=!>]{1,3}\s*+[\"'`]")
+_WORD_RUN = re.compile(r"\w{257,}+")
+MAX_KEYWORDS_IN_A_WORD = 8  # more in one long word: KeywordDetector's patterns take quadratic time, no name is one
 _KEYWORD_ALSO = (('"', "'", "`"), (":", "=", ";"))  # ... in a line with a quote and one of these
 # Base64HighEntropyString reads quoted base64 strings; an entropy above its limit (4.5 bits) needs 23 characters.
 _QUOTED_RUNS = (re.compile(r"\"[A-Za-z0-9+/\\_=-]{23}"), re.compile(r"'[A-Za-z0-9+/\\_=-]{23}"))
+_SPACE_RUN = re.compile(r"   +")
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 Hit = tuple[str, int, int, str]  # (kind, start, end, the name the value was under or "") within one line
@@ -400,6 +415,28 @@ def _value_hits(line: str, values: Iterable[str], kind: str) -> Iterator[Hit]:
             start = line.find(value, start + len(value))
 
 
+def _keyword_assignment(line: str) -> bool:
+    """Whether a word holding one of KeywordDetector's keywords is followed by an assignment and a quote."""
+    return any(_KEYWORD_WORDS.search(m.group(1).lower()) for m in _KEYWORD_ASSIGNMENT.finditer(line))
+
+
+def _keyword_bomb(line: str) -> bool:
+    r"""A word of over 256 characters holding many keywords (`secretsecret…: "x"`): KeywordDetector's `keyword\w*`
+    would read it from each keyword to its end (seconds a line); no credential's name looks like that."""
+    return any(
+        sum(word.count(k) for k in _KEYWORD_PROBES) > MAX_KEYWORDS_IN_A_WORD
+        for word in (m.group().lower() for m in _WORD_RUN.finditer(line))
+    )
+
+
+def _entropy_above(plugin: Any, value: str) -> bool:
+    """detect-secrets' Shannon entropy of `value` above the plugin's limit; a string of k distinct characters has at
+    most log2(k) bits, so most short strings need no count (the plugin counts each of its 64 characters)."""
+    return math.log2(len(set(value))) > plugin.entropy_limit and (
+        plugin.calculate_shannon_entropy(value) > plugin.entropy_limit
+    )
+
+
 def _plugin_detector(plugin: Any) -> _Detector:
     """One detect-secrets plugin as a detector: its findings less references, NAMEs (keywords) and pure hex or
     low-entropy strings (base64), with its gate."""
@@ -408,18 +445,18 @@ def _plugin_detector(plugin: Any) -> _Detector:
     if name == "KeywordDetector":  # its rules need a quoted value after a keyword (and take ~40 µs a line)
 
         def keyword(line: str) -> Iterator[Hit]:
-            if not (_KEYWORD_ASSIGNMENT.search(line) or "==" in line or ";" in line):
-                return  # none of its patterns can match (they take ~40 µs a line to say so)
+            if not (_keyword_assignment(line) or "==" in line or ";" in line) or _keyword_bomb(line):
+                return  # none of its patterns can match (they take ~40 µs a line to say so), or they would be slow
             found = [v for v in plugin.analyze_string(line)
                      if v.strip() and not _REFERENCE.match(v.strip()) and not _VARIABLE_NAME.match(v)]  # fmt: skip
             yield from _value_hits(line, found, kind)
 
-        return _Detector(_CREDENTIAL_PROBES, keyword, also=_KEYWORD_ALSO)
+        return _Detector(_KEYWORD_PROBES, keyword, also=_KEYWORD_ALSO)
     if name == "Base64HighEntropyString":
 
         def base64(line: str) -> Iterator[Hit]:
             found = [v for v in plugin.analyze_string(line) if v and not _REFERENCE.match(v.strip())
-                     and not _HEX.match(v) and plugin.calculate_shannon_entropy(v) > plugin.entropy_limit]  # fmt: skip
+                     and not _HEX.match(v) and _entropy_above(plugin, v)]  # fmt: skip
             yield from _value_hits(line, found, kind)
 
         return _Detector(_QUOTED_RUNS, base64)
@@ -428,7 +465,8 @@ def _plugin_detector(plugin: Any) -> _Detector:
     known = gate and hashlib.sha256(patterns.encode()).hexdigest()[:12] == fingerprint
 
     def findings(line: str) -> Iterator[Hit]:
-        found = [v for v in plugin.analyze_string(line) if v and not _REFERENCE.match(v.strip())]
+        spaced = _SPACE_RUN.sub("  ", line)  # their values hold no spaces; their `' *'`s are cubic over many
+        found = [v for v in plugin.analyze_string(spaced) if v and not _REFERENCE.match(v.strip())]
         yield from _value_hits(line, found, kind)
 
     return _Detector(gate if known else None, findings)
@@ -436,13 +474,13 @@ def _plugin_detector(plugin: Any) -> _Detector:
 
 _RULES = (  # a token's format says more than the name it is under: first, where both find one value
     _Detector(("hf_", "nvapi-", "sk-", "github_pat_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"), _token_hits),
-    _Detector(_CREDENTIAL_PROBES, _rule_hits, also=(("=", ":", "--"),)),
+    _Detector(_RULE_GATE, _rule_hits),
     _Detector(("://",), _url_hits),
     _Detector(_folded("bearer", "authorization", "login", "curl", *_LOGIN_PROGRAMS), _context_hits),
     _Detector(("PRIVATE KEY",), _pem_hits),
 )
 # Without detect-secrets imported: a line its plugins may flag holds one of these (with keyword's `also`).
-_PLUGIN_GATES_UNLOADED = (*((gate, ()) for _, gate in _PLUGIN_GATES.values()), (_CREDENTIAL_PROBES, _KEYWORD_ALSO),
+_PLUGIN_GATES_UNLOADED = (*((gate, ()) for _, gate in _PLUGIN_GATES.values()), (_KEYWORD_PROBES, _KEYWORD_ALSO),
                           (_QUOTED_RUNS, ()))  # fmt: skip
 
 
