@@ -47,7 +47,9 @@ _CREDENTIAL_NAME = re.compile(
 # `DB_PASS` is a password name, `env.pass` (the list of names mbx passes) is not; `-p` is one only where a login
 # command gives it that meaning (see _LOGIN_PROGRAM); `wandb login` is followed by a W&B key
 _PASSWORD_NAME = re.compile(r"(?i)(?:passw(?:or)?d|passphrase|pwd|[_-]pass|^-p)$")
-_CONTEXT_NAMES = frozenset({"-p", "wandb login", "curl -u"})  # names whose value a command's context makes secret
+_CONTEXT_NAMES = frozenset(
+    {"-p", "wandb login", "curl -u"}
+)  # names whose value a command's context makes secret
 # names a value under which is a credential whatever its form, even one lower-case word (`HF_TOKEN: abcdefghijk`,
 # `CLIENT_SECRET: supersecretvalue`); under any other credential-like name (`steps_key`, `sort_key`) such a word is
 # a key path. The special tokens of a tokenizer (`eos_token: endoftext`) are no credentials.
@@ -55,7 +57,9 @@ _STRONG_NAME = re.compile(
     r"(?i)(?:token|secret|passw(?:or)?d|passphrase|pwd|[_-]pass|"
     r"(?:^|[_.-])(?:api|access|secret|private|auth|client|service|account|wandb|encryption|signing|master)[_.-]?key)$"
 )
-_SPECIAL_TOKEN = re.compile(r"(?i)(?:^|[_.-])(?:bos|eos|eod|pad|unk|sep|cls|mask|start|end|image|video|audio)[_-]?token$")
+_SPECIAL_TOKEN = re.compile(
+    r"(?i)(?:^|[_.-])(?:bos|eos|eod|pad|unk|sep|cls|mask|start|end|image|video|audio)[_-]?token$"
+)
 # the start of a name: not after a word character, '-' or '.', nor after '$' / '{' (a reference like ${HF_TOKEN});
 # a name is at most 128 characters (no line of any length makes the search slow)
 _NAME = r"(?<![\w.$\{-])(?P<name>[A-Za-z_][\w.-]{0,127}?)"
@@ -75,8 +79,13 @@ _AUTHORIZATION = re.compile(  # `Authorization: Bearer …` (any scheme, the val
 # by one pattern repeating a group whose branches overlap (`--host=x` matched both ways: exponential time)
 _WANDB_LOGIN = re.compile(r"(?i)(?<![\w-])wandb[ \t]+login(?![\w-])")
 _WANDB_LOGIN_VALUED = frozenset({"--host"})  # its options that take the next word as their value
-_WANDB_CALL = re.compile(r"(?<![\w.])wandb\.login\((?:[^()\n]{0,200}?[(, \t])?key[ \t]*=[ \t]*")  # wandb.login(key=…)
-_SHELL_WORD = re.compile(r"[ \t]++(?:\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`;|&<>]++)")  # the next word, quoted or bare
+_WANDB_CALL = re.compile(
+    r"(?<![\w.])wandb\.login\((?:[^()\n]{0,200}?[(, \t])?key[ \t]*=[ \t]*"
+)  # wandb.login(key=…)
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+$")  # an unquoted literal key, not a Python expression
+_SHELL_WORD = re.compile(
+    r"[ \t]++(?:\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`;|&<>]++)"
+)  # the next word, quoted or bare
 # commands whose `-p` is a password (docker login -u me -p …, sshpass -p …, mysql -p…); elsewhere `-p` is a port,
 # a path option (mkdir -p) or anything else
 _LOGIN_PROGRAMS = ("sshpass", "mysql", "mysqldump", "mysqladmin", "mysqlcheck", "mysqlimport", "mysqlshow",
@@ -124,7 +133,9 @@ _NUMBER = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?$", re.IGNOREC
 _NEXT_FLAG = re.compile(r"^--[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*(?:=.*)?$|^-[A-Za-z]$")
 MIN_TEXT = 6  # the shortest text that can hold a secret with its name (pwd=x1) or a token
 MIN_KEY_LENGTH = 8  # a value after a key/token/secret name shorter than this is a word, not a credential
-MIN_WORD_KEY = 12  # letters: one lower-case word this long under a token/secret name is a key (shorter: a word)
+MIN_WORD_KEY = (
+    12  # letters: one lower-case word this long under a token/secret name is a key (shorter: a word)
+)
 MIN_NUMERIC_KEY = 16  # digits: a number this long under a key/token name is a key (an all-digit API key)
 # detect-secrets plugins not used: IPPublicDetector (addresses are not credentials; version strings match it),
 # HexHighEntropyString (a git SHA is high-entropy hex), KeywordDetector's unquoted rules (prose such as
@@ -167,7 +178,9 @@ Probe = str | re.Pattern[str] | _Low
 _CREDENTIAL_PROBES = _folded("key", "token", "secret", "pass", "pwd", "credential", "auth", "contrase")
 _CREDENTIAL_WORD = re.compile("|".join(_CREDENTIAL_PROBES))  # in lower-cased text
 _RULE_GATE = (  # a name ending in a credential word, then an assignment (`=`, `:`) or a flag's `=` or space
-    _low(r"(?:key|token|secret|pass|passwd|passphrase|password|pwd|credentials?|auth)(?:[\"']?\s*+[:=]|[ \t])"),
+    _low(
+        r"(?:key|token|secret|pass|passwd|passphrase|password|pwd|credentials?|auth)(?:[\"']?\s*+[:=]|[ \t])"
+    ),
 )
 _PLUGIN_GATES: dict[str, tuple[str, tuple[Probe, ...]]] = {
     "AWSKeyDetector": ("a3de395ccbea", ("A3T", "ABIA", "ACCA", "AKIA", "ASIA", _Fold("aws"))),
@@ -205,7 +218,9 @@ _KEYWORD_WORDS = re.compile("|".join(_KEYWORD_PROBES))  # in a lower-cased word
 # assignment after it
 _KEYWORD_ASSIGNMENT = re.compile(r"(?<!\w)(\w++)[\]'\"]{0,2}\s*+[:=!>]{1,3}\s*+[\"'`]")
 _WORD_RUN = re.compile(r"\w{257,}+")
-MAX_KEYWORDS_IN_A_WORD = 8  # more in one long word: KeywordDetector's patterns take quadratic time, no name is one
+MAX_KEYWORDS_IN_A_WORD = (
+    8  # more in one long word: KeywordDetector's patterns take quadratic time, no name is one
+)
 _KEYWORD_ALSO = (('"', "'", "`"), (":", "=", ";"))  # ... in a line with a quote and one of these
 # Base64HighEntropyString reads quoted base64 strings; an entropy above its limit (4.5 bits) needs 23 characters.
 _QUOTED_RUNS = (re.compile(r"\"[A-Za-z0-9+/\\_=-]{23}"), re.compile(r"'[A-Za-z0-9+/\\_=-]{23}"))
@@ -348,7 +363,9 @@ def _wandb_login_hits(line: str) -> Iterator[Hit]:
     """The key of `wandb login [options] KEY` (quoted or not; `--host URL` skipped) and of `wandb.login(key=…)`."""
     for match in _WANDB_LOGIN.finditer(line):
         pos, skip = match.end(), False
-        while (word := _SHELL_WORD.match(line, pos)) is not None:  # to the first word that is no option: linear
+        while (
+            word := _SHELL_WORD.match(line, pos)
+        ) is not None:  # to the first word that is no option: linear
             pos, text = word.end(), word.group().lstrip(" \t")
             if skip or text.startswith("-"):  # an option, or the value of one (`--host URL`)
                 skip = not skip and text.lower() in _WANDB_LOGIN_VALUED
@@ -362,7 +379,10 @@ def _wandb_login_hits(line: str) -> Iterator[Hit]:
     for match in _WANDB_CALL.finditer(line):
         values = values or _Values(line)
         found = values.at(match.end())
-        if found and secret_value("wandb login", line[found[0] : found[1]]):
+        literal = found and (
+            not found[2] or _BARE_KEY.match(line, found[0], found[1])
+        )  # not `key=os.environ[…]`
+        if literal and secret_value("wandb login", line[found[0] : found[1]]):
             yield "a W&B API key", found[0], found[1], "wandb.login(key=…)"
 
 
@@ -803,7 +823,9 @@ class _Argv:
         self.login = False  # in a login command whose `-p` is a password
         self.client = False  # after a registry client (docker), its global options, before its `login`
         self.curl = False  # in a curl command: `-u user:password`
-        self.wandb = False  # after `wandb login`: the first word that is no option (nor an option's value) is its key
+        self.wandb = (
+            False  # after `wandb login`: the first word that is no option (nor an option's value) is its key
+        )
         self.host = False  # the next word is the value of `wandb login --host`
 
     def key_of(self, items: list[Any] | tuple[Any, ...], i: int) -> str:
