@@ -183,7 +183,7 @@ def test_card_validate_cli_refuses_every_secret_and_masks_it(mbx, tmp_path: Path
     for i, (text, _) in enumerate(SECRETS):
         files.append(tmp_path / f"s{i}.card.yaml")
         files[-1].write_text(yaml.safe_dump(_card(text)))
-    result = mbx("card", "validate", *map(str, files))
+    result = mbx("card", "validate", *map(str, files), env={"MBX_MAX_ERRORS": "0"})  # every problem shown
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     for file, (_, value) in zip(files, SECRETS, strict=True):
         assert f"{file}: items.pretrain.H200.command: contains " in result.stderr, (file, result.stderr)
