@@ -4,8 +4,10 @@ plus the project's rules for what they miss; every string mbx refuses (campaign 
 
 The project's rules: a value after a credential-like name (`WANDB_API_KEY=…`, `HF_TOKEN: …`, `"api_key": "…"`,
 `--wandb-key …`, `password=hunter2`, `DB_PASS=…`, with `_`, `-` and `.` as word boundaries), the password in a URL
-(`https://user:pass@host`), `Authorization: Bearer …`, `wandb login KEY`, `-p PASS` of a login command (docker
-login, sshpass, mysql: elsewhere `-p` is a port or `mkdir -p`), the token formats detect-secrets lacks (`hf_…`,
+(`https://user:pass@host`), `[Proxy-]Authorization: Bearer …` (quoted or not), `wandb login [--host URL] KEY`
+and `wandb.login(key=…)`, `-p PASS` / `-pPASS` of a login command (docker [global options] login, sshpass, mysql,
+mysqladmin, singularity registry login: elsewhere `-p` is a port or `mkdir -p`), curl's `-u user:PASS`, a PEM private
+key from BEGIN to END (across lines), the token formats detect-secrets lacks (`hf_…`,
 `nvapi-…`, `sk-…`), and values under a credential-like key of a document. Any real value counts under a password
 name (`-hunter2`, `--hunter2`, `HUNTER_TWO_2024`; an unquoted passphrase to its last word). Not secrets: a NAME
 without a value (`env.pass: [WANDB_API_KEY]`), a NAME of a credential under a key/token name (`token: HF_TOKEN`;
@@ -19,8 +21,9 @@ path, itself masked where a mapping key is the secret), never the value (see `ma
 Speed: texts are scanned line by line, each distinct line once, and many texts at a time (`scan_many`): every
 detector has a gate, a plain pattern that any line it could flag must contain (a literal such as `://` or `eyJ`,
 a credential word), searched once over all the lines joined; a detector runs only on the lines its gate marked.
-Within a line every pattern is linear: a name and its separator are found first, the value after it by a bisection
-over the line's value ends (never a read to the end of the line per name).
+Within a line every pattern is linear (tests/test_secrets.py feeds each one hostile 4 KB lines): a name and its
+separator are found first, the value after it by a bisection over the line's value ends (never a read to the end of
+the line per name); a value a 4 KiB window cuts is read on to its end in the whole line.
 """
 
 from __future__ import annotations
