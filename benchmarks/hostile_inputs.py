@@ -123,6 +123,49 @@ def card_nested_assignments(folder: Path):
     return ["card", "validate", str(path)], path
 
 
+def _review_lines(n: int, line: Callable[[int], str]) -> str:
+    """A campaign whose description is `n` lines (issue 32's second review: the scanner's hostile shapes)."""
+    text = "".join(f"  {line(i)}\n" for i in range(n))
+    return f"name: b\ndescription: |\n{text}trainer: {{kind: command, command: [python, t.py], log_format: megatron-lm}}\n"
+
+
+@case('campaign: 150,000 lines `mykeyN = "vN"` (validate; the second review\'s A2)')
+def campaign_keyword_lines(folder: Path):
+    path = folder / "keyword.yaml"
+    path.write_text(_review_lines(150_000, lambda i: f'mykey{i} = "v{i}"'))
+    return ["campaign", "validate", str(path)], path
+
+
+@case("campaign: 135,000 quoted random 24-character strings (validate; the second review's B2)")
+def campaign_quoted_random(folder: Path):
+    path = folder / "b64.yaml"
+    path.write_text(_review_lines(135_000, lambda i, w=_words(135_000, 24, seed=5): f'"{w[i]}"'))
+    return ["campaign", "validate", str(path)], path
+
+
+@case("campaign: 9,000 lines `wandb login` + 40 × ` --host=x` (validate; exponential before)")
+def campaign_wandb_login(folder: Path):
+    path = folder / "wandb_login.yaml"
+    path.write_text(_review_lines(9_000, lambda i: f"{i} wandb login" + " --host=x" * 40))
+    return ["campaign", "validate", str(path)], path
+
+
+@case("campaign: 1,000 lines of `key` + 4,000 spaces + a 44-character value (validate; cubic before)")
+def campaign_key_spaces(folder: Path):
+    path = folder / "key_spaces.yaml"
+    path.write_text(
+        _review_lines(1_000, lambda i: f"{i} key" + " " * 4000 + "a" * 44 + " key" + " " * 3 + "!")
+    )
+    return ["campaign", "validate", str(path)], path
+
+
+@case('campaign: 1,000 lines `secretsecret…: "x"` of 4 KB (validate; KeywordDetector quadratic before)')
+def campaign_keyword_bomb(folder: Path):
+    path = folder / "secret_words.yaml"
+    path.write_text(_review_lines(1_000, lambda i: f"a{i}" + "secret" * 680 + ': "abc"'))
+    return ["campaign", "validate", str(path)], path
+
+
 def _trace_events(n: int, name: Callable[[int], str]) -> str:
     step = '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": %d}'
     kernels = (json.dumps({"ph": "X", "cat": "kernel", "name": name(i), "pid": 0, "tid": 7, "ts": i * 2, "dur": 1,

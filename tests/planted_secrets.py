@@ -1,4 +1,4 @@
-"""The planted secrets of issue 32 (17, then 7 more its review found missed): the forms the scanner missed (a value starting with `-`, an ALL_CAPS password,
+"""The planted secrets of issue 32 (17, then 7 more its review found missed, then 10 its second review found): the forms the scanner missed (a value starting with `-`, an ALL_CAPS password,
 an all-digit 40-character key, `user:pass@host`, JSON `"api_key": "…"`) in every field of a campaign that validate
 skipped (tags, entity, cluster, launchers, container, pip args, description, params, argv, env, sweeps), and one a
 trainer prints into its own log. Each value is unique, so a grep for it finds only that secret."""
@@ -38,9 +38,28 @@ PLANTED: dict[str, tuple[str, str]] = {
     "bearer": ("env.values.CURL", "bearerAbcdefghijklmnop1234567890"),
     "wandb_login": ("env.values.SETUP", "0a1b2c3d4e5f0a1b2c3d4e5f0a1b2c3d4e5f0a1b"),
     "docker_p": ("env.values.LOGIN", "dockerPw0rdX9"),
+    # the second review of issue 32: `wandb login` with options and a quoted key, `wandb.login(key=…)`, a lower-case
+    # token, curl's `-u user:password`, Proxy-Authorization, docker's global options before `login`; argv forms
+    # (`wandb login --relogin KEY`, `mysql -pPASS`); in the trainer's log a PEM key over several lines and a value
+    # that a 4 KiB scan window cuts
+    "wandb_quoted": ("env.values.SETUP2", "1a2b3c4d5e6f1a2b3c4d5e6f1a2b3c4d5e6f1a2b"),
+    "wandb_call": ("env.values.PYSETUP", "2b3c4d5e6f7a2b3c4d5e6f7a2b3c4d5e6f7a2b3c"),
+    "lower_token": ("env.values.HF2_TOKEN", "lowercasetokenvalue"),
+    "curl_u": ("env.values.FETCH", "curlPassw0rd9"),
+    "proxy_auth": ("env.values.PROXY", "proxyAbcdefghijklmnop123"),
+    "docker_global": ("env.values.LOGIN2", "dockerCfgPw0rd7"),
+    "argv_relogin": ("launchers.submitit.srun_args[4]", "3c4d5e6f7a8b3c4d5e6f7a8b3c4d5e6f7a8b3c4d"),
+    "argv_joined_p": ("launchers.submitit.srun_args[7]", "joinedPw0rd5x"),
+    "pem": ("", "MIIEowIBAAKCAQEAplantedPemBody0123456789abcdefXYZ"),
+    "window": ("", "winTok" + "Ab3" * 500),
 }
 VALUES = [value for _, value in PLANTED.values()]
-LOG_LINE = f"warning: HF_TOKEN={PLANTED['log'][1]} was set in the environment"
+LOG_LINE = (
+    f"warning: HF_TOKEN={PLANTED['log'][1]} was set in the environment\n"
+    f"loaded key:\n-----BEGIN RSA PRIVATE KEY-----\n{PLANTED['pem'][1]}\n-----END RSA PRIVATE KEY-----\n"
+    + "x" * 3000
+    + f" API_TOKEN={PLANTED['window'][1]} done"
+)  # the value crosses the window at 4096
 
 
 def plant(campaign: dict[str, Any], which: list[str] | None = None) -> dict[str, Any]:
@@ -82,10 +101,10 @@ def plant(campaign: dict[str, Any], which: list[str] | None = None) -> dict[str,
         data.setdefault("cluster", {}).setdefault("sbatch_extra", {})["comment"] = (
             f"password={value['cluster']}"
         )
-    if "srun_args" in chosen:
-        data.setdefault("launchers", {})["submitit"] = {
-            "srun_args": [f"--export=ALL,HF_TOKEN={value['srun_args']}"]
-        }
+    if "srun_args" in chosen or "argv_relogin" in chosen or "argv_joined_p" in chosen:
+        data.setdefault("launchers", {})["submitit"] = {"srun_args": [
+            f"--export=ALL,HF_TOKEN={value['srun_args']}", "wandb", "login", "--relogin", value["argv_relogin"],
+            "&&", "mysql", f"-p{value['argv_joined_p']}"]}  # fmt: skip
     if "image_url" in chosen:
         data.setdefault("container", {})["image"] = (
             f"docker://alice:{value['image_url']}@registry.example.com/t:1"
@@ -114,3 +133,19 @@ def _plant_review(env: dict[str, Any], value: dict[str, str], chosen: set[str]) 
         env["SETUP"] = f"wandb login {value['wandb_login']} && python train.py"
     if "docker_p" in chosen:
         env["LOGIN"] = f"docker login -u me -p {value['docker_p']} registry.example.com"
+    _plant_second_review(env, value, chosen)
+
+
+def _plant_second_review(env: dict[str, Any], value: dict[str, str], chosen: set[str]) -> None:
+    """The values the second review of issue 32 found missed, in env values."""
+    forms = {
+        "wandb_quoted": ("SETUP2", 'wandb login --relogin --host https://api.wandb.ai "{}"'),
+        "wandb_call": ("PYSETUP", "python -c 'import wandb; wandb.login(key=\"{}\")'"),
+        "lower_token": ("HF2_TOKEN", "{}"),
+        "curl_u": ("FETCH", "curl -u admin:{} https://example.com/ckpt.tar"),
+        "proxy_auth": ("PROXY", "Proxy-Authorization: Basic {}"),
+        "docker_global": ("LOGIN2", "docker --config /tmp/cfg login -u me -p {} nvcr.io"),
+    }
+    for name, (variable, form) in forms.items():
+        if name in chosen:
+            env[variable] = form.format(value[name])

@@ -6,6 +6,7 @@ the report pages mask what it finds; `card validate` no longer calls a markup ta
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from pathlib import Path
 
@@ -75,6 +76,24 @@ SECRETS = [  # (text, the secret value in it)
     ("mysql -u root -phunter2db mydb", "hunter2db"),
     ("env PASSWORD=correct horse battery staple", "horse battery staple"),
     ("x" * 4500 + " password=hunterTail77", "hunterTail77"),  # the tail of a long line, past its last window
+    # the second review of issue 32: `wandb login` with options or a quoted key, `wandb.login(key=…)`, docker's
+    # global options before `login`, more login tools, quoted and proxy HTTP credentials, curl's user:password,
+    # one lower-case word under a token/secret name
+    (f"wandb login --host https://api.wandb.ai {W_KEY}", W_KEY),
+    (f'wandb login "{W_KEY}"', W_KEY),
+    (f"wandb login --relogin '{W_KEY}'", W_KEY),
+    (f'wandb.login(key="{W_KEY}")', W_KEY),
+    (f"wandb.login(anonymous='never', key={W_KEY})", W_KEY),
+    ("docker --config /x login -u me -p hunter2hunter nvcr.io", "hunter2hunter"),
+    ("docker -H tcp://h:2375 login -u me -p hunter2hunter nvcr.io", "hunter2hunter"),
+    ("singularity registry login -u me -p hunter2hunter docker://nvcr.io", "hunter2hunter"),
+    ("mysqladmin -uroot -phunter2hunter status", "hunter2hunter"),
+    ("Authorization: Bearer \"abcdefghijklmnop1234\"", "abcdefghijklmnop1234"),
+    ("Proxy-Authorization: Basic dXNlcjpodW50ZXIyaHVudGVy", "dXNlcjpodW50ZXIyaHVudGVy"),
+    ("curl -u admin:hunter2hunter https://x/ckpt.tar", "hunter2hunter"),
+    ("curl --user 'admin:hunter2hunter' https://x", "hunter2hunter"),
+    ("CLIENT_SECRET: supersecretlowercase", "supersecretlowercase"),
+    ("HF_TOKEN=abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnopqrstuvwxyz"),
 ]
 NOT_SECRETS = [
     "[/x]",
@@ -115,6 +134,12 @@ NOT_SECRETS = [
     "Authorization: Bearer $TOKEN; bearer authentication",
     "env.pass: [DB_PASS, HF_TOKEN] --bypass-check compass=northwest",
     "--moe-token-dispatcher-type alltoall --tokenizer-type HuggingFaceTokenizer --use-checkpoint-args",
+    # key paths and words under a key name, special tokens, prose, a user without a password, options without a key
+    "steps_key: model.key_size sort_key: iteration tokenizer_key: tokenizer.vocab metric_key: throughputpergpu",
+    "eos_token: endoftextmarker pad_token: paddingtokens token: wandb_api_key",
+    "curl -u admin https://x; curl -u $USER:$PASS https://x",
+    "wandb login --relogin --host https://api.wandb.ai; wandb.login(key=os.environ['WANDB_API_KEY'])",
+    "secret: short hf_token: hf_token",
 ]
 
 
@@ -158,7 +183,7 @@ def test_card_validate_cli_refuses_every_secret_and_masks_it(mbx, tmp_path: Path
     for i, (text, _) in enumerate(SECRETS):
         files.append(tmp_path / f"s{i}.card.yaml")
         files[-1].write_text(yaml.safe_dump(_card(text)))
-    result = mbx("card", "validate", *map(str, files))
+    result = mbx("card", "validate", *map(str, files), env={"MBX_MAX_ERRORS": "0"})  # every problem shown
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     for file, (_, value) in zip(files, SECRETS, strict=True):
         assert f"{file}: items.pretrain.H200.command: contains " in result.stderr, (file, result.stderr)
@@ -365,3 +390,103 @@ def test_a_text_alone_and_among_many_gives_the_same_findings(texts: list[str]) -
     together = secrets.scan_many([("", "", text) for text in texts])
     secrets._line_hits.cache_clear()
     assert [secrets.scan_text(text) for text in texts] == together
+
+
+def test_argv_forms_of_the_second_review() -> None:
+    """In an argv: `wandb login`'s key after its options (the finding names the key, not `--relogin`), `-pPASS`
+    joined in a login command, docker's global options before `login`, curl's `-u user:password`."""
+    cases = [
+        (["wandb", "login", "--relogin", W_KEY], 3),
+        (["wandb", "login", "--host", "https://api.wandb.ai", W_KEY], 4),
+        (["mysql", "-uroot", "-phunter2hunter", "-e", "select 1"], 2),
+        (["sshpass", "-phunter2hunter", "ssh", "h"], 1),
+        (["docker", "--config", "/x", "login", "-u", "me", "-p", "hunter2hunter", "nvcr.io"], 7),
+        (["curl", "-u", "admin:hunter2hunter", "https://x"], 2),
+    ]
+    for argv, index in cases:
+        assert [f.where for f in secrets.scan_tree({"command": argv})] == [f"command[{index}]"], argv
+        masked = secrets.redact_tree({"command": argv})["command"]
+        assert [i for i, (a, b) in enumerate(zip(argv, masked, strict=True)) if a != b] == [index], masked
+    for argv in (["wandb", "login", "--relogin"], ["curl", "-u", "admin", "https://x"], ["mkdir", "-pv", "out"],
+                 ["docker", "run", "img", "login", "-p", "8080"], ["mysql", "-u", "root", "-p"]):  # fmt: skip
+        assert secrets.scan_tree({"command": argv}) == [], argv
+
+
+def test_a_lower_case_word_is_a_key_only_under_a_credential_name() -> None:
+    """`HF_TOKEN: abcdefghijklmnopqrstuvwxyz` is a key; `steps_key: iteration` or `…: model.key_size` a key path."""
+    document = {"env": {"HF_TOKEN": "abcdefghijklmnopqrstuvwxyz", "CLIENT_SECRET": "supersecretlowercase",
+                        "EOS_TOKEN": "endoftextmarker"},
+                "steps_key": "model.key_size", "sort_key": "iterationnumber", "tokenizer_key": "tokenizer.vocab"}  # fmt: skip
+    assert [f.where for f in secrets.scan_tree(document)] == ["env.HF_TOKEN", "env.CLIENT_SECRET"]
+
+
+def test_a_value_a_scan_window_cuts_is_masked_to_its_end() -> None:
+    """A line longer than a window is scanned in windows of 4,096 characters; a value that starts in one and ends
+    past it was masked only to the window's end (the rest raw): it is read on to its end in the whole line."""
+    token = "BQh2" + "x7Kp" * 500
+    for before in (1000, 2000, 3000, 3500, 6000):
+        for line in ("y" * before + " API_TOKEN=" + token + " end", "y" * before + f' "api_token": "{token} x" end'):
+            masked = secrets.mask(line)
+            assert token[-12:] not in masked and token[1000:1012] not in masked, (before, masked[-200:])
+            assert masked.endswith(" end") and secrets.MASK in masked
+    body = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" + "Ab3+" * 400
+    account = '{"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY-----\\n' + body + '\\n-----END PRIVATE KEY-----\\n"}'
+    masked = secrets.mask("z" * 2500 + " GCP_SA_JSON=" + account)
+    assert body[:40] not in masked and body[-40:] not in masked
+
+
+@pytest.mark.parametrize("joined", ["\n", "\\n"])
+def test_a_private_key_is_masked_from_begin_to_end(joined: str) -> None:
+    """A PEM private key in a log tail (lines) or a JSON string (`\\n`): only its BEGIN line was masked before."""
+    body = ["MIIEowIBAAKCAQEA0Z3VS5JJcds3xfnPEMBODYLINE1ygWyF8PbnGy0AHB7MhgHcTz", "aNUbPCcJxd3lbdHpKLZj0dV8gRaQF6zW"]
+    text = joined.join(["loaded key:", "-----BEGIN RSA PRIVATE KEY-----", *body, "-----END RSA PRIVATE KEY-----",
+                        "next line"])  # fmt: skip
+    masked = secrets.mask(text)
+    assert not [line for line in body if line in masked], masked
+    assert masked.startswith("loaded key:") and masked.endswith("next line")
+    assert secrets.redact_tree({"log_tail": text})["log_tail"] == masked
+
+
+# Lines made to make a pattern backtrack: runs of what each rule and plugin reads, with and without what would end
+# a match (issue 32's second review: `wandb login` + ` --host=x` × 22 took 2 s, exponential in the count).
+HOSTILE_PIECES = [
+    " --host=x", " --host", "key ", " ", "\t", "1", "-p", "a=", "a_key=", "://a:", "Authorization: ", "bearer ",
+    "-----BEGIN ", "docker --x ", "docker -x y ", "curl -u ", "wandb.login(", "wandb login ", "password=", " a", '"',
+    "'a", "secret", "secret: ", "api_key", '"a" == ', "{{", "sk-", "eyJ", "AKIA", "/", ".aaaaaa.", "T3BlbkFJ", "pass",
+]  # fmt: skip
+HOSTILE_LINES = [line for piece in HOSTILE_PIECES
+                 for body in [(piece * (4096 // len(piece)))[:4000]]
+                 for line in (body, body + "!", "key" + body, "password: " + body, body + ' = "x"')]  # fmt: skip
+
+
+def test_no_pattern_backtracks_on_a_hostile_line() -> None:
+    """Every pattern of the scanner (each of its regexes, each detector with detect-secrets' plugins, each value
+    check) on 4 KB lines built to make it backtrack: linear time, under 50 ms a line on a loaded 2-core VM (~1-6 ms
+    idle; the exponential, cubic and quadratic ones took 0.05-230 s)."""
+    patterns = {name: p for name, p in vars(secrets).items() if isinstance(p, re.Pattern)}
+    patterns |= {f"token {pattern.pattern}": pattern for pattern, _ in secrets._TOKENS}
+    patterns |= {f"gate of {name}": (g.pattern if isinstance(g, secrets._Low) else g)
+                 for name, (_, gate) in secrets._PLUGIN_GATES.items() for g in gate if not isinstance(g, str)}  # fmt: skip
+    slow = []
+    for line in HOSTILE_LINES:
+        for name, pattern in patterns.items():
+            start = time.process_time()
+            pattern.match(line) if name in ("_MORE_WORDS", "_SHELL_WORD", "_BARE_KEY") else list(pattern.finditer(line))
+            slow += [(name, line[:30])] if time.process_time() - start > 0.05 else []
+        for detector in (*secrets._RULES, *secrets._plugin_detectors()):
+            start = time.process_time()
+            list(detector.find(line))
+            slow += [(detector.find.__qualname__, line[:30])] if time.process_time() - start > 0.05 else []
+        start = time.process_time()
+        secrets.secret_value("token", line), secrets.secret_value("--token", line), secrets.scan_text(line)
+        slow += [("secret_value", line[:30])] if time.process_time() - start > 0.1 else []
+    assert slow == []
+
+
+def test_a_hostile_campaign_of_many_lines_scans_in_linear_time() -> None:
+    """The review's `wandb login` + ` --host=x` × n (0.5 s at n = 20, doubling with each 2) at n = 400 in 1,000
+    distinct lines, as in a 4 MB campaign."""
+    lines = [f"{i} wandb login" + " --host=x" * 400 for i in range(1000)]
+    start = time.process_time()
+    secrets.scan_many([("", "", line) for line in lines])
+    assert time.process_time() - start < 1.5  # ~0.1 s

@@ -29,7 +29,8 @@ rc = subprocess.call([sys.executable, os.environ["FAKE_MEGATRON"], "--replay", o
                       "--sleep-s", "0", *sys.argv[1:]])
 print("argv:", " ".join(sys.argv[1:]))
 names = ("DB_PASSWORD", "ADMIN_PASSWORD", "WANDB_API_KEY", "NOTE", "SWEEP_PASSWORD", "CELL_TOKEN", "DB2_PASSWORD",
-         "CLIENT_SECRET", "DB_PASS", "NOTE2", "CURL", "SETUP", "LOGIN")
+         "CLIENT_SECRET", "DB_PASS", "NOTE2", "CURL", "SETUP", "LOGIN", "SETUP2", "PYSETUP", "HF2_TOKEN", "FETCH",
+         "PROXY", "LOGIN2")
 print("env:", " ".join(f"{k}={os.environ.get(k, '')}" for k in names))
 print(os.environ["LOG_LINE"])
 sys.exit(rc)
