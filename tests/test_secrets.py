@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -459,6 +460,19 @@ HOSTILE_LINES = [line for piece in HOSTILE_PIECES
                  for line in (body, body + "!", "key" + body, "password: " + body, body + ' = "x"')]  # fmt: skip
 
 
+def _cpu(call: Callable[[], object]) -> float:
+    """The least CPU time of three calls (a collector's pause or a busy neighbour is no backtracking); a pattern
+    that backtracks is slow every time."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        call()
+        best = min(best, time.process_time() - start)
+        if best <= 0.05:
+            break
+    return best
+
+
 def test_no_pattern_backtracks_on_a_hostile_line() -> None:
     """Every pattern of the scanner (each of its regexes, each detector with detect-secrets' plugins, each value
     check) on 4 KB lines built to make it backtrack: linear time, under 50 ms a line on a loaded 2-core VM (~1-6 ms
@@ -470,9 +484,9 @@ def test_no_pattern_backtracks_on_a_hostile_line() -> None:
     slow = []
     for line in HOSTILE_LINES:
         for name, pattern in patterns.items():
-            start = time.process_time()
-            pattern.match(line) if name in ("_MORE_WORDS", "_SHELL_WORD", "_BARE_KEY") else list(pattern.finditer(line))
-            slow += [(name, line[:30])] if time.process_time() - start > 0.05 else []
+            anchored = name in ("_MORE_WORDS", "_SHELL_WORD", "_BARE_KEY")
+            if _cpu(lambda p=pattern, text=line, a=anchored: p.match(text) if a else list(p.finditer(text))) > 0.05:
+                slow += [(name, line[:30])]
         for detector in (*secrets._RULES, *secrets._plugin_detectors()):
             start = time.process_time()
             list(detector.find(line))
