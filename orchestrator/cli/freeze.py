@@ -104,19 +104,10 @@ def freeze(
 
     Example: mbx freeze quickstart --out frozen/
     """
-    from orchestrator.errors import UsageError
     from orchestrator.judge.freeze import NoWinner
     from orchestrator.judge.freeze import freeze as pick
-    from orchestrator.judge.freeze_out import write_frozen
 
-    if point is not None and best:
-        raise UsageError("--point and --best: give one (without either, the best point is frozen)")
-    if allow_failed is not None and (point is None or not allow_failed.strip()):
-        raise UsageError(
-            '--allow-failed "REASON": give it with --point, and a reason (it is written in FROZEN.md)'
-        )
-    if out is not None:
-        check_out_dir(out)  # before the store is read: a bad --out costs nothing
+    _check_choice(point, best, allow_failed, out)
     effect = None if min_effect is None else min_effect.single()  # a percent on the command line
     repeats = _frozen_repeats(frozen_repeats, old_repeats)
     try:
@@ -125,11 +116,40 @@ def freeze(
     except NoWinner as none:  # the one closing line; 3 undecided (0 with --inconclusive-ok), 1 every point failed
         raise typer.Exit(no_winner(campaign, none, as_json, inconclusive_ok)) from None
     target = out or workspace / campaign / "frozen"
+    written = _write(frozen, target, repeats, margin)
+    _say_frozen(campaign, frozen, written, target, as_json)
+
+
+def _write(frozen: Any, target: Path, repeats: int, margin: Any) -> list[Path]:
+    """The frozen files written into `target` (checked first); one line (exit 2) for a folder that cannot be
+    made or written after the check (a read-only file system...)."""
+    from orchestrator.errors import UsageError
+    from orchestrator.judge.freeze_out import write_frozen
+
     check_out_dir(target)
     try:
-        written = write_frozen(frozen, target, repeats=repeats, margin=margin)  # margin: a fraction
-    except OSError as err:  # a folder that cannot be made or written after the check (read-only file system...)
+        return write_frozen(frozen, target, repeats=repeats, margin=margin)  # margin: a fraction
+    except OSError as err:
         raise UsageError(f"--out {target}: cannot be written ({err.strerror or err})") from None
+
+
+def _check_choice(point: str | None, best: bool, allow_failed: str | None, out: Path | None) -> None:
+    """--point/--best/--allow-failed/--out refused before the store is read (a bad choice costs nothing)."""
+    from orchestrator.errors import UsageError
+
+    if point is not None and best:
+        raise UsageError("--point and --best: give one (without either, the best point is frozen)")
+    if allow_failed is not None and (point is None or not allow_failed.strip()):
+        raise UsageError(
+            '--allow-failed "REASON": give it with --point, and a reason (it is written in FROZEN.md)'
+        )
+    if out is not None:
+        check_out_dir(out)
+
+
+def _say_frozen(campaign: str, frozen: Any, written: list[Path], target: Path, as_json: bool) -> None:
+    """What was frozen: as JSON, or the winner, the rejected points, the files and the one closing line (a point
+    frozen anyway with --allow-failed has none)."""
     if as_json:
         w = frozen.winner
         emit_json({"campaign": campaign, "point_id": w.point_id, "label": w.label, "how": frozen.how,
@@ -139,7 +159,7 @@ def freeze(
                    **_frozen_json(campaign, frozen, target)})  # fmt: skip
         return
     _print_frozen(campaign, frozen, written)
-    if not frozen.allowed_failed:  # frozen by the verdicts: the one closing line (a point frozen anyway has none)
+    if not frozen.allowed_failed:
         from orchestrator.judge.closing import closing_text
 
         _out().print(closing_text(_frozen_outcome(campaign, frozen, target)))
