@@ -21,10 +21,21 @@ WS=/root/ws
 MBX=(python3 -m orchestrator)
 mkdir -p "$OUT" "$WS"
 
-wait_for() {  # wait_for PIDFILE SECONDS: progress every 30 s until the background mbx ends or time is up
-  local pid; pid=$(cat "$1"); local end=$((SECONDS + $2))
+first_failed() {  # true when attempts have ended, none completed and one failed: every point ahead fails alike
+  local records; records=$(find "$WS" -name status.json 2>/dev/null)
+  [ -n "$records" ] && ! grep -q '"completed"' $records && grep -q '"failed"' $records
+}
+
+wait_for() {  # wait_for PIDFILE SECONDS: progress every 30 s until the background mbx ends, fails first or time is up
+  local pid; pid=$(cat "$1"); local end=$((SECONDS + $2)) tick=0
   while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do
-    sleep 30; echo "--- $(date +%T)"; tail -c 600 "$WS/mbx.log" | tr '\r' '\n' | tail -4
+    sleep 10; tick=$((tick + 1))
+    if [ "${STOP_ON_FIRST_FAILURE:-1}" = 1 ] && first_failed; then
+      echo "FIRST ATTEMPT FAILED, none completed: stopping the campaign"; kill -- -"$pid"; sleep 2
+      find "$WS" -name status.json -exec cat {} \; ; find "$WS" -path '*logs*' -name '*.log' -exec tail -30 {} \;
+      break
+    fi
+    [ $((tick % 3)) = 0 ] && { echo "--- $(date +%T)"; tail -c 600 "$WS/mbx.log" | tr '\r' '\n' | tail -4; }
   done
   kill -0 "$pid" 2>/dev/null && echo "STILL RUNNING" || { echo "DONE"; tail -40 "$WS/mbx.log"; }
 }
