@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from reports.numerics import Spike, curve_gap, find_spikes
+from reports.pvalue import p_claim
 
 SAME = "same"
 DIFFERENT = "different"
@@ -258,18 +259,18 @@ def _repeats_test(a: np.ndarray, b: np.ndarray, min_effect: float, levels: Level
                   n_a=len(a), n_b=len(b), mean_a=float(a.mean()), mean_b=float(b.mean()))  # fmt: skip
     alpha, eq_alpha = levels.alpha, levels.equivalence_alpha
     if p <= alpha and abs(change) >= min_effect:
-        return Decision(DIFFERENT, change, reason=f"p={p:.2g} ≤ {alpha:.2g}", **common)
-    inside = f"the {levels.confidence:.4g} CI lies within ±{min_effect:.1%} (TOST p={p_eq:.2g} ≤ {eq_alpha:.2g})"
+        return Decision(DIFFERENT, change, reason=f"{p_claim(p)} ≤ {alpha:.2g}", **common)
+    inside = f"the {levels.confidence:.4g} CI lies within ±{min_effect:.1%} ({p_claim(p_eq, 'TOST p')} ≤ {eq_alpha:.2g})"
     if p_eq <= eq_alpha:
         if p <= alpha:
-            return Decision(BELOW_PRACTICAL, change, reason=f"p={p:.2g} ≤ {alpha:.2g} but {inside}", **common)
+            return Decision(BELOW_PRACTICAL, change, reason=f"{p_claim(p)} ≤ {alpha:.2g} but {inside}", **common)
         return Decision(SAME, change, reason=inside, **common)
     sd = math.sqrt((la.var(ddof=1) + lb.var(ddof=1)) / 2)
     more = repeats_needed(sd, change, min_effect, alpha, equivalence_alpha=eq_alpha)
     have = min(len(a), len(b))
     more = None if more is None else max(more - have, 1)
-    why = (f"p={p:.2g} > {alpha:.2g}" if p > alpha else f"p={p:.2g} but |change| < {min_effect:.1%}")
-    return Decision(UNKNOWN, change, reason=f"{why} and the CI is not within ±{min_effect:.1%} (TOST p={p_eq:.2g} "
+    why = (f"{p_claim(p)} > {alpha:.2g}" if p > alpha else f"{p_claim(p)} but |change| < {min_effect:.1%}")
+    return Decision(UNKNOWN, change, reason=f"{why} and the CI is not within ±{min_effect:.1%} ({p_claim(p_eq, 'TOST p')} "
                     f"> {eq_alpha:.2g})", more_repeats=more, **common)  # fmt: skip
 
 
@@ -313,7 +314,7 @@ def _single_run(a: Samples, b: Samples, ra: np.ndarray, rb: np.ndarray, min_effe
                   test="one repeat: z on window-step logs, widened by the run-to-run floor", **base)  # fmt: skip
     alpha = levels.alpha
     if p <= alpha and abs(change) >= min_effect:
-        return Decision(DIFFERENT, change, reason=f"p={p:.2g} ≤ {alpha:.2g}; {note}", **common)
+        return Decision(DIFFERENT, change, reason=f"{p_claim(p)} ≤ {alpha:.2g}; {note}", **common)
     return Decision(UNKNOWN, change, reason=f"{note}; DIFFERENT needs p ≤ {alpha:.2g} and |change| ≥ "
                     f"{min_effect:.1%}; SAME needs 2 runs a side", more_repeats=3 - min(len(ra), len(rb)), **common)  # fmt: skip
 
@@ -426,7 +427,7 @@ def loss_divergence(runs_a: list[list[dict[str, Any]]], runs_b: list[list[dict[s
     start = common[len(common) - apart]
     gap = curve_gap(list(a), list(a.values()), list(b), list(b.values()),
                     tolerance_abs=tolerance_abs, tolerance_rel=tolerance_rel)  # fmt: skip
-    trend = f"; |gap| growing (p={gap.slope_p:.2g})" if gap.growing else ""
+    trend = f"; |gap| growing ({p_claim(gap.slope_p)})" if gap.growing else ""
     return (f"loss diverges from step {start}: B − A reaches {gap.max_abs:.4g} ({gap.max_rel:.2%}), beyond the "
             f"repeats' spread and {tolerance_rel:.1%}, and stays apart for the last {apart} of {len(common)} "
             f"common steps{trend}")  # fmt: skip

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from reports.pvalue import p_text
 from reports.site_format import atomic_write
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -68,7 +69,7 @@ def _metric_rows(pair: dict[str, Any], labels: dict[str, str], min_effect: float
         p = m.get("p_value")
         rows.append({"name": name, "label": labels.get(name, name), "a": _value(m.get("mean_a")),
                      "b": _value(m.get("mean_b")), "change": _pct(m.get("change")), "ci": _ci(m),
-                     "p": "–" if p is None else f"{p:.2g}", "decision": m.get("decision", ""), "word": word,
+                     "p": "–" if p is None else p_text(p), "decision": m.get("decision", ""), "word": word,
                      "style": STYLE.get(word, "same"), "reason": m.get("reason", ""), "n": f"{m.get('n_a')} / {m.get('n_b')}",
                      "bar": ci_bar(m, min_effect)})  # fmt: skip
     return rows

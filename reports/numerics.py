@@ -6,6 +6,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from reports.pvalue import p_claim
+
 LOOKBACK = 3  # steps before a spike whose events are named as what preceded it
 MIN_HISTORY = 10  # points before a value for it to be judged (the first steps of a run are a transient)
 TREND_ALPHA = 0.05  # a gap "grows" when |gap| rises with steps at this significance
@@ -214,7 +216,7 @@ def metric_parity(
         )
         return MetricParity(metric, "fail", **figures, reason=f"{why}, first at step {first}")
     if trend and gap.growing:
-        return MetricParity(metric, "fail", **figures, reason=f"|Δ| grows over the run (p={gap.slope_p:.2g})")
+        return MetricParity(metric, "fail", **figures, reason=f"|Δ| grows over the run ({p_claim(gap.slope_p)})")
     if set(a) != set(b):
         only = sorted(set(a) ^ set(b))
         return MetricParity(

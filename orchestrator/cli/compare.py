@@ -24,6 +24,7 @@ from orchestrator.cli.options import (
 )
 from orchestrator.cli.terminal import console, noun_app
 from orchestrator.errors import RunError, UsageError
+from reports.pvalue import p_text
 
 if TYPE_CHECKING:
     from orchestrator.judge.outcome import Outcome
@@ -234,7 +235,7 @@ def _print(result: object) -> None:
             table.add_column(column, justify=justify)  # type: ignore[arg-type]
         for name, d in pair.decisions.items():
             word = cmp.verdict_word(d, by_name[name])
-            p = "–" if d.p_value is None else f"{d.p_value:.2g}"
+            p = "–" if d.p_value is None else p_text(d.p_value)
             table.add_row(Text(by_name[name].label), cmp.fmt_value(d.mean_a), cmp.fmt_value(d.mean_b),
                           cmp.fmt_change(d), cmp.fmt_ci(d), p, Text(word, style=_STYLE.get(word, "")))  # fmt: skip
         out.print(table)

@@ -31,6 +31,7 @@ from orchestrator.spec.campaign import Campaign, Sweep
 from orchestrator.spec.keys import key_problem, value_problem
 from orchestrator.spec.sweep import canonical_json
 from reports import compare as stats
+from reports.pvalue import p_text
 
 DEFAULT_REPEATS = 3
 TYPED_NAMESPACES = ("software", "container", "env")  # their values stay text (a pip version 1.10 is not 1.1)
@@ -409,7 +410,7 @@ def culprit_message(res: Result, plan: Plan) -> str:
     assert culprit is not None and good is not None and culprit.decision is not None
     d = culprit.decision
     ci = compare.fmt_ci(d)
-    p = "–" if d.p_value is None else f"{d.p_value:.2g}"
+    p = "–" if d.p_value is None else p_text(d.p_value)
     before = good.decision
     was = f"{before.decision.upper()} {compare.fmt_change(before)}" if before is not None else "the good end"
     return (

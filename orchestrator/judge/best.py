@@ -21,6 +21,7 @@ from typing import Any
 from orchestrator.judge.compare import METRICS, Metric, Point, compare_pair
 from orchestrator.judge.run_floor import FloorBook
 from reports import compare as stats
+from reports.pvalue import p_claim
 
 TIE = "tie — no figure separates them"
 
@@ -73,7 +74,7 @@ def fmt_decision(d: stats.Decision) -> str:
     one run."""
     change = "" if d.change is None else f"{d.change:+.2%}"
     ci = "" if d.ci_low is None or d.ci_high is None else f" [{d.ci_low:+.2%}, {d.ci_high:+.2%}]"
-    p = "" if d.p_value is None else f", p={d.p_value:.2g}"
+    p = "" if d.p_value is None else f", {p_claim(d.p_value)}"
     floor = "" if d.run_floor is None else f"; {stats.single_run_note(d.n_a, d.n_b, d.run_floor)}"
     return f"{change}{ci} ({d.decision.upper()}{p}, {d.n_a} vs {d.n_b} repeats{floor})"
 

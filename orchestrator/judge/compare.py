@@ -39,6 +39,7 @@ from orchestrator.run.baseline import params_key, summary_from_dict
 from orchestrator.run.store import CellRow, Store
 from reports import compare as stats
 from reports import secrets
+from reports.pvalue import p_text
 from reports.window import DEFAULT_WINDOW, summarize, window_rows
 from trainer import rundir
 
@@ -622,7 +623,7 @@ def to_markdown(comparison: Comparison) -> str:
         lines += [f"| metric | A | B | Δ | {ci_header(comparison)} | p | decision |",
                   "|---|---:|---:|---:|---|---:|---|"]  # fmt: skip
         for name, d in r.decisions.items():
-            p = "–" if d.p_value is None else f"{d.p_value:.2g}"
+            p = "–" if d.p_value is None else p_text(d.p_value)
             lines.append(f"| {md_text(by_name[name].label)} | {fmt_value(d.mean_a)} | {fmt_value(d.mean_b)} | "
                          f"{fmt_change(d)} | {fmt_ci(d)} | {p} | {verdict_word(d, by_name[name])} |")  # fmt: skip
         lines.append("")

@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.run.store import CellRow
 from reports.numerics import MetricParity, step_series
+from reports.pvalue import p_claim
 
 Matched = Iterable[tuple[str, int, CellRow | None, CellRow | None]]
 RowsOf = Callable[[CellRow], "tuple[list[dict[str, Any]] | None, str]"]
@@ -83,8 +84,8 @@ def within_noise(metric: MetricParity, noise: Noise | None, off_rows: Rows, on_r
     figures = f"A/A |Δ| up to {noise.max_abs:.3g} over {noise.couples} couple(s) of repeats"
     if p is not None and p < ALPHA:
         return replace(metric, reason=f"{metric.reason}; larger than the run-to-run noise ({figures}, "
-                                      f"Wilcoxon p={p:.2g} over {len(excess)} steps)")  # fmt: skip
-    shown = f"p={p:.2g}" if p is not None else "no step differs"
+                                      f"Wilcoxon {p_claim(p)} over {len(excess)} steps)")  # fmt: skip
+    shown = p_claim(p) if p is not None else "no step differs"
     return replace(metric, verdict="inconclusive",
                    reason=f"|Δ| {metric.max_abs:.3g} is not larger than the run-to-run noise ({figures}; Wilcoxon "
                           f"{shown}): more repeats, more steps or a deterministic setting can decide")  # fmt: skip
