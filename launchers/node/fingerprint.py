@@ -31,8 +31,10 @@ def _version(*names: str) -> str | None:
     return None
 
 
-def _torch_cuda_version() -> str | None:
-    """torch's CUDA version read from torch/version.py, without importing torch."""
+def _torch_version_file(name: str) -> str | None:
+    """A value of torch/version.py (`__version__`, `cuda`), read without importing torch. `__version__` is what
+    torch.__version__ says (2.11.0+cu130), which the bundled trainer's env.json records; the distribution's
+    metadata may say 2.11.0, and the two would read as a false 'fingerprint differs' in a compare."""
     try:
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):
@@ -43,7 +45,7 @@ def _torch_cuda_version() -> str | None:
         text = (Path(spec.origin).parent / "version.py").read_text()
     except OSError:
         return None
-    match = re.search(r"^cuda(?:: [^=]+)? = '([^']+)'", text, re.MULTILINE)
+    match = re.search(rf"^{re.escape(name)}(?:: [^=]+)? = '([^']+)'", text, re.MULTILINE)
     return match.group(1) if match else None
 
 
@@ -95,8 +97,8 @@ def node_fingerprint(entry: dict[str, Any], env: dict[str, str],
         "gpu_memory_gib": smallest.get("memory_gib"),
         "gpu_count": len(gpus),
         "driver": smallest.get("driver") or env.get("CUDA_DRIVER_VERSION"),
-        "cuda": _torch_cuda_version() or env.get("CUDA_VERSION"),
-        "torch": _version("torch") or env.get("PYTORCH_VERSION"),
+        "cuda": _torch_version_file("cuda") or env.get("CUDA_VERSION"),
+        "torch": _torch_version_file("__version__") or _version("torch") or env.get("PYTORCH_VERSION"),
         "transformer_engine": _version(
             "transformer_engine", "transformer-engine", "transformer_engine_torch"
         ),
