@@ -242,6 +242,22 @@ def test_a_command_trainers_param_is_one_change() -> None:
     ]  # fmt: skip
 
 
+def test_two_trainers_compared_name_the_trainer_first() -> None:
+    """Bridge (a command trainer) against the bundled trainer on the same shapes (the real H100 case of issue 33):
+    the first suspect is the trainer itself, not a key only one trainer's schema has (it said "first suspect:
+    precision: trainer.recipe.precision: (unset) → bf16", though both ran BF16)."""
+    from orchestrator.judge.compare_config import ranked_groups
+
+    diff = [{"key": "trainer.recipe.precision", "a": "(unset)", "b": "bf16"},
+            {"key": "trainer.kind", "a": "command", "b": "bundled"},
+            {"key": "container.image", "a": "nemo:25.11", "b": "nemo:26.01"}]  # fmt: skip
+    assert ranked_groups(diff, {}) == [
+        ("trainer.kind: command → bundled", "the trainer itself"),
+        ("trainer.recipe.precision: (unset) → bf16", "precision"),
+        ("container.image: nemo:25.11 → nemo:26.01", "container and software"),
+    ]
+
+
 # ---- campaign plan: why a point is infeasible, not its headroom --------------------------------------------------
 def test_plan_says_why_a_row_is_infeasible_and_names_a_sized_gpu_plainly(mbx, write_campaign) -> None:
     """`--gpu 80GiB`: the too-big point's row says "INFEASIBLE: memory" with no headroom (it showed -70.8 beside

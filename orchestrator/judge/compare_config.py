@@ -13,7 +13,7 @@ a command trainer's `trainer.params.X`, its recipe's `trainer.recipe.params.X` a
 key that only happens to change alike stays on its own.
 
 Suspects (`ranked`): of the differing keys, the known performance keys come first, in the order of the rule that
-names them (PERFORMANCE_KEYS: precision, parallel layout, batch and sequence, recompute, kernels and fusions,
+names them (PERFORMANCE_KEYS: the trainer itself, precision, parallel layout, batch and sequence, recompute, kernels and fusions,
 MoE dispatch, communication and overlap, optimizer memory, container and software), each tagged with its rule;
 every other key follows in key order, untagged: no rule ranks it, so it is no suspect (a label, a log's path).
 """
@@ -34,6 +34,7 @@ UNSET = "(unset)"
 VARIES = "(varies by repeat)"
 MAX_VALUE = 80  # characters of a value shown; longer values end with …
 PERFORMANCE_KEYS = (  # (rule, key patterns): known performance keys, most likely suspect first
+    ("the trainer itself", ("trainer.kind",)),  # Bridge vs the bundled trainer: every other key follows from it
     ("precision", ("*precision", "*--fp8*", "*--fp4*", "*--bf16", "*--fp16")),
     ("parallel layout", ("*.parallel.*", "*-parallel-size", "*--sequence-parallel", "resources.nodes",
                          "resources.gpus_per_node")),
@@ -48,7 +49,7 @@ PERFORMANCE_KEYS = (  # (rule, key patterns): known performance keys, most likel
                                    "env.CUDA_DEVICE_MAX_CONNECTIONS")),
     ("optimizer memory", ("*.optimizer.main_grads", "*.optimizer.moments", "*.optimizer.master_weights",
                           "*distributed-optimizer*", "*precision-aware-optimizer*")),
-    ("container and software", ("container.*", "software.*", "trainer.kind")),
+    ("container and software", ("container.*", "software.*")),
 )  # fmt: skip
 
 
