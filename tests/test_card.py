@@ -145,3 +145,27 @@ def test_export_validate_check_round_trip(mbx, tmp_path: Path, cache_env: dict[s
 
     missing = mbx("card", "export", "cardrun", "--point", "nope", "--workspace", str(workspace))
     assert missing.returncode == 2 and "no such point" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_check_gates_only_the_points_named(mbx, tmp_path: Path, cache_env: dict[str, str]) -> None:
+    """`card check -p POINT` gates the point the card came from (issue 33: a Bridge sweep's card item, checked on
+    its sweep, failed the 7 other points, which the card does not describe); `-p` repeats; an unknown point is
+    bad input naming the campaign's points."""
+    data = yaml.safe_load(_campaign(tmp_path).read_text())
+    data["sweep"] = {"axes": {"optimizer.lr": [0.001, 0.002]}, "repeats": 1}
+    path = tmp_path / "cardrun.yaml"
+    path.write_text(yaml.safe_dump(data))
+    workspace = tmp_path / "ws"
+    assert mbx("campaign", "run", str(path), "-w", str(workspace), env=cache_env).returncode == 0
+    cells = json.loads(mbx("campaign", "status", "cardrun", "-w", str(workspace), "--json").stdout)["cells"]
+    first, second = (c["point_id"] for c in cells)
+    card_file = tmp_path / "cardrun.card.yaml"
+    assert mbx("card", "export", "cardrun", "-p", first, "-w", str(workspace), "-o", str(card_file)).returncode == 0
+
+    one = mbx("card", "check", "cardrun", str(card_file), "-w", str(workspace), "-p", first, "--json")
+    assert one.returncode == 0 and json.loads(one.stdout)["closing"].endswith(": 1 point(s)"), one.stdout + one.stderr
+    both = mbx("card", "check", "cardrun", str(card_file), "-w", str(workspace), "-p", first, "-p", second, "--json")
+    assert json.loads(both.stdout)["closing"].endswith(": 2 point(s)"), both.stdout
+    unknown = mbx("card", "check", "cardrun", str(card_file), "-w", str(workspace), "-p", "nope")
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+    assert f"--point 'nope': campaign 'cardrun' has no such point (points: {first}, {second})" in unknown.stderr

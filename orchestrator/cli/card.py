@@ -155,13 +155,20 @@ def check(
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     item: CheckItemOpt = None,
     margin: CheckMarginOpt = None,
+    point: Annotated[
+        list[str] | None,
+        typer.Option("--point", "-p", show_default=False,
+                     help="Gate only this point (its point id, label or a cell id); repeat for more. Default: every "
+                          "point of the campaign."),  # fmt: skip
+    ] = None,
     as_json: JsonOpt = False,
     inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:
-    """Gate every point of a campaign against a card item's thresholds.
+    """Gate every point of a campaign (or the --point ones) against a card item's thresholds.
 
     Each point is judged from all its repeats (mean and 95% CI: a point passes only when the whole interval is
-    on the right side). Exit 0 every point passes, 1 a point fails, 3 inconclusive (an interval across a
+    on the right side). Run it on the card's own frozen campaign (the item's `command`), or with `-p` on the point
+    the card was exported from: a sweep's other points are not what the card describes and fail it. Exit 0 every point passes, 1 a point fails, 3 inconclusive (an interval across a
     threshold, or nothing finished; `--inconclusive-ok` turns it into 0). An item without structured thresholds
     is gated at its measured values with --margin (a percent [default: 5]). The campaign comes first, as
     everywhere (`CARD --campaign NAME`, the old order, still works).
@@ -180,7 +187,8 @@ def check(
         campaign, card_file = old_campaign, Path(campaign)
     if card_file is None:
         raise UsageError(f"no card file to check {campaign!r} against: `mbx card check CAMPAIGN CARD`")
-    checked = check_card(card_file, workspace, campaign, item=item, margin=0.05 if margin is None else margin)
+    checked = check_card(card_file, workspace, campaign, item=item, margin=0.05 if margin is None else margin,
+                         points=tuple(point or ()))
     for note in checked.notes:
         _note(note)
     outcome = checked.outcome(campaign, card_file.name)

@@ -254,10 +254,12 @@ def pick_item(document: dict[str, Any], wanted: str | None) -> tuple[str, dict[s
 
 
 def check_card(
-    card_file: Path, workspace: Path, campaign: str, *, item: str | None = None, margin: float = 0.05
+    card_file: Path, workspace: Path, campaign: str, *, item: str | None = None, margin: float = 0.05,
+    points: tuple[str, ...] = (),
 ) -> Checked:
-    """Every point of `campaign` judged (from all its repeats) against the card item's thresholds; an item with
-    no structured thresholds is gated at its measured values with `margin`."""
+    """Every point of `campaign` (or those `points` name: a point id, label or cell id each) judged from all its
+    repeats against the card item's thresholds; an item with no structured thresholds is gated at its measured
+    values with `margin`."""
     document = read_card(card_file)
     path, chosen = pick_item(document, item)
     notes = []
@@ -274,4 +276,13 @@ def check_card(
             known = ", ".join(store.campaign_names()) or "none"
             raise UsageError(f"campaign {campaign!r} is not in the store {store.path} (known: {known})")
         judged = judge_campaign(store, campaign, spec, None)
-    return Checked(path, spec, notes, judged.points)
+    return Checked(path, spec, notes, [_named(judged.points, ref, campaign) for ref in points] or judged.points)
+
+
+def _named(verdicts: list[PointVerdict], ref: str, campaign: str) -> PointVerdict:
+    """The point `--point` names (its id, label or a cell id); UsageError listing the points otherwise."""
+    chosen = next((v for v in verdicts if ref in (v.point_id, v.label, *(c.cell_id for c in v.cells))), None)
+    if chosen is None:
+        raise UsageError(f"--point {ref!r}: campaign {campaign!r} has no such point "
+                         f"(points: {', '.join(v.point_id for v in verdicts)})")  # fmt: skip
+    return chosen
