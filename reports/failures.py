@@ -136,6 +136,13 @@ SIGNATURES: tuple[Signature, ...] = (
         b"Failed to compile the C++ dataset helper functions",
         startup_only=True,
     ),
+    _sig(  # a pip-installed Megatron without APEX (seen with Bridge 0.6.2 on an H100): set the fusion off
+        "gradient-accumulation fusion needs APEX's fused_weight_gradient_mlp_cuda (gradient_accumulation_fusion: false)",
+        "config",
+        b"fused_weight_gradient_mlp_cuda",
+        rb"gradient_accumulation_fusion set to True but the custom CUDA extension fused_weight_gradient_mlp_cuda",
+        startup_only=True,
+    ),
     _sig(
         "error before the first iteration",
         "config",

@@ -180,6 +180,16 @@ def test_the_real_bridge_start_failure_is_named(tmp_path: Path) -> None:
     assert "dataset helpers" in found.reason and "Failed to compile the C++ dataset helper functions" in found.reason
 
 
+def test_the_real_bridge_apex_fusion_failure_is_named() -> None:
+    """The second H100 start of Bridge 0.6.2 (tests/data/bridge-0.6.2/): Megatron's ColumnParallelLinear refused
+    gradient-accumulation fusion without APEX's CUDA extension. Named with the setting that avoids it (it said
+    "unknown: exit code 1 with no known failure message")."""
+    log = Path(__file__).parent / "data" / "bridge-0.6.2" / "h100_qwen3_start_failed_apex_fusion.log"
+    found = classify_failure([log], exit_codes=[1])
+    assert found.failure_class == "config" and not found.retryable, found
+    assert "gradient_accumulation_fusion: false" in found.reason and "fused_weight_gradient_mlp_cuda" in found.reason
+
+
 def test_an_unknown_failure_quotes_its_first_error_line(tmp_path: Path) -> None:
     log = tmp_path / "rank-0.log"
     log.write_text("starting\nINFO: all good\nERROR:some.module:the widget could not be frobnicated\n"
