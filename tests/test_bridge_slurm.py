@@ -1,7 +1,8 @@
 """A Megatron-Bridge command campaign through submitit on the real one-node Slurm, 2 ranks: every rank runs a fake
-Bridge (tests/fixtures_cmd/fake_bridge.py) that prints a real Bridge log (tests/data/megatron/logs/, Bridge's own
-iteration, memory and `Step Time` lines) with the campaign's overrides, and writes the recorded resolved config
-where `logger.save_config_filepath` says. mbx parses the ranks' logs, adds its own FLOPs count beside Bridge's
+Bridge (tests/fixtures_cmd/fake_bridge.py) that prints the log of a real Megatron-Bridge 0.6.2 run on one H100
+(tests/data/bridge-0.6.2/h100_sweep/, the base point: Bridge's config print, start-up, its own iteration, memory and
+`Step Time` lines) up to the campaign's train.train_iters, and writes the resolved config Bridge wrote there where
+`logger.save_config_filepath` says. mbx parses the ranks' logs, adds its own FLOPs count beside Bridge's
 printed TFLOP/s, and gives each rank its own JIT caches under the run dir."""
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ pytest_plugins = ["slurm_cluster"]
 pytestmark = pytest.mark.slurm
 
 FAKE = ROOT / "tests" / "fixtures_cmd" / "fake_bridge.py"
-LOG = ROOT / "tests" / "data" / "megatron" / "logs" / "megatron_bridge__pr841_profiler_wrapped__excerpt.log"
-CONFIG = ROOT / "tests" / "data" / "bridge-0.6.2" / "bridge-config.yaml"
+BRIDGE = ROOT / "tests" / "data" / "bridge-0.6.2"
+LOG = BRIDGE / "h100_sweep" / "d1a49eaa0e_moe-token-dispatcher-type-alltoall.log"
+CONFIG = BRIDGE / "bridge-config.yaml"
 
 
 def test_a_bridge_campaign_on_slurm(slurm, mbx, tmp_path: Path, write_campaign) -> None:
@@ -45,13 +47,23 @@ def test_a_bridge_campaign_on_slurm(slurm, mbx, tmp_path: Path, write_campaign) 
     for run in run_dirs:
         assert (run / rundir.BRIDGE_CONFIG).read_text() == CONFIG.read_text()
         rows = [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]
-        assert [r["step"] for r in rows] == [10, 20]
-        # Bridge's printed figure stays the figure: its `Step Time : 14.26s ... 58.2` equals iteration 20's elapsed
-        # time (14260.3 ms), not iteration 10's, so it joins that row (reports/parsers/megatron_bridge.py)
-        assert [r["tflops_per_gpu"] for r in rows] == [None, 58.2]
-        for row in rows:  # mbx's own count beside it, over the same step time and 2 GPUs
+        assert [r["step"] for r in rows] == list(range(1, 21))  # stopped at train.train_iters, as Bridge does
+        # Bridge's printed figure stays the figure: `Step Time : 1.28s GPU utilization: 93.1MODEL_TFLOP/s/GPU`,
+        # printed before iteration 20's line (1276.6 ms), joins that row (reports/parsers/megatron_bridge.py)
+        figures = [(r["step_time_ms"], r["tflops_per_gpu"], r["loss"]) for r in (rows[9], rows[19])]
+        assert figures == [(1285.2, 92.5, 9.478099), (1276.6, 93.1, 8.282305)]
+        assert all(r["tflops_per_gpu"] > 0 for r in rows)
+        for row in rows:  # mbx's own count beside it, over the same step time and this run's 2 GPUs
             expected = flops / (row["step_time_ms"] / 1000) / 2 / 1e12
             assert row["extra"]["mbx_tflops_per_gpu"] == pytest.approx(expected)
+        # the replayed log is one GPU's: its printed figure is twice the count over 2 GPUs (1% over steps 11-20)
+        window = rows[10:]
+        printed = sum(r["tflops_per_gpu"] * r["step_time_ms"] for r in window)
+        counted = sum(2 * r["extra"]["mbx_tflops_per_gpu"] * r["step_time_ms"] for r in window)
+        assert counted == pytest.approx(printed, rel=0.01)
+        # every rank's log stops where Bridge would: no `Step Time` line of an iteration 21 it would not run
+        printed_lines = [log.read_text().count("MODEL_TFLOP/s/GPU") for log in (run / "logs").glob("*.log")]
+        assert printed_lines and set(printed_lines) == {20}, printed_lines
         for rank in (0, 1):
             record = json.loads((run / "logs" / f"jit-cache-rank{rank}.json").read_text())
             assert record["env"]["TRITON_CACHE_DIR"] == str(run / rundir.JIT_CACHE / f"rank-{rank}" / "triton")
