@@ -196,3 +196,17 @@ def test_a_lost_store_never_reuses_an_ingested_run_dir(mbx, tmp_path):
     assert again.returncode == 0, again.stderr
     (cell_dir,) = [p for p in (workspace / "past").iterdir() if p.is_dir()]
     assert sorted(p.name for p in cell_dir.iterdir()) == ["1", "2"]
+
+
+def test_a_bridge_log_without_tokens_says_which_options_give_them(mbx, tmp_path):
+    """A real Megatron-Bridge 0.6.2 log prints no argument dump (its sequence length) and no world size: ingest
+    said nothing while tokens/s/GPU stayed empty; now a note names the options, and with them the figure is there."""
+    log = DATA / "bridge-0.6.2" / "h100_sweep" / "d1a49eaa0e_moe-token-dispatcher-type-alltoall.log"
+    workspace = tmp_path / "ws"
+    bare = mbx("ingest", "bare", str(log), "--format", "megatron-bridge", "-w", str(workspace))
+    assert bare.returncode == 0 and "give --seq-length and --num-gpus" in " ".join(bare.stderr.split())
+    given = mbx("ingest", "given", str(log), "--format", "megatron-bridge", "-w", str(workspace),
+                "--seq-length", "4096", "--num-gpus", "1", "--json")  # fmt: skip
+    assert "no tokens/s/GPU" not in given.stderr
+    tokens = json.loads(given.stdout)["summary"]["tokens_per_s_per_gpu"]
+    assert tokens == pytest.approx(8 * 4096 / 1.31711, rel=1e-3)  # 8 sequences of 4096 in 1317.11 ms a step

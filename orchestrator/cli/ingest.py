@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from orchestrator.cli.options import DEFAULT_WORKSPACE, InconclusiveOkOpt, JsonOpt, WorkspaceOpt
-from orchestrator.cli.terminal import console, emit_json, noun_app
+from orchestrator.cli.terminal import console, emit_json, noun_app, say
 
 if TYPE_CHECKING:
     from orchestrator.judge.outcome import Outcome
@@ -118,6 +118,7 @@ def ingest(
     )  # fmt: skip
     judged = ingested_outcome(result)
     code = judged.exit_code(inconclusive_ok)
+    _note_missing_tokens(result, seq_length, num_gpus)
     if as_json:
         emit_json({"campaign": result.campaign, "cell_id": result.cell_id, "attempt": result.attempt,
                    "already": result.already, "steps": result.steps, "state": result.state,
@@ -155,6 +156,18 @@ def _campaign_and_logs(first: str, rest: list[Path], old_campaign: str | None) -
     if not rest:
         raise UsageError(f"no logs to ingest into {first!r}: `mbx ingest CAMPAIGN LOG...`")
     return first, rest
+
+
+def _note_missing_tokens(result: Ingested, seq_length: int | None, num_gpus: int | None) -> None:
+    """A note on stderr when the log timed its steps but no tokens/s/GPU could be worked out (a Megatron-Bridge
+    log prints neither an argument dump with the sequence length nor the world size)."""
+    s = result.summary or {}
+    if result.already or s.get("step_time_ms") is None or s.get("tokens_per_s_per_gpu") is not None:
+        return
+    missing = [flag for flag, given in (("--seq-length", seq_length), ("--num-gpus", num_gpus)) if given is None]
+    if missing:
+        say(f"note: no tokens/s/GPU: the log does not say its sequence length and GPU count; give {' and '.join(missing)}",
+            "yellow", stderr=True)  # fmt: skip
 
 
 def _print_result(result: Ingested, workspace: Path) -> None:
