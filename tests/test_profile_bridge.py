@@ -183,10 +183,10 @@ def bridge_like_run(argv: list[str], train_iters: int) -> None:
                                        repeat=1)  # fmt: skip
     prof = torch.profiler.profile(schedule=schedule, on_trace_ready=export)
     prof.start()
-    weights = torch.randn(96, 96)
+    weights = torch.randn(256, 256)
     for _ in range(train_iters):
         prof.step()
-        x = torch.randn(64, 96)
+        x = torch.randn(256, 256)
         for _ in range(4):
             x = torch.relu(x @ weights)
     prof.stop()
@@ -213,7 +213,8 @@ def test_profile_show_on_a_bridge_run_dir(mbx, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     shown = json.loads(result.stdout)[str(run_dir)]
     assert shown["device"] == "cpu" and shown["steps"] == 2 and shown["source"] == str(trace)
-    assert shown["window_ms"] == pytest.approx(sum(steps.values()) / 2 / 1000.0, rel=1e-6)
+    # per profiled step: the mean ProfilerStep range (µs timestamps of ~1e12: within a microsecond)
+    assert shown["window_ms"] == pytest.approx(sum(steps.values()) / 2 / 1000.0, abs=2e-3)
     assert shown["classes"][kernels.GEMM] > 0
     table = mbx("profile", "show", str(run_dir))
     assert table.returncode == 0 and f"| {run_dir} | {shown['window_ms']:.2f} |" in table.stdout

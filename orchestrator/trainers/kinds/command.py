@@ -250,16 +250,18 @@ class CommandKind(TrainerKind):
 def profile_problems(campaign: Campaign, recipe: dict[str, Any], steps_key: str) -> list[str]:
     """Why the campaign's `profile:` cannot profile this point as asked: the argv already sets a key it sets
     (named by where it comes from), or the profiled steps reach the collect window."""
-    style = recipe.get("style") or "megatron-lm"
+    style, profile = recipe.get("style") or "megatron-lm", campaign.profile
+    if profile is None:
+        return []
     flat = flatten(recipe.get("params") or {})
     problems = []
-    for key, item in profile_spec.owned_in_argv(campaign.profile, style, recipe["argv"]):
+    for key, item in profile_spec.owned_in_argv(profile, style, recipe["argv"]):
         param = key if style == profile_spec.BRIDGE_STYLE else key.lstrip("-").replace("-", "_")
         where = f"trainer.params.{param}" if param in flat else "trainer.command"
         problems.append(f"{where}: {item!r} sets {key}, which the campaign's `profile:` sets itself for "
-                        f"{style} (tool {campaign.profile.tool}): remove it, or drop `profile:`")  # type: ignore[union-attr]  # fmt: skip
+                        f"{style} (tool {profile.tool}): remove it, or drop `profile:`")  # fmt: skip
     window = profile_spec.command_window_problem(
-        campaign.profile, style, recipe.get("steps"), campaign.collect.window, f"trainer.{steps_key}"
+        profile, style, recipe.get("steps"), campaign.collect.window, f"trainer.{steps_key}"
     )
     return [*problems, *([window] if window else [])]
 
