@@ -19,6 +19,7 @@ NSYS_SQLITE = (
     "profile.sqlite"  # an export made beside the report (by a user or an earlier run of this module)
 )
 _NS_PER_US = 1000.0
+BRIDGE_STEP_KEYS = ("profiling.profile_step_start", "profiling.profile_step_end")  # Bridge's Hydra overrides
 
 # (table, category, name column or None): name columns hold StringIds ids.
 _GPU_TABLES = (
@@ -82,13 +83,19 @@ def events_from_sqlite(path: Path) -> list[dict[str, Any]]:
 
 
 def megatron_steps(run_dir: Path) -> int | None:
-    """Profiled steps from the attempt's recorded argv (recipe.yaml): --profile-step-end − --profile-step-start."""
+    """Profiled steps from the attempt's recorded argv (recipe.yaml): --profile-step-end − --profile-step-start
+    (Megatron-LM), or profiling.profile_step_end − profiling.profile_step_start (Megatron-Bridge's overrides)."""
     try:
-        argv = (yaml.safe_load((Path(run_dir) / "recipe.yaml").read_text()) or {}).get("argv") or []
-        flags = {
-            argv[i]: argv[i + 1] for i in range(len(argv) - 1) if str(argv[i]).startswith("--profile-step")
-        }
-        return int(flags["--profile-step-end"]) - int(flags["--profile-step-start"])
+        argv = [
+            str(a)
+            for a in (yaml.safe_load((Path(run_dir) / "recipe.yaml").read_text()) or {}).get("argv") or []
+        ]
+        flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--profile-step")}
+        flags.update(a.split("=", 1) for a in argv if a.startswith(tuple(f"{k}=" for k in BRIDGE_STEP_KEYS)))
+        for start, end in (("--profile-step-start", "--profile-step-end"), BRIDGE_STEP_KEYS):
+            if start in flags and end in flags:
+                return int(flags[end]) - int(flags[start])
+        return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
         return None
 

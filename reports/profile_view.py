@@ -9,6 +9,7 @@ per process (keyed by path, size and mtime).
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +28,10 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 # (Megatron's --use-pytorch-profiler, torch.profiler.tensorboard_trace_handler) under the run dir.
 TRACE_NAMES = (rundir.PROFILE_TRACE, rundir.PROFILE_TRACE + ".gz")
 KINETO_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")  # under the run dir or its profile/ folder
+# Megatron-Bridge's torch profiler under a campaign's `profile:` (orchestrator/spec/profile_spec.py points its
+# logger.tensorboard_dir at <run dir>/tensorboard): <run dir>/torch_profile/rank-<RANK>.json.gz.
+BRIDGE_TRACE_DIR = "torch_profile"
+BRIDGE_TRACE = re.compile(r"^rank-(\d+)\.json(\.gz)?$")
 NSYS_FILES = (NSYS_SQLITE, NSYS_REPORT)  # command trainers under Nsight Systems (reports/profile_nsys.py)
 # One colour per class, in ALL_CLASSES order (idle last, light grey).
 COLOURS = dict(zip(ALL_CLASSES, (
@@ -55,8 +60,16 @@ def trace_file(run_dir: Path) -> Path | None:
         ]
     if kineto:
         return kineto[0]
+    if BRIDGE_TRACE_DIR in names and (bridge := bridge_trace(run_dir / BRIDGE_TRACE_DIR)):
+        return bridge
     nsys = [n for n in NSYS_FILES if n in names]
     return run_dir / nsys[0] if nsys else None
+
+
+def bridge_trace(folder: Path) -> Path | None:
+    """The lowest rank's trace of Bridge's torch_profile/ folder (rank 0 where it recorded), or None."""
+    ranks = sorted((int(m.group(1)), n) for n in _names(folder) if (m := BRIDGE_TRACE.match(n)))
+    return folder / ranks[0][1] if ranks else None
 
 
 def _steps_hint(run_dir: Path) -> int | None:

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 app = noun_app(
     "Profiler traces: where the time of profiled steps went (show): GPU time per kernel class (GEMM, "
     "attention, MoE permute, MoE dispatch/combine, communication, optimizer, norm/elementwise, memcpy, other, "
-    'idle). Campaigns record them with `profile: {steps: "8:2"}`; Kineto Chrome traces of other runs work too.'
+    'idle). Campaigns record them with `profile: {steps: "8:2"}` (a Megatron-Bridge run dir: its '
+    "torch_profile/rank-0.json.gz); Kineto Chrome traces of other runs work too."
     "\n\nExample: mbx profile show mbx-workspace/moe-dispatch-h200/*/1"
 )
 PathsArg = Annotated[
@@ -37,7 +38,12 @@ def read_one(path: Path) -> TraceBreakdown:
 
     if path.is_dir():
         if trace_file(path) is None:
-            raise ConfigError([f"{path}: no profiler trace here (profile-trace.json, *.pt.trace.json[.gz])"])
+            raise ConfigError(
+                [
+                    f"{path}: no profiler trace here (profile-trace.json, *.pt.trace.json[.gz], "
+                    "torch_profile/rank-N.json.gz, profile.rank0.nsys-rep)"
+                ]
+            )
         found = trace_breakdown(path)
     elif path.is_file():
         try:

@@ -27,16 +27,22 @@ class Profile(BaseModel):
         "8:2",
         description=(
             "START:COUNT, e.g. 8:2 profiles steps 8 and 9 (1-based). Keep them out of the collect window "
-            "(the last steps): a profiled step runs slower."
+            "(the last steps): a profiled step runs slower (with Megatron-Bridge's torch profiler the next step "
+            "too: the trace is written there); validate refuses steps that reach it."
         ),
     )
     tool: Literal["auto", "torch", "nsys"] = Field(
         "auto",
         description=(
-            "Command trainers: nsys (or auto, where `nsys` is on PATH) runs a Megatron-style argv under Nsight "
-            "Systems with Megatron's --profile switches (profile.rank0.nsys-rep); torch leaves them alone (use "
-            "Megatron's own --use-pytorch-profiler). The bundled trainer always uses torch.profiler "
-            "(profile-trace.json and profile.txt in the run dir)."
+            "The bundled trainer always uses torch.profiler (profile-trace.json and profile.txt in the run dir). "
+            "Command trainers, style megatron-lm: nsys (or auto, where `nsys` is on PATH) runs a Megatron-style "
+            "argv under Nsight Systems with Megatron's --profile switches (profile.rank0.nsys-rep); torch leaves "
+            "them alone (use Megatron's own --use-pytorch-profiler). Style megatron-bridge: torch (and auto) turns "
+            "on Bridge's torch profiler on rank 0 (profiling.use_pytorch_profiler=true, logger.tensorboard_dir="
+            "<run dir>/tensorboard: the trace is <run dir>/torch_profile/rank-0.json.gz; Bridge writes it at the "
+            "start of the step after the profiled ones, which runs slower too); nsys runs it under Nsight Systems "
+            "with profiling.use_nsys_profiler=true (profile.rank0.nsys-rep). mbx sets these keys: a campaign that "
+            "also sets profiling.* (or, with torch, logger.tensorboard_dir) is refused."
         ),
     )
 
@@ -74,20 +80,31 @@ def trainer_env(profile: Profile | None) -> dict[str, str]:
     return {TRAINER_PROFILE_ENV: profile.steps}
 
 
-def window_problem(profile: Profile | None, steps: int | None, window: int) -> str | None:
-    """Why the profiled steps would spoil the measurement (inside the last `window` of `steps`), or None."""
+def window_problem(
+    profile: Profile | None,
+    steps: int | None,
+    window: int,
+    after: int = 0,
+    why: str = "",
+    steps_key: str = "training.steps",
+) -> str | None:
+    """Why the profiled steps would spoil the measurement (inside the last `window` of `steps`), or None.
+    `after`: steps past the profiled ones the profiler slows too (Bridge's torch trace is written at the start
+    of the next step), said in `why`; `steps_key`: the key that sets `steps`, for the fix."""
     if profile is None or steps is None:
         return None
     first, last = profile.window()
-    if last > steps:
-        return f"profile.steps: {profile.steps} profiles up to step {last}, but the point runs {steps} steps"
-    if last > steps - window:
-        room = steps - window  # steps before the window; step 1 (warm-up) is better left alone
-        fix = (f"profile earlier steps, e.g. {max(2, room - 1)}:{min(2, room - 1)}" if room >= 2
-               else f"run more steps than the window plus 2 (training.steps > {window + 1})")  # fmt: skip
+    slowed = last + after
+    if slowed > steps:
+        return f"profile.steps: {profile.steps} profiles up to step {slowed}{why}, but the point runs {steps} steps"
+    if slowed > steps - window:
+        room = steps - window - after  # the last profiled step's room; step 1 (warm-up) is better left alone
+        count = min(2, room - 1)
+        fix = (f"profile earlier steps, e.g. {room - count + 1}:{count}" if room >= 2
+               else f"run more steps than the window plus {2 + after} ({steps_key} > {window + 1 + after})")  # fmt: skip
         return (
-            f"profile.steps: {profile.steps} reaches step {last}, inside the collect window (the last {window} "
-            f"of {steps} steps); {fix}"
+            f"profile.steps: {profile.steps} reaches step {slowed}{why}, inside the collect window (the last "
+            f"{window} of {steps} steps); {fix}"
         )
     return None
 
@@ -118,13 +135,109 @@ def megatron_args(profile: Profile | None) -> list[str]:
 
 
 def command_argv(
-    profile: Profile | None, argv: list[str], run_dir: Path, nsys: str | None = None
+    profile: Profile | None,
+    argv: list[str],
+    run_dir: Path,
+    nsys: str | None = None,
+    style: str = "megatron-lm",
 ) -> list[str]:
-    """A command trainer's argv under the campaign's `profile:`: `nsys profile ... ARGV --profile
-    --profile-step-start S --profile-step-end E` for a Megatron-style argv (one with --train-iters) where
-    nsys is found; the argv unchanged otherwise (a trainer that never calls cudaProfilerStart would record
-    nothing)."""
+    """A command trainer's argv under the campaign's `profile:`. Style megatron-bridge: `bridge_argv`. Else
+    `nsys profile ... ARGV --profile --profile-step-start S --profile-step-end E` for a Megatron-style argv (one
+    with --train-iters) where nsys is found; the argv unchanged otherwise (a trainer that never calls
+    cudaProfilerStart would record nothing)."""
+    if profile is not None and style == BRIDGE_STYLE:
+        return bridge_argv(profile, argv, run_dir, nsys)
     if profile is None or "--train-iters" not in argv:
         return list(argv)
     prefix = nsys_prefix(profile, run_dir, nsys)
     return [*prefix, *argv, *megatron_args(profile)] if prefix else list(argv)
+
+
+# ---- Megatron-Bridge (its ConfigContainer's `profiling` section, set by Hydra-style overrides) ----------------
+BRIDGE_STYLE = "megatron-bridge"
+# Bridge exports its torch trace to <logger.tensorboard_dir>/../torch_profile/rank-<RANK>.json.gz (with the
+# directory unset, to the cwd's None/../torch_profile): mbx sets <run dir>/tensorboard, so the trace is
+# <run dir>/torch_profile/rank-0.json.gz, where reports/profile_view.py (BRIDGE_TRACE_DIR) looks.
+BRIDGE_TENSORBOARD = "tensorboard"
+BRIDGE_PROFILING = "profiling"
+BRIDGE_TENSORBOARD_KEY = "logger.tensorboard_dir"
+
+
+def bridge_tool(profile: Profile) -> str:
+    """The profiler a Bridge campaign runs: torch (Bridge's own torch.profiler: no nsys needed, auto too) or nsys."""
+    return "nsys" if profile.tool == "nsys" else "torch"
+
+
+def bridge_overrides(profile: Profile, run_dir: Path, tool: str) -> list[str]:
+    """Bridge's `profiling.*` overrides for 1-based steps first..last on rank 0.
+
+    torch: Bridge's profiler schedule waits start - 1 steps, warms up 1 and records end - start; its loop calls
+    prof.step() before each step, so logged steps start..end-1 are recorded: start = first, end = last + 1 (the
+    trace is exported at the prof.step() that begins step last + 1). nsys: cudaProfilerStart before the 0-based
+    step == start (logged start + 1), stop after the step that makes the counter end: start = first - 1, end =
+    last, as Megatron-LM's switches (`megatron_args`)."""
+    first, last = profile.window()
+    if tool == "nsys":
+        start, end, switches = first - 1, last, ["use_nsys_profiler=true", "use_pytorch_profiler=false"]
+    else:
+        start, end, switches = first, last + 1, ["use_pytorch_profiler=true", "use_nsys_profiler=false"]
+    overrides = [f"{BRIDGE_PROFILING}.{s}" for s in switches]
+    overrides += [f"{BRIDGE_PROFILING}.profile_step_start={start}", f"{BRIDGE_PROFILING}.profile_step_end={end}",
+                  f"{BRIDGE_PROFILING}.profile_ranks=[0]"]  # fmt: skip
+    if tool == "torch":
+        overrides.append(f"{BRIDGE_TENSORBOARD_KEY}={Path(run_dir) / BRIDGE_TENSORBOARD}")
+    return overrides
+
+
+def bridge_argv(profile: Profile, argv: list[str], run_dir: Path, nsys: str | None = None) -> list[str]:
+    """A Bridge argv with the profiling overrides appended (after every other override: Hydra applies them in
+    order); under `nsys profile` for tool nsys where nsys is found (unchanged where it is not)."""
+    tool = bridge_tool(profile)
+    prefix = nsys_prefix(profile, run_dir, nsys) if tool == "nsys" else []
+    if tool == "nsys" and not prefix:
+        return list(argv)
+    return [*prefix, *argv, *bridge_overrides(profile, run_dir, tool)]
+
+
+def override_key(item: str) -> str | None:
+    """The key path of a Hydra-style override (`a.b=v`, `+a.b=v`, `++a.b=v`, `~a.b`), None for another item."""
+    if item.startswith("-") or ("=" not in item and not item.startswith("~")):
+        return None
+    return item.split("=", 1)[0].lstrip("+~") or None
+
+
+def owned_keys(profile: Profile | None, style: str) -> tuple[str, ...]:
+    """The argv keys `profile:` sets for a command trainer (a campaign may not set them too): Bridge's
+    profiling section (and logger.tensorboard_dir for its torch profiler); Megatron-LM's --profile switches
+    where mbx may add them (tool auto or nsys)."""
+    if profile is None:
+        return ()
+    if style == BRIDGE_STYLE:
+        torch = bridge_tool(profile) == "torch"
+        return (BRIDGE_PROFILING, BRIDGE_TENSORBOARD_KEY) if torch else (BRIDGE_PROFILING,)
+    return () if profile.tool == "torch" else ("--profile", "--profile-step-start", "--profile-step-end")
+
+
+def owned_in_argv(profile: Profile | None, style: str, argv: list[str]) -> list[tuple[str, str]]:
+    """(key, argv item) of each item of `argv` that sets a key `profile:` sets itself."""
+    keys = owned_keys(profile, style)
+    found = []
+    for item in argv:
+        key = override_key(item) if style == BRIDGE_STYLE else item.split("=", 1)[0]
+        if key is not None and any(key == k or key.startswith(k + ".") for k in keys):
+            found.append((key, item))
+    return found
+
+
+def command_window_problem(
+    profile: Profile | None, style: str, steps: int | None, window: int, steps_key: str
+) -> str | None:
+    """`window_problem` for a command trainer's planned steps: Bridge's torch profiler also slows the step after
+    the profiled ones (its trace is written there); style megatron-lm with tool torch profiles nothing."""
+    if profile is None or (style != BRIDGE_STYLE and profile.tool == "torch"):
+        return None
+    if style == BRIDGE_STYLE and bridge_tool(profile) == "torch":
+        first, last = profile.window()
+        why = f" (Bridge's torch profiler writes the trace of steps {first}..{last} at the start of step {last + 1})"
+        return window_problem(profile, steps, window, after=1, why=why, steps_key=steps_key)
+    return window_problem(profile, steps, window, steps_key=steps_key)

@@ -20,7 +20,7 @@ from orchestrator.spec import profile_spec, software
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.command import attempt_argv, flatten, key_problems, resolve_point
 from orchestrator.spec.megatron_layout import estimate_args, layout_problems, megatron_args
-from orchestrator.spec.sweep import Point, ResolvedPoint
+from orchestrator.spec.sweep import Point, PointProblems, ResolvedPoint
 from orchestrator.spec.trainer_section import TrainerSection
 from orchestrator.trainers.base import Follower, Rebuilt, TrainerKind, software_env, workspace_of, world_size
 from orchestrator.trainers.registry import register
@@ -152,6 +152,8 @@ class CommandKind(TrainerKind):
         def resolve(assignment: dict[str, Any], where: str) -> ResolvedPoint:
             env = software_env(versions, assignment, where)
             point = resolve_point(campaign, assignment, campaign_file, where, env, kind=self.name)
+            if refused := profile_problems(campaign, point.recipe, self.steps_key(campaign)):
+                raise PointProblems([f"{where}{p}" for p in refused])  # `profile:` could not do what it says
             args, spelled = megatron_args(point.recipe["argv"])
             world = int(point.resources["nodes"]) * int(point.resources["gpus_per_node"])
             problems = tuple(f"{where}{p}" for p in layout_problems(args, spelled, world))
@@ -179,9 +181,11 @@ class CommandKind(TrainerKind):
         return attempt_argv(cell.recipe["argv"], run_dir, cell.cell_id, attempt, paths)
 
     def launch_spec(self, campaign: Campaign, cell: CellRow, attempt: AttemptRow) -> LaunchSpec:
-        """The base spec; under `profile:` a Megatron-style argv runs inside `nsys profile` where nsys is found."""
+        """The base spec; under `profile:` a Megatron-style argv runs inside `nsys profile` where nsys is found,
+        a Bridge argv gains its profiling overrides (orchestrator/spec/profile_spec.py; not identity)."""
         spec = super().launch_spec(campaign, cell, attempt)
-        spec.args = profile_spec.command_argv(campaign.profile, spec.args, spec.run_dir)
+        style = cell.recipe.get("style") or "megatron-lm"
+        spec.args = profile_spec.command_argv(campaign.profile, spec.args, spec.run_dir, style=style)
         return spec
 
     def recipe_record(self, cell: CellRow, spec: LaunchSpec) -> dict[str, Any]:
@@ -241,6 +245,25 @@ class CommandKind(TrainerKind):
         each recipe.yaml keeps its point's environment."""
         section = {"kind": self.name, "command": list(recipes[0]["argv"])}
         return Rebuilt(section, sweeps_recipe=False, keeps_env=True)
+
+
+def profile_problems(campaign: Campaign, recipe: dict[str, Any], steps_key: str) -> list[str]:
+    """Why the campaign's `profile:` cannot profile this point as asked: the argv already sets a key it sets
+    (named by where it comes from), or the profiled steps reach the collect window."""
+    style, profile = recipe.get("style") or "megatron-lm", campaign.profile
+    if profile is None:
+        return []
+    flat = flatten(recipe.get("params") or {})
+    problems = []
+    for key, item in profile_spec.owned_in_argv(profile, style, recipe["argv"]):
+        param = key if style == profile_spec.BRIDGE_STYLE else key.lstrip("-").replace("-", "_")
+        where = f"trainer.params.{param}" if param in flat else "trainer.command"
+        problems.append(f"{where}: {item!r} sets {key}, which the campaign's `profile:` sets itself for "
+                        f"{style} (tool {profile.tool}): remove it, or drop `profile:`")  # fmt: skip
+    window = profile_spec.command_window_problem(
+        profile, style, recipe.get("steps"), campaign.collect.window, f"trainer.{steps_key}"
+    )
+    return [*problems, *([window] if window else [])]
 
 
 @functools.lru_cache(maxsize=8)
