@@ -15,6 +15,7 @@ from orchestrator.cli.options import (
     InconclusiveOkOpt,
     JsonOpt,
     OutFileOpt,
+    PointsOpt,
     RequiredPointOpt,
     WorkspaceOpt,
     margin_option,
@@ -155,12 +156,7 @@ def check(
     workspace: WorkspaceOpt = DEFAULT_WORKSPACE,
     item: CheckItemOpt = None,
     margin: CheckMarginOpt = None,
-    point: Annotated[
-        list[str] | None,
-        typer.Option("--point", "-p", show_default=False,
-                     help="Gate only this point (its point id, label or a cell id); repeat for more. Default: every "
-                          "point of the campaign."),  # fmt: skip
-    ] = None,
+    point: PointsOpt = None,
     as_json: JsonOpt = False,
     inconclusive_ok: InconclusiveOkOpt = False,
 ) -> None:

@@ -79,6 +79,11 @@ PointOpt = Annotated[
     str | None,
     typer.Option("--point", "-p", help="The point: its point id, label or a cell id.", show_default=False),
 ]
+PointsOpt = Annotated[  # `card check`: any number of points
+    list[str] | None,
+    typer.Option("--point", "-p", help="The point: its point id, label or a cell id.",
+                 show_default="every point; repeat -p for several", metavar="<str>"),  # fmt: skip
+]
 RequiredPointOpt = Annotated[
     str, typer.Option("--point", "-p", help="The point: its point id, label or a cell id.", show_default=False)
 ]
