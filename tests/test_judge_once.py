@@ -235,6 +235,42 @@ def test_the_floor_needs_enough_repeats_else_the_stated_default() -> None:
     )
 
 
+def test_a_point_run_again_in_another_campaign_is_an_a_a_sample(tmp_path: Path, mbx, write_campaign) -> None:
+    """Issue 33 on the H100: Bridge's base point ran in the sweep and again as a `compare --run` side, 9% apart,
+    while one-run verdicts assumed the 1% default: runs of one point id in different campaigns never met. Two
+    campaigns of the same point, 2 repeats each, are one point with 4 runs (3 df: the workspace's floor), not
+    two points with 1 df each (2 df: the default)."""
+    from orchestrator.judge.run_floor import workspace_floors
+    from orchestrator.run.store import Store
+
+    noisy = {"values": {"SLOW": "1.0", "DRIFT": "0", "NOISE": "0.03"}}
+    ws = tmp_path / "ws"
+    for name in ("aa-first", "aa-again"):
+        path = write_campaign(fake(name, env=noisy, sweep={"repeats": 2}), f"{name}.yaml")
+        assert mbx("campaign", "run", str(path), "-w", str(ws), "--no-report").returncode == 0
+    ids = [{c["point_id"] for c in json.loads(mbx("campaign", "status", n, "-w", str(ws), "--json").stdout)["cells"]}
+           for n in ("aa-first", "aa-again")]  # fmt: skip
+    assert ids[0] == ids[1] and len(ids[0]) == 1
+    with Store(ws, create=False) as store:
+        floor = workspace_floors(store, ("step_time_ms",)).floor("command", "CPU", "step_time_ms")
+    assert floor != stats.DEFAULT_RUN_FLOOR and "1 point(s)' repeats" in floor.source and "3 df" in floor.source
+
+
+def test_one_log_ingested_into_several_campaigns_is_one_run(tmp_path: Path, mbx) -> None:
+    """The same log ingested four times has one point id (its digest) and identical figures: one run, not an
+    A/A sample of zero spread (which would pass 3 df of "measured 0.00%" off as the workspace's floor)."""
+    from orchestrator.judge.run_floor import workspace_floors
+    from orchestrator.run.store import Store
+
+    log = ROOT / "tests" / "data" / "bridge-0.6.2" / "h100_sweep" / "d1a49eaa0e_moe-token-dispatcher-type-alltoall.log"
+    ws = tmp_path / "ws"
+    for name in ("past-1", "past-2", "past-3", "past-4"):
+        assert mbx("ingest", name, str(log), "--format", "megatron-bridge", "-w", str(ws)).returncode == 0
+    with Store(ws, create=False) as store:
+        book = workspace_floors(store, ("step_time_ms",))
+    assert not book.spreads and book.floor("ingested", "CPU", "step_time_ms") == stats.DEFAULT_RUN_FLOOR
+
+
 # ---- 6. extra repeats are kept ------------------------------------------------------------------------------
 def test_until_conclusive_then_rerun_keeps_the_extra_repeats(tmp_path: Path, mbx, write_campaign) -> None:
     """A/A with 3% seeded noise: --until-conclusive (budget 2) adds a repeat a side; running A's file again keeps

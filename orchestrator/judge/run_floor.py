@@ -1,17 +1,17 @@
 """The run-to-run floor of a one-run comparison, from the workspace's own A/A repeats (else the stated default).
 
-How far a repeat of the same point lands from the last. Every point of every stored campaign with at least 2
-completed repeats is an A/A sample: the spread of its repeats' values (log scale) is pooled over the points of one
-trainer kind and GPU model (`trainer.kind`, the fingerprint's `gpu_name`; "CPU" without one), per summary figure
-(step time, TFLOP/s, ...). The floor is the one-sided 95% upper confidence bound of that pooled standard deviation
-(chi-square on its degrees of freedom, scipy), so a few lucky repeats cannot make one-run verdicts over-confident:
-on the recorded H200 samples a floor of 0.3% (an under-estimate) called 12% of one-run A/As DIFFERENT, 0.5% or
-more none (benchmarks/compare_stats.py). With fewer than MIN_DF degrees of freedom reports/compare.py's
-DEFAULT_RUN_FLOOR (1%) stands. The repeats of one campaign usually ran on one machine back to back: across
-machines the spread is larger (~1.4% for the same H200 recipe), which is why the floor never replaces repeats
-and never goes below MIN_RUN_FLOOR (1%): a very quiet workspace (a replayed log, back-to-back repeats on one
-node) would otherwise make a one-run CI as narrow as the step noise; the floor then says both numbers
-("1.00% (minimum; measured 0.12%: …)").
+How far a repeat of the same point lands from the last. Every point with at least 2 completed runs in the workspace
+(its repeats, and its runs in other campaigns: a point's id is its configuration) is an A/A sample: the spread of
+its runs' values (log scale) is pooled over the points of one trainer kind and GPU model (`trainer.kind`, the
+fingerprint's `gpu_name`; "CPU" without one), per summary figure (step time, TFLOP/s, ...). The floor is the
+one-sided 95% upper confidence bound of that pooled standard deviation (chi-square on its degrees of freedom,
+scipy), so a few lucky repeats cannot make one-run verdicts over-confident: on the recorded H200 samples a floor of
+0.3% (an under-estimate) called 12% of one-run A/As DIFFERENT, 0.5% or more none (benchmarks/compare_stats.py). With
+fewer than MIN_DF degrees of freedom reports/compare.py's DEFAULT_RUN_FLOOR (1%) stands. The repeats of one campaign
+usually ran on one machine back to back: across machines the spread is larger (~1.4% for the same H200 recipe),
+which is why the floor never replaces repeats and never goes below MIN_RUN_FLOOR (1%): a very quiet workspace (a
+replayed log, back-to-back repeats on one node) would otherwise make a one-run CI as narrow as the step noise; the
+floor then says both numbers ("1.00% (minimum; measured 0.12%: …)").
 """
 
 from __future__ import annotations
@@ -89,12 +89,14 @@ def run_fingerprint(run_dir: Path) -> dict[str, Any]:
 
 
 def workspace_floors(store: Store, keys: tuple[str, ...]) -> FloorBook:
-    """The A/A spreads of summary figures `keys` over every stored campaign's points with ≥ 2 completed repeats
-    (stored summaries, the GPU from each run dir's fingerprint)."""
+    """The A/A spreads of summary figures `keys` over every point of the workspace with ≥ 2 completed runs:
+    its repeats, and its runs in other campaigns (a point's id is its configuration: the base point of a sweep
+    run again by a `compare --run` is a repeat across sessions, the spread a one-run verdict must allow for).
+    Stored summaries, the GPU from each run dir's fingerprint; one run stored twice counts once."""
     book = FloorBook()
+    by_point: dict[str, dict[tuple, tuple[str, dict, str]]] = {}
     for name in store.campaign_names():
         latest = store.latest_attempts(name)
-        by_point: dict[str, list[tuple[str, dict, str]]] = {}
         for cell in store.cells(name):
             attempt = latest.get(cell.cell_id)
             if attempt is None or attempt.state != "completed":
@@ -103,12 +105,14 @@ def workspace_floors(store: Store, keys: tuple[str, ...]) -> FloorBook:
             if result is None or not result.summary:
                 continue
             gpu = str(run_fingerprint(Path(attempt.run_dir)).get("gpu_name") or "CPU")
-            by_point.setdefault(cell.point_id, []).append((cell.trainer_kind, result.summary, gpu))
-        for repeats in by_point.values():
-            kinds = {(kind, gpu) for kind, _, gpu in repeats}
-            if len(repeats) < 2 or len(kinds) != 1:
-                continue
-            kind, gpu = kinds.pop()
-            for key in keys:
-                book.spreads.setdefault((kind, gpu, key), Spread()).add([s.get(key) for _, s, _ in repeats])
+            same_run = tuple(result.summary.get(k) for k in ("steps", "step_time_ms", "first_loss", "last_loss"))
+            by_point.setdefault(cell.point_id, {})[same_run] = (cell.trainer_kind, result.summary, gpu)
+    for runs in by_point.values():
+        repeats = list(runs.values())
+        kinds = {(kind, gpu) for kind, _, gpu in repeats}
+        if len(repeats) < 2 or len(kinds) != 1:
+            continue
+        kind, gpu = kinds.pop()
+        for key in keys:
+            book.spreads.setdefault((kind, gpu, key), Spread()).add([s.get(key) for _, s, _ in repeats])
     return book
