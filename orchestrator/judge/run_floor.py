@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.rows import INGESTED
 from orchestrator.run.store import Store
 from reports import compare as stats
 from trainer import rundir
@@ -88,13 +89,24 @@ def run_fingerprint(run_dir: Path) -> dict[str, Any]:
     return found
 
 
+def _started_at(run_dir: Path) -> float | None:
+    """When the run started (its status, else the attempt wrapper's exit record): a copy of a run dir stored under
+    another campaign starts when its original did."""
+    for record in (rundir.read_status(run_dir), rundir.read_exit(run_dir)):
+        started = (record or {}).get("started_at")
+        if isinstance(started, int | float) and not isinstance(started, bool):
+            return float(started)
+    return None
+
+
 def workspace_floors(store: Store, keys: tuple[str, ...]) -> FloorBook:
     """The A/A spreads of summary figures `keys` over every point of the workspace with ≥ 2 completed runs:
     its repeats, and its runs in other campaigns (a point's id is its configuration: the base point of a sweep
     run again by a `compare --run` is a repeat across sessions, the spread a one-run verdict must allow for).
-    Stored summaries, the GPU from each run dir's fingerprint; one run stored twice counts once."""
+    Stored summaries, the GPU from each run dir's fingerprint. One run stored under several campaigns counts once:
+    run dirs that started at the same time, or an ingested point (its id is its logs' digest)."""
     book = FloorBook()
-    by_point: dict[str, dict[tuple, tuple[str, dict, str]]] = {}
+    by_point: dict[str, dict[object, tuple[str, dict, str]]] = {}
     for name in store.campaign_names():
         latest = store.latest_attempts(name)
         for cell in store.cells(name):
@@ -102,17 +114,18 @@ def workspace_floors(store: Store, keys: tuple[str, ...]) -> FloorBook:
             if attempt is None or attempt.state != "completed":
                 continue
             result = store.result(name, cell.cell_id, attempt.attempt)
-            if result is None or not result.summary:
+            runs = by_point.setdefault(cell.point_id, {})
+            if result is None or not result.summary or (cell.trainer_kind == INGESTED and runs):
                 continue
-            gpu = str(run_fingerprint(Path(attempt.run_dir)).get("gpu_name") or "CPU")
-            same_run = tuple(result.summary.get(k) for k in ("steps", "step_time_ms", "first_loss", "last_loss"))
-            by_point.setdefault(cell.point_id, {})[same_run] = (cell.trainer_kind, result.summary, gpu)
-    for runs in by_point.values():
-        repeats = list(runs.values())
-        kinds = {(kind, gpu) for kind, _, gpu in repeats}
-        if len(repeats) < 2 or len(kinds) != 1:
+            run_dir = Path(attempt.run_dir)
+            gpu = str(run_fingerprint(run_dir).get("gpu_name") or "CPU")
+            runs.setdefault(_started_at(run_dir) or (name, cell.cell_id), (cell.trainer_kind, result.summary, gpu))
+    for found in by_point.values():
+        runs = list(found.values())
+        kinds = {(kind, gpu) for kind, _, gpu in runs}
+        if len(runs) < 2 or len(kinds) != 1:
             continue
         kind, gpu = kinds.pop()
         for key in keys:
-            book.spreads.setdefault((kind, gpu, key), Spread()).add([s.get(key) for _, s, _ in repeats])
+            book.spreads.setdefault((kind, gpu, key), Spread()).add([summary.get(key) for _, summary, _ in runs])
     return book
