@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from reports.flops_check import check
 from reports.index_data import FINGERPRINT_KEYS
 from reports.page import render_report, write_assets
 from reports.site_data import (
@@ -32,12 +33,14 @@ FIGURES: tuple[tuple[str, str, int], ...] = (
     ("step_time_ms", "step time (ms)", 1),
     ("step_time_ms_std", "step time std (ms)", 1),
     ("tflops_per_gpu", "TFLOP/s/GPU", 1),
+    ("tflops_per_gpu_mbx", "TFLOP/s/GPU by mbx's Megatron-LM count", 1),
     ("tokens_per_s_per_gpu", "tokens/s/GPU", 0),
     ("peak_alloc_gib", "peak allocated (GiB)", 2),
     ("peak_reserved_gib", "peak reserved (GiB)", 2),
     ("first_loss", "first loss", 4),
     ("last_loss", "last loss", 4),
 )
+OPTIONAL = ("tflops_per_gpu_mbx",)  # a row only where the cell or its baseline has the figure
 
 
 def _figure_rows(cell: CellView, extras: SiteExtras) -> list[dict[str, str]]:
@@ -49,6 +52,8 @@ def _figure_rows(cell: CellView, extras: SiteExtras) -> list[dict[str, str]]:
         mine = getattr(cell.summary, name) if cell.summary is not None else None
         mine = None if kind == "rss" and name in GPU_MEMORY else mine  # a CPU run: RSS below, not 0.00
         theirs = getattr(base, name) if base is not None else None
+        if name in OPTIONAL and mine is None and theirs is None:
+            continue
         change = relative(mine, theirs)
         out.append({"name": name, "label": label, "value": fmt_number(mine, digits, thousands=digits < 4),
                     "base": fmt_number(theirs, digits, thousands=digits < 4),
@@ -95,6 +100,7 @@ def cell_context(
         "fingerprint": [(k, fmt_param(fp[k])) for k in FINGERPRINT_KEYS if fp.get(k) is not None],
         "breakdown": _breakdown(cell), "failed": [c.message for c in cell.gate.failed] if cell.gate else [],
         "unchecked": [c.message for c in cell.gate.unchecked] if cell.gate else [],
+        "flops": check(cell.summary),
     }  # fmt: skip
 
 

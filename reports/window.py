@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from reports.metrics import finite
+from trainer.rundir import MBX_TFLOPS
 
 DEFAULT_WINDOW = 10
 
@@ -34,6 +35,10 @@ class Summary:
     # orchestrator/run/collect.py): the headroom gate judges on its memory; None where none was recorded
     gpu_name: str | None = None
     gpu_memory_gib: float | None = None
+    # mbx's own Megatron-LM FLOPs count over the same window, time-weighted like tflops_per_gpu (each row's
+    # `extra`, rundir.MBX_TFLOPS: a command trainer whose run dir holds Bridge's resolved config); None otherwise.
+    # tflops_per_gpu stays the trainer's printed figure, the one gates and comparisons use (reports/flops_check.py)
+    tflops_per_gpu_mbx: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +78,12 @@ def window_rows(rows: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> lis
     return chosen[::-1]
 
 
+def _extra(row: dict[str, Any], key: str) -> Any:
+    """A figure under the row's `extra` (None where the row has none)."""
+    extra = row.get("extra")
+    return extra.get(key) if isinstance(extra, dict) else None
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -84,8 +95,9 @@ def summarize(rows: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> Summa
     times = [float(r["step_time_ms"]) for r in win]
     total_time = sum(times)
 
-    def time_weighted(key: str) -> float | None:
-        pairs = [(float(r[key]), float(r["step_time_ms"])) for r in win if finite(r.get(key))]
+    def time_weighted(key: str, extra: bool = False) -> float | None:
+        found = [_extra(r, key) if extra else r.get(key) for r in win]
+        pairs = [(float(v), float(r["step_time_ms"])) for v, r in zip(found, win, strict=True) if finite(v)]
         if not pairs:
             return None
         weight = sum(t for _, t in pairs)
@@ -121,4 +133,5 @@ def summarize(rows: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> Summa
         loss_finite=bool(ordered) and all(finite(v) for v in losses if v is not None) and bool(finite_losses),
         nan_iterations=nan_count,
         skipped_iterations=sum(1 for r in ordered if r.get("skipped")),
+        tflops_per_gpu_mbx=time_weighted(MBX_TFLOPS, extra=True),
     )

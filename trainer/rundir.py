@@ -57,6 +57,9 @@ LAUNCH = "launch.json"
 NODE = "node.json"
 ENV = "env.json"
 METRICS = "metrics.jsonl"
+# A step row's `extra` key: mbx's own Megatron-LM FLOPs count over the row's step time, per GPU, in TFLOP/s, beside
+# the trainer's printed `tflops_per_gpu` (a command trainer with BRIDGE_CONFIG; reports/flops_check.py compares them)
+MBX_TFLOPS = "mbx_tflops_per_gpu"
 STATUS = "status.json"
 EXIT = "exit.json"
 HUNG = "hung.json"

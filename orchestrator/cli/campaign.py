@@ -401,6 +401,8 @@ def status(
     console().print(status_view.status_table(view))
     for line in status_view.damaged_lines(view):
         console().print(line)
+    for line in status_view.flops_lines(view):  # the printed TFLOP/s/GPU against mbx's own count
+        console().print(line, soft_wrap=True)
     for line in status_view.verdict_lines(workspace, view):  # the outcome, parity pairs, the best point
         console().print(line, soft_wrap=True)
 

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from orchestrator.judge.outcome import Outcome, view_outcome
 from orchestrator.run.progress import fmt
+from reports import flops_check
 from reports.views import CampaignView, CellView, PointView
 from reports.window import Summary
 
@@ -34,9 +35,18 @@ def status_payload(view: CampaignView) -> list[dict[str, Any]]:
             "summary": c.summary.to_dict() if c.summary else None,
             "run_dir": c.run_dir,
             "damaged": c.damaged,
+            "flops_check": _flops_json(flops_check.check(c.summary)),
         }
         for c in view.cells
     ]
+
+
+def _flops_json(found: flops_check.FlopsCheck | None) -> dict[str, Any] | None:
+    """The printed TFLOP/s/GPU against mbx's own count (reports/flops_check.py); None where either is missing."""
+    if found is None:
+        return None
+    return {"printed": found.printed, "mbx": found.mbx, "delta": found.delta, "agrees": found.agrees,
+            "note": found.note()}  # fmt: skip
 
 
 def status_table(view: CampaignView) -> Table:
@@ -66,6 +76,17 @@ def damaged_lines(view: CampaignView) -> list[Text]:
         Text.assemble(("  damaged: ", "bold yellow"), f"{cell.cell_id}: ", (problem, "yellow"))
         for cell in view.cells
         for problem in cell.damaged
+    ]
+
+
+def flops_lines(view: CampaignView) -> list[Text]:
+    """Under the table: whether the printed TFLOP/s/GPU agrees with mbx's own Megatron-LM count (one line for the
+    cells that agree, one per cell that does not; nothing where mbx has no count)."""
+    agreed = flops_check.agreement_line(view.cells)
+    lines = [Text(f"  {agreed}")] if agreed else []
+    return lines + [
+        Text.assemble(("  warning: ", "bold yellow"), f"{cell.cell_id}: ", (found.note(), "yellow"))
+        for cell, found in flops_check.disagreements(view.cells)
     ]
 
 

@@ -1,9 +1,11 @@
-"""The index's warnings under its header: cells of different environments, damaged run directories, nothing done."""
+"""The index's warnings under its header: cells of different environments, damaged run directories, a printed
+TFLOP/s/GPU mbx's own FLOPs count does not confirm, nothing done."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from reports.flops_check import disagreements
 from reports.index_data import IndexPage
 from reports.index_sections import Section, register
 from reports.markdown_text import md_code, md_text
@@ -30,7 +32,8 @@ class Banners(Section):
         groups, _, differs = page.environments
         cells = page.view.cells
         return {"fp_groups": groups, "fp_differs": differs, "damaged": [c for c in cells if c.damaged],
-                "completed": sum(1 for c in cells if c.state == "completed")}  # fmt: skip
+                "completed": sum(1 for c in cells if c.state == "completed"),
+                "flops": [(c, f, page.hrefs.get(c.cell_id)) for c, f in disagreements(cells)]}  # fmt: skip
 
     def summary(self, page: IndexPage) -> list[str]:
         return _damaged_section(page.view)

@@ -1,8 +1,10 @@
-"""The summary's validation: the gates, the points' verdicts, and each failed or inconclusive point with why (the page
-shows these in its header and points table)."""
+"""The summary's validation: the gates, the points' verdicts, whether the printed TFLOP/s/GPU agrees with mbx's own
+FLOPs count, and each failed or inconclusive point with why (the page shows these in its header, banners and points
+table)."""
 
 from __future__ import annotations
 
+from reports import flops_check
 from reports.index_data import IndexPage
 from reports.index_sections import Section, register
 from reports.markdown_text import md_code, md_counts, md_text
@@ -19,7 +21,16 @@ def _validation(view: CampaignView) -> list[str]:
         "",
         f"- Gates: {gates}",
         f"- Verdicts (per point, from all its repeats): {verdicts}",
+        *_flops_lines(view),
     ]
+
+
+def _flops_lines(view: CampaignView) -> list[str]:
+    """The printed TFLOP/s/GPU against mbx's own count: one line for the cells that agree, one per cell that does not
+    (nothing where mbx has no count)."""
+    agreed = flops_check.agreement_line(view.cells)
+    lines = [f"- {md_text(agreed)}"] if agreed else []
+    return lines + [f"- {md_code(c.cell_id)}: {md_text(f.note())}" for c, f in flops_check.disagreements(view.cells)]
 
 
 def _point_ref(point: PointView) -> str:

@@ -360,9 +360,6 @@ def finalize_command_attempt(
     return rundir.write_status(run_dir, status, rundir.COLLECTOR)
 
 
-MBX_TFLOPS = "mbx_tflops_per_gpu"  # a row's `extra`: mbx's own Megatron count over the row's step time
-
-
 def add_mbx_tflops(run_dir: Path, rows: list[dict[str, Any]], world: int | None) -> None:
     """Each timed row gets mbx's own model TFLOP/s/GPU (trainer/flops.py over the run's resolved Bridge config,
     rundir.BRIDGE_CONFIG) beside the figure the trainer printed; nothing when the run wrote no config."""
@@ -378,7 +375,7 @@ def add_mbx_tflops(run_dir: Path, rows: list[dict[str, Any]], world: int | None)
     for row in rows:
         ms = row.get("step_time_ms")
         if isinstance(ms, int | float) and ms > 0:
-            row.setdefault("extra", {})[MBX_TFLOPS] = flops / (ms / 1000.0) / world / 1e12
+            row.setdefault("extra", {})[rundir.MBX_TFLOPS] = flops / (ms / 1000.0) / world / 1e12
 
 
 def _decide(
