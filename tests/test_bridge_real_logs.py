@@ -33,7 +33,7 @@ from orchestrator.spec import bridge_config
 from orchestrator.spec.campaign import Campaign
 from orchestrator.spec.loader import load_campaign
 from orchestrator.spec.sweep import Point
-from orchestrator.trainers.kinds.command import MBX_TFLOPS, finalize_command_attempt
+from orchestrator.trainers.kinds.command import finalize_command_attempt
 from reports import card as cards
 from reports.parsers.megatron_bridge import STEP_TIME_TOLERANCE_S
 from reports.window import window_rows
@@ -134,7 +134,7 @@ def test_every_step_time_line_joins_its_iteration(runs: dict[str, Run], log: Pat
         extra = row["extra"]
         assert abs(extra["Step Time (s)"] - row["step_time_ms"] / 1000) <= STEP_TIME_TOLERANCE_S, row
         assert row["tflops_per_gpu"] == extra["GPU utilization"] > 0, row
-        assert extra[MBX_TFLOPS] > 0, row
+        assert extra[rundir.MBX_TFLOPS] > 0, row
 
 
 def test_known_figures_of_the_base_and_micro_batch_2_points(runs: dict[str, Run]) -> None:
@@ -162,7 +162,7 @@ def test_bridge_tflops_and_mbx_flops_count_agree(runs: dict[str, Run], log: Path
     window = window_rows(run.rows, 10)
     total = sum(r["step_time_ms"] for r in window)
     # time-weighted over the window, as reports/window.py's summarize weighs the printed figure
-    mbx = sum(r["extra"][MBX_TFLOPS] * r["step_time_ms"] for r in window) / total
+    mbx = sum(r["extra"][rundir.MBX_TFLOPS] * r["step_time_ms"] for r in window) / total
     printed = run.summary["tflops_per_gpu"]
     assert mbx == pytest.approx(printed, rel=0.01), (mbx, printed)
 
