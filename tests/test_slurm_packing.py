@@ -199,7 +199,7 @@ def _check_like_one_job_per_point(mbx, workspace: Path, name: str, env: dict[str
     assert len({allocation_of(r[3]) for r in rows}) == 1 and sorted(r[3][-2:] for r in rows) == ["#0", "#1"]
     dirs = set()
     for _, _, _, job_id, run_dir in rows:
-        run = Path(run_dir)
+        run = workspace / run_dir  # the store keeps it relative to the workspace
         for item in ("recipe.yaml", "launch.json", "metrics.jsonl", "status.json", "env.json", "exit.json",
                      "node.json", "logs/rank-0.log", "logs/rank-1.log"):  # fmt: skip
             assert (run / item).exists(), f"{run}/{item} missing"
