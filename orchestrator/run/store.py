@@ -14,7 +14,8 @@ Tables (schema 2; `_migrate_1_to_2` upgrades a store written by schema 1)::
                trainer_kind (a trainer kind's name, orchestrator/trainers/kinds/, or "ingested")
     attempts   (campaign, cell_id, attempt), launcher, job_id, job_info_json, run_dir, state, reason,
                failure_class, submitted_at, ended_at, try_number (which try of its cell, 1-based),
-               steps_before (steps the previous try made)
+               steps_before (steps the previous try made); run_dir relative to the workspace (`stored_run_dir`;
+               older stores hold absolute paths), read back absolute through `resolve_run_dir` alone
     results    (campaign, cell_id, attempt), summary_json, gate_json, verdict, collected_at
     estimates  (campaign, point_id), ordinal, feasible, detail_json: each point's memory estimate and feasibility
                (additive, no schema bump; orchestrator/run/feasibility.py; `record_estimates` / `estimates`)
