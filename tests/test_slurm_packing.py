@@ -159,9 +159,11 @@ def test_requeued_allocation_reruns_only_unfinished_points(slurm, tmp_path: Path
 
 
 def _attempts(workspace: Path, campaign: str) -> list[tuple]:
-    """The campaign's attempts; none while another process is still creating the store's tables."""
-    return store_rows(workspace / "mbx.sqlite", "SELECT cell_id, attempt, state, job_id, run_dir FROM attempts "
+    """The campaign's attempts (run dirs, stored relative to the workspace, made absolute); none while another
+    process is still creating the store's tables."""
+    rows = store_rows(workspace / "mbx.sqlite", "SELECT cell_id, attempt, state, job_id, run_dir FROM attempts "
                       "WHERE campaign=? ORDER BY cell_id, attempt", (campaign,))  # fmt: skip
+    return [(*row[:4], str(workspace / row[4])) for row in rows]
 
 
 def _interrupt_once_packed(slurm, file: Path, workspace: Path, env: dict[str, str], name: str,
@@ -199,7 +201,7 @@ def _check_like_one_job_per_point(mbx, workspace: Path, name: str, env: dict[str
     assert len({allocation_of(r[3]) for r in rows}) == 1 and sorted(r[3][-2:] for r in rows) == ["#0", "#1"]
     dirs = set()
     for _, _, _, job_id, run_dir in rows:
-        run = workspace / run_dir  # the store keeps it relative to the workspace
+        run = Path(run_dir)
         for item in ("recipe.yaml", "launch.json", "metrics.jsonl", "status.json", "env.json", "exit.json",
                      "node.json", "logs/rank-0.log", "logs/rank-1.log"):  # fmt: skip
             assert (run / item).exists(), f"{run}/{item} missing"

@@ -24,7 +24,7 @@ def _attempts(workspace: Path, campaign: str) -> list[tuple]:
         (campaign,),
     ).fetchall()
     db.close()
-    return rows
+    return [(*row[:5], str(workspace / row[5])) for row in rows]  # run dirs are stored relative to the workspace
 
 
 def _batch_files(workspace: Path, campaign: str) -> dict[str, Path]:
@@ -96,7 +96,7 @@ def test_quickstart_through_submitit(
     assert (folder / "tasks.json").read_text().rstrip() in dry.stdout
 
     for _, _, _, _, job_id, run_dir in real:
-        run = workspace / run_dir  # the store keeps it relative to the workspace
+        run = Path(run_dir)
         for name in ("recipe.yaml", "launch.json", "metrics.jsonl", "status.json", "env.json", "exit.json"):
             assert (run / name).exists(), f"{run}/{name} missing"
         status = json.loads((run / "status.json").read_text())
@@ -113,10 +113,10 @@ def test_quickstart_through_submitit(
     # hostile values arrived verbatim (the trainer's JIT cache record shows the root it used), nothing executed
     roots = set()
     for _, _, _, _, _, run_dir in real:
-        record = json.loads((workspace / run_dir / "logs" / "jit-cache-rank0.json").read_text())
+        record = json.loads((Path(run_dir) / "logs" / "jit-cache-rank0.json").read_text())
         roots.add(record["root"])
         assert record["replaced"] == {}, "no JIT cache variable is inherited from the submitting shell"
-        rank1 = json.loads((workspace / run_dir / "logs" / "jit-cache-rank1.json").read_text())
+        rank1 = json.loads((Path(run_dir) / "logs" / "jit-cache-rank1.json").read_text())
         assert rank1["rank"] == 1 and rank1["rank_dir"].endswith("rank-1")
     assert roots == {str(env_cache / "mbx"), str(recipe_cache)}
     assert not [p for p in tmp_path.rglob("CANARY*")] and not list(Path.cwd().glob("CANARY*"))
