@@ -117,7 +117,7 @@ def assert_consistent(workspace: Path, campaign: str, steps: int | None) -> dict
         for _, state, reason, _ in tries:
             assert state == "completed" or (reason and reason.strip()), f"{cell}: {state} without a reason"
         if steps is not None and "completed" in states:
-            run_dir = workspace / next(r for _, s, _, r in tries if s == "completed")  # relative to the workspace
+            run_dir = workspace / next(r for _, s, _, r in tries if s == "completed")  # stored relative
             assert metric_steps(run_dir) == list(range(1, steps + 1)), f"{cell}: steps missing or repeated"
     return attempts
 

@@ -125,9 +125,8 @@ def test_a_run_dir_truly_missing_after_a_move_is_still_damaged(
     gone = sorted(after_ws.glob(f"{NAME}/*/1"))[0]
     shutil.rmtree(gone)
     text = _mbx("campaign", "status", NAME, "--workspace", str(after_ws))
-    looked_for = (
-        gone if form == FORMS[0] else before_ws / gone.relative_to(after_ws)
-    )  # the path the store holds
+    held = before_ws / gone.relative_to(after_ws)  # an old store holds the path before the move
+    looked_for = gone if form == FORMS[0] else held
     flat = " ".join(text.split())
     assert f"{looked_for}: the run directory is missing" in flat, text
     assert flat.count("the run directory is missing") == 1, text
