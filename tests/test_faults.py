@@ -117,7 +117,7 @@ def assert_consistent(workspace: Path, campaign: str, steps: int | None) -> dict
         for _, state, reason, _ in tries:
             assert state == "completed" or (reason and reason.strip()), f"{cell}: {state} without a reason"
         if steps is not None and "completed" in states:
-            run_dir = Path(next(r for _, s, _, r in tries if s == "completed"))
+            run_dir = workspace / next(r for _, s, _, r in tries if s == "completed")  # stored relative
             assert metric_steps(run_dir) == list(range(1, steps + 1)), f"{cell}: steps missing or repeated"
     return attempts
 
@@ -303,7 +303,7 @@ def test_corrupt_run_dir_files(tmp_path):
     with orchestrator(tmp_path, "campaign", "run", str(file), "--workspace", str(workspace), "--no-report",
                       pause=pause) as (proc, folder):  # fmt: skip
         wait_for(lambda: (folder / "paused-0").exists(), "the submission", proc)
-        dirs = {json.loads(params)["env.FAULT"]: Path(run_dir) for params, run_dir in rows(
+        dirs = {json.loads(params)["env.FAULT"]: workspace / run_dir for params, run_dir in rows(
             workspace, "SELECT c.params_json, a.run_dir FROM attempts a JOIN cells c USING (campaign, cell_id)")}
         assert sorted(dirs) == sorted(faults)
         corrupt(dirs["recipe-junk"] / "recipe.yaml", "junk")
@@ -359,7 +359,7 @@ def test_corrupt_files_of_a_command_attempt(tmp_path):
     with orchestrator(tmp_path, "campaign", "run", str(file), "--workspace", str(workspace), "--no-report",
                       pause=["orchestrator.run.engine:Engine._finish"]) as (proc, folder):  # fmt: skip
         wait_for(lambda: (folder / "paused-0").exists(), "the first collection", proc)
-        dirs = {json.loads(params)["tag"]: Path(run_dir) for params, run_dir in rows(
+        dirs = {json.loads(params)["tag"]: workspace / run_dir for params, run_dir in rows(
             workspace, "SELECT c.params_json, a.run_dir FROM attempts a JOIN cells c USING (campaign, cell_id)")}
         wait_for(lambda: all((d / "exit.json").exists() for d in dirs.values()), "every process to end", proc)
         for tag, files in COMMAND_AFTER.items():

@@ -32,7 +32,8 @@ def test_quickstart_end_to_end(mbx, tmp_path, cache_env):
 
     # run dirs follow the contract
     for _, _, _, run_dir in attempts:
-        run = Path(run_dir)
+        assert not Path(run_dir).is_absolute(), f"{run_dir}: the store records run dirs relative to the workspace"
+        run = workspace / run_dir
         for name in ("recipe.yaml", "launch.json", "metrics.jsonl", "status.json", "env.json"):
             assert (run / name).exists(), f"{run}/{name} missing"
         assert json.loads((run / "status.json").read_text())["state"] == "completed"

@@ -57,7 +57,7 @@ def _copy(source: Path, target: Path) -> Path:
 def _run_dirs(workspace: Path) -> list[Path]:
     db = sqlite3.connect(workspace / "mbx.sqlite")
     try:
-        return [Path(r[0]) for r in db.execute("SELECT run_dir FROM attempts ORDER BY cell_id")]
+        return [workspace / r[0] for r in db.execute("SELECT run_dir FROM attempts ORDER BY cell_id")]
     finally:
         db.close()
 

@@ -67,7 +67,7 @@ def test_quickstart_through_nemo_run(
         (new_exp,) = experiments
         old_key, new_key = old_exp.rsplit("_", 1)[1], new_exp.rsplit("_", 1)[1]
         assert twin.replace(old_key, new_key) == submitted.rstrip()
-        run = Path(run_dir)
+        run = workspace / run_dir  # the store keeps it relative to the workspace
         status = json.loads((run / "status.json").read_text())
         assert status["state"] == "completed" and status["world_size"] == 2
         assert (run / "logs" / "rank-1.log").exists()

@@ -201,7 +201,7 @@ def test_quickstart_through_nemo_run_ssh_tunnel(
         assert remote.is_relative_to(job_dir) and remote.name.startswith(cell_id), info["argv"]
         assert f"sbatch --requeue --parsable {remote}" in commands, commands
         assert remote.read_text() == Path(info["script"]).read_text(), "rsync copied the rendered script"
-        run = Path(run_dir)
+        run = workspace / run_dir  # the store keeps it relative to the workspace
         status = json.loads((run / "status.json").read_text())
         assert status["state"] == "completed" and status["world_size"] == 2, status
         assert (run / "logs" / "rank-1.log").exists()

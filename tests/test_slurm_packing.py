@@ -159,9 +159,11 @@ def test_requeued_allocation_reruns_only_unfinished_points(slurm, tmp_path: Path
 
 
 def _attempts(workspace: Path, campaign: str) -> list[tuple]:
-    """The campaign's attempts; none while another process is still creating the store's tables."""
-    return store_rows(workspace / "mbx.sqlite", "SELECT cell_id, attempt, state, job_id, run_dir FROM attempts "
+    """The campaign's attempts (run dirs, stored relative to the workspace, made absolute); none while another
+    process is still creating the store's tables."""
+    rows = store_rows(workspace / "mbx.sqlite", "SELECT cell_id, attempt, state, job_id, run_dir FROM attempts "
                       "WHERE campaign=? ORDER BY cell_id, attempt", (campaign,))  # fmt: skip
+    return [(*row[:4], str(workspace / row[4])) for row in rows]
 
 
 def _interrupt_once_packed(slurm, file: Path, workspace: Path, env: dict[str, str], name: str,

@@ -76,12 +76,13 @@ def test_requeued_job_is_a_new_attempt_of_the_same_cell(
     (first, second) = attempts
     live = workspace / "qs-requeue" / cell_id / "1"  # the run dir of attempt 1, where the rerun runs too
     assert first[:5] == (cell_id, 1, "preempted", "preempted", launch["job_id"]), first
-    assert first[5] == str(live / "requeued" / "0") and "requeued by Slurm" in first[6]
+    # the store keeps run dirs relative to the workspace (a moved workspace stays readable)
+    assert workspace / first[5] == live / "requeued" / "0" and "requeued by Slurm" in first[6]
     assert second[:5] == (cell_id, 2, "completed", None, launch["job_id"]), second
-    assert second[5] == str(live)
+    assert workspace / second[5] == live and not Path(second[5]).is_absolute()
 
     # the interrupted run's outputs were kept apart from the rerun's
-    archived = Path(first[5])
+    archived = workspace / first[5]
     assert "step 2/" in (archived / "logs" / "rank-0.log").read_text()
     rerun = [json.loads(line) for line in (live / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rerun] == list(range(1, 151)), "the rerun's metrics start afresh"

@@ -24,7 +24,7 @@ def _attempts(workspace: Path, campaign: str) -> list[tuple]:
         (campaign,),
     ).fetchall()
     db.close()
-    return rows
+    return [(*row[:5], str(workspace / row[5])) for row in rows]  # run dirs are stored relative
 
 
 def _batch_files(workspace: Path, campaign: str) -> dict[str, Path]:

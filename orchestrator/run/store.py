@@ -14,7 +14,8 @@ Tables (schema 2; `_migrate_1_to_2` upgrades a store written by schema 1)::
                trainer_kind (a trainer kind's name, orchestrator/trainers/kinds/, or "ingested")
     attempts   (campaign, cell_id, attempt), launcher, job_id, job_info_json, run_dir, state, reason,
                failure_class, submitted_at, ended_at, try_number (which try of its cell, 1-based),
-               steps_before (steps the previous try made)
+               steps_before (steps the previous try made); run_dir relative to the workspace (`stored_run_dir`;
+               older stores hold absolute paths), read back absolute through `resolve_run_dir` alone
     results    (campaign, cell_id, attempt), summary_json, gate_json, verdict, collected_at
     estimates  (campaign, point_id), ordinal, feasible, detail_json: each point's memory estimate and feasibility
                (additive, no schema bump; orchestrator/run/feasibility.py; `record_estimates` / `estimates`)
@@ -173,10 +174,42 @@ def _cell_columns(cell: CellRow) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _attempt_columns(row: AttemptRow) -> dict[str, Any]:
+def _attempt_columns(row: AttemptRow, workspace: Path) -> dict[str, Any]:
     values = asdict(row)
     values["job_info_json"] = json.dumps(values.pop("job_info"))
+    values["run_dir"] = stored_run_dir(workspace, row.run_dir)
     return values
+
+
+def stored_run_dir(workspace: Path, run_dir: str | Path) -> str:
+    """How the store records a run dir: relative to the workspace when it lies inside it (so the workspace can be
+    moved or copied elsewhere), else absolute as given."""
+    path = Path(run_dir)
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(workspace))
+    except ValueError:
+        return str(path)
+
+
+def resolve_run_dir(workspace: Path, stored: str, campaign: str, cell_id: str) -> str:
+    """The one reading of a stored run dir, as an absolute path: a relative one against the workspace; an absolute
+    one outside the workspace (a store written before run dirs were relative, then moved) as the same tail
+    `<campaign>/<cell_id>/<attempt>[/requeued/<n>]` under this workspace when that exists; otherwise the stored
+    path itself (so a truly missing run dir is reported by the path the store holds)."""
+    path = Path(stored)
+    if not path.is_absolute():
+        return str(workspace / path)
+    if path.is_relative_to(workspace):
+        return stored
+    parts = path.parts
+    starts = [i for i in range(len(parts) - 1) if parts[i] == campaign and parts[i + 1] == cell_id]
+    if starts:
+        moved = workspace.joinpath(*parts[starts[-1] :])
+        if moved.exists():
+            return str(moved)
+    return stored
 
 
 def _result_columns(campaign: str, cell_id: str, attempt: int, summary: Any, gate: Any) -> dict[str, Any]:
@@ -211,10 +244,11 @@ def _cell(row: sqlite3.Row) -> CellRow:
     )  # fmt: skip
 
 
-def _attempt(row: sqlite3.Row) -> AttemptRow:
+def _attempt(row: sqlite3.Row, workspace: Path) -> AttemptRow:
+    run_dir = resolve_run_dir(workspace, row["run_dir"], row["campaign"], row["cell_id"])
     return AttemptRow(
         campaign=row["campaign"], cell_id=row["cell_id"], attempt=row["attempt"], launcher=row["launcher"],
-        run_dir=row["run_dir"], state=row["state"], job_id=row["job_id"],
+        run_dir=run_dir, state=row["state"], job_id=row["job_id"],
         job_info=json.loads(row["job_info_json"] or "{}"), reason=row["reason"],
         failure_class=row["failure_class"], try_number=row["try_number"], steps_before=row["steps_before"],
         submitted_at=row["submitted_at"], ended_at=row["ended_at"],
@@ -577,7 +611,7 @@ class Store:
             row = AttemptRow(campaign=campaign, cell_id=cell_id, attempt=number, launcher=launcher,
                              run_dir=str(run_dir), state="submitted", try_number=try_number,
                              steps_before=steps_before, submitted_at=time.time())  # fmt: skip
-            _insert(db, "attempts", _attempt_columns(row))
+            _insert(db, "attempts", _attempt_columns(row, self.workspace))
         run_dir.mkdir(parents=True)  # after the commit: a dir that cannot be made leaves a row to mark failed
         return row
 
@@ -638,7 +672,7 @@ class Store:
         with self._transaction() as db:
             old = _attempt(db.execute(
                 "SELECT * FROM attempts WHERE campaign=? AND cell_id=? AND attempt=?", (campaign, cell_id, attempt)
-            ).fetchone())  # fmt: skip
+            ).fetchone(), self.workspace)  # fmt: skip
             number = int(db.execute(
                 "SELECT MAX(attempt) AS n FROM attempts WHERE campaign=? AND cell_id=?", (campaign, cell_id)
             ).fetchone()["n"]) + 1  # fmt: skip
@@ -646,12 +680,12 @@ class Store:
             db.execute(
                 "UPDATE attempts SET run_dir=?, state='preempted', reason=?, failure_class='preempted', ended_at=? "
                 "WHERE campaign=? AND cell_id=? AND attempt=?",
-                (archive_dir, reason, now, campaign, cell_id, attempt),
+                (stored_run_dir(self.workspace, archive_dir), reason, now, campaign, cell_id, attempt),
             )
             new = AttemptRow(campaign=campaign, cell_id=cell_id, attempt=number, launcher=old.launcher,
                              run_dir=old.run_dir, state="running", job_id=old.job_id, job_info=old.job_info,
                              try_number=old.try_number, steps_before=old.steps_before, submitted_at=now)  # fmt: skip
-            _insert(db, "attempts", _attempt_columns(new))
+            _insert(db, "attempts", _attempt_columns(new, self.workspace))
         return new
 
     def attempt(self, campaign: str, cell_id: str, attempt: int) -> AttemptRow | None:
@@ -659,7 +693,7 @@ class Store:
             "SELECT * FROM attempts WHERE campaign=? AND cell_id=? AND attempt=?",
             (campaign, cell_id, attempt),
         )
-        return _attempt(rows[0]) if rows else None
+        return _attempt(rows[0], self.workspace) if rows else None
 
     def attempts(self, campaign: str, cell_id: str | None = None) -> list[AttemptRow]:
         """A campaign's attempts (or one cell's), by cell and attempt number."""
@@ -671,7 +705,7 @@ class Store:
             rows = self._rows(
                 "SELECT * FROM attempts WHERE campaign=? AND cell_id=? ORDER BY attempt", (campaign, cell_id)
             )
-        return [_attempt(r) for r in rows]
+        return [_attempt(r, self.workspace) for r in rows]
 
     def highest_attempt(self, campaign: str, cell_id: str) -> int:
         """The highest attempt number the store holds for a cell (0: none)."""
@@ -808,7 +842,7 @@ class Store:
                 key=("campaign", "cell_id"),
                 keep=("ordinal",),
             )
-            _insert(db, "attempts", _attempt_columns(row))
+            _insert(db, "attempts", _attempt_columns(row, self.workspace))
             _insert(db, "results", _result_columns(cell.campaign, cell.cell_id, attempt, summary, gate))
             self._write_manifest(db, cell.campaign)
 
@@ -828,7 +862,8 @@ class Store:
             for cell in cells:
                 _insert(db, "cells", _cell_columns(cell), key=("campaign", "cell_id"))
             for attempt, result in attempts:
-                _insert(db, "attempts", _attempt_columns(attempt), key=("campaign", "cell_id", "attempt"))
+                columns = _attempt_columns(attempt, self.workspace)
+                _insert(db, "attempts", columns, key=("campaign", "cell_id", "attempt"))
                 if result is not None:
                     _insert(db, "results", _result_columns(attempt.campaign, attempt.cell_id, attempt.attempt,
                                                            result.summary, result.gate),
