@@ -195,3 +195,37 @@ def test_resolve_run_dir(tmp_path: Path) -> None:
     )
     inside = str(workspace / "c/cell-r0/9")  # an absolute path inside this workspace is taken as it is
     assert resolve_run_dir(workspace, inside, "c", "cell-r0") == inside
+
+
+def test_a_schema_2_store_is_brought_to_3_and_an_older_mbx_would_refuse_it(tmp_path: Path) -> None:
+    """Relative run dirs are schema 3: a schema-2 store (absolute run dirs) is migrated when opened (read-only
+    openers see it migrated in memory, the file untouched), and a store newer than this mbx is refused."""
+    from orchestrator.errors import StoreTooNew
+    from orchestrator.run.store import SCHEMA_VERSION
+
+    assert SCHEMA_VERSION == 3
+    ws = tmp_path / "ws"
+    Store(ws).close()
+    path = ws / STORE_FILE
+
+    def set_version(value: str) -> None:
+        db = sqlite3.connect(path)
+        db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (value,))
+        db.commit()
+        db.close()
+
+    def version() -> str:
+        db = sqlite3.connect(path)
+        try:
+            return db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
+        finally:
+            db.close()
+
+    set_version("2")
+    Store(ws, create=False, read_only=True).close()
+    assert version() == "2"  # a reader leaves the file as it was
+    Store(ws).close()
+    assert version() == "3"
+    set_version("4")
+    with pytest.raises(StoreTooNew, match=r"written by a newer mbx \(schema 4 > 3\)"):
+        Store(ws)

@@ -6,7 +6,7 @@ at any moment leaves either the old or the new rows. Use it as `with Store(works
 must write nothing (a dry run, a plan, a listing) uses `with read_only(workspace) as store: ...` (SQLite
 `mode=ro`; None without a store). Attempt numbers come from one rule, `next_attempt_number`.
 
-Tables (schema 2; `_migrate_1_to_2` upgrades a store written by schema 1)::
+Tables (schema 3; `_migrate_1_to_2` and `_migrate_2_to_3` upgrade a store written by schema 1 or 2)::
 
     meta       schema_version
     campaigns  name, source_file, spec_json, launcher, created_at, updated_at
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from orchestrator.spec.campaign import Campaign
     from orchestrator.spec.sweep import Point
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: attempts.run_dir relative to the workspace (stored_run_dir); 2 read it absolute
 STORE_FILE = "mbx.sqlite"
 MANIFEST = "campaign.json"  # <workspace>/<campaign>/campaign.json: what a rebuild needs besides the run dirs
 
@@ -455,7 +455,7 @@ class Store:
 
     def _open_read_only(self) -> None:
         """Check a store opened `mode=ro`; one of an older schema (or without an additive table) is copied into
-        memory and brought up to date there, so every reader sees schema 2 while the file stays as it was."""
+        memory and brought up to date there, so every reader sees the current schema while the file stays as it was."""
         problem = integrity_problem(self._db)
         if problem:
             raise StoreDamaged(self.path, problem)
@@ -881,8 +881,10 @@ def _bring_up_to_date(db: sqlite3.Connection, version: int | None) -> None:
             if statement.strip():
                 db.execute(statement)
         db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-    elif version == 1:
+    if version == 1:
         _migrate_1_to_2(db)
+    if version in (1, 2):
+        _migrate_2_to_3(db)
     db.execute(_PARITY_TABLE)
     db.execute(_ESTIMATES_TABLE)
     db.execute(_TRIALS_TABLE)
@@ -915,7 +917,14 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
             (int(retry.get("try") or 1), retry.get("steps_before"), json.dumps(info), row["campaign"],
              row["cell_id"], row["attempt"]),
         )  # fmt: skip
-    db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+    db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+
+
+def _migrate_2_to_3(db: sqlite3.Connection) -> None:
+    """Schema 2 → 3: attempts.run_dir may now be relative to the workspace (`stored_run_dir`). Rows stay as
+    written (`resolve_run_dir` reads absolute ones too); the version says it, so an mbx of schema 2 refuses the
+    store ("written by a newer mbx") instead of reading relative run dirs against its working directory."""
+    db.execute("UPDATE meta SET value='3' WHERE key='schema_version'")
 
 
 def cell_rows(campaign: Campaign, points: list[Point]) -> list[CellRow]:
