@@ -256,6 +256,48 @@ def test_a_point_run_again_in_another_campaign_is_an_a_a_sample(tmp_path: Path, 
     assert floor != stats.DEFAULT_RUN_FLOOR and "1 point(s)' repeats" in floor.source and "3 df" in floor.source
 
 
+def _retag(ws: Path, campaign: str, **fields: str) -> None:
+    """Set fingerprint fields in every run dir of `campaign` (node.json): runs on another GPU or software."""
+    from orchestrator.run.store import Store
+
+    with Store(ws, create=False) as store:
+        for attempt in store.latest_attempts(campaign).values():
+            node = Path(attempt.run_dir) / "node.json"
+            node.write_text(json.dumps({**(json.loads(node.read_text()) if node.exists() else {}), **fields}))
+
+
+def test_the_same_point_elsewhere_never_hides_a_measured_floor(tmp_path: Path, mbx, write_campaign) -> None:
+    """Review of the cross-campaign pool: the point's runs on another GPU made the whole point drop out (the
+    measured floor fell back to the 1% default: over-confident one-run verdicts). Runs pool only with runs of
+    the same trainer kind, GPU and software; the other GPU's runs are their own sample, and runs after a code
+    change are not A/A with the runs before it."""
+    from orchestrator.judge.run_floor import workspace_floors
+    from orchestrator.run.store import Store
+
+    noisy = {"values": {"SLOW": "1.0", "DRIFT": "0", "NOISE": "0.05"}}
+    ws = tmp_path / "ws"
+
+    def floors() -> tuple[stats.RunFloor, stats.RunFloor]:
+        with Store(ws, create=False) as store:
+            book = workspace_floors(store, ("step_time_ms",))
+        return book.floor("command", "CPU", "step_time_ms"), book.floor("command", "NVIDIA H200", "step_time_ms")
+
+    for name, repeats in (("on-cpu", 4), ("on-h200", 2), ("new-code", 4)):
+        path = write_campaign(fake(name, env=noisy, sweep={"repeats": repeats}), f"{name}.yaml")
+        assert mbx("campaign", "run", str(path), "-w", str(ws), "--no-report").returncode == 0
+        if name == "on-cpu":
+            alone = floors()[0]
+            assert alone != stats.DEFAULT_RUN_FLOOR and "3 df" in alone.source, alone
+        if name == "on-h200":
+            _retag(ws, name, gpu_name="NVIDIA H200")
+            cpu, h200 = floors()
+            assert cpu == alone and h200 == stats.DEFAULT_RUN_FLOOR  # 1 df on the H200: not enough alone
+        if name == "new-code":
+            _retag(ws, name, git_sha="f" * 40)
+            cpu, _ = floors()
+            assert "2 point(s)' repeats" in cpu.source and "6 df" in cpu.source, cpu  # two samples of 4, not one of 8
+
+
 def test_one_log_ingested_into_several_campaigns_is_one_run(tmp_path: Path, mbx) -> None:
     """The same log ingested four times has one point id (its digest) and identical figures: one run, not an
     A/A sample of zero spread (which would pass 3 df of "measured 0.00%" off as the workspace's floor)."""

@@ -99,14 +99,20 @@ def _started_at(run_dir: Path) -> float | None:
     return None
 
 
+SAME_SOFTWARE = ("git_sha", "container_image", "torch", "transformer_engine", "driver")  # runs pooled as A/A agree
+
+
 def workspace_floors(store: Store, keys: tuple[str, ...]) -> FloorBook:
-    """The A/A spreads of summary figures `keys` over every point of the workspace with ≥ 2 completed runs:
-    its repeats, and its runs in other campaigns (a point's id is its configuration: the base point of a sweep
-    run again by a `compare --run` is a repeat across sessions, the spread a one-run verdict must allow for).
-    Stored summaries, the GPU from each run dir's fingerprint. One run stored under several campaigns counts once:
-    run dirs that started at the same time, or an ingested point (its id is its logs' digest)."""
+    """The A/A spreads of summary figures `keys` over every point of the workspace with ≥ 2 completed runs of one
+    trainer kind, GPU model and software (SAME_SOFTWARE of the fingerprint): its repeats, and its runs in other
+    campaigns (a point's id is its configuration: the base point of a sweep run again by a `compare --run` is a
+    repeat across sessions, the spread a one-run verdict must allow for; the same file after a code, image or
+    driver change is not). Stored summaries, the GPU from each run dir's fingerprint. One run stored under several
+    campaigns counts once: run dirs that started at the same time, or an ingested point (its id is its logs'
+    digest)."""
     book = FloorBook()
-    by_point: dict[str, dict[object, tuple[str, dict, str]]] = {}
+    groups: dict[tuple, dict[object, dict]] = {}
+    ingested: set[str] = set()
     for name in store.campaign_names():
         latest = store.latest_attempts(name)
         for cell in store.cells(name):
@@ -114,18 +120,18 @@ def workspace_floors(store: Store, keys: tuple[str, ...]) -> FloorBook:
             if attempt is None or attempt.state != "completed":
                 continue
             result = store.result(name, cell.cell_id, attempt.attempt)
-            runs = by_point.setdefault(cell.point_id, {})
-            if result is None or not result.summary or (cell.trainer_kind == INGESTED and runs):
+            if result is None or not result.summary or cell.point_id in ingested:
                 continue
+            if cell.trainer_kind == INGESTED:
+                ingested.add(cell.point_id)
             run_dir = Path(attempt.run_dir)
-            gpu = str(run_fingerprint(run_dir).get("gpu_name") or "CPU")
-            runs.setdefault(_started_at(run_dir) or (name, cell.cell_id), (cell.trainer_kind, result.summary, gpu))
-    for found in by_point.values():
-        runs = list(found.values())
-        kinds = {(kind, gpu) for kind, _, gpu in runs}
-        if len(runs) < 2 or len(kinds) != 1:
+            found = run_fingerprint(run_dir)
+            group = (cell.point_id, cell.trainer_kind, str(found.get("gpu_name") or "CPU"),
+                     *(found.get(k) for k in SAME_SOFTWARE))  # fmt: skip
+            groups.setdefault(group, {}).setdefault(_started_at(run_dir) or (name, cell.cell_id), result.summary)
+    for (_, kind, gpu, *_), runs in groups.items():
+        if len(runs) < 2:
             continue
-        kind, gpu = kinds.pop()
         for key in keys:
-            book.spreads.setdefault((kind, gpu, key), Spread()).add([summary.get(key) for _, summary, _ in runs])
+            book.spreads.setdefault((kind, gpu, key), Spread()).add([summary.get(key) for summary in runs.values()])
     return book
