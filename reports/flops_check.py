@@ -43,7 +43,7 @@ class FlopsCheck:
         )
         if self.agrees:
             return f"{said}: they agree within {TOLERANCE:.0%} (Δ {self.delta:+.2%})"
-        return f"{said} (Δ {self.delta:+.1%}): the trainer counts FLOPs differently ({USED})"
+        return f"{said} (Δ {self.delta:+.1%}): the two counts disagree ({USED})"
 
 
 def check(summary: Summary | None) -> FlopsCheck | None:

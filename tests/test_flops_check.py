@@ -27,7 +27,7 @@ FAKE = ROOT / "tests" / "fixtures_cmd" / "fake_bridge.py"
 BRIDGE = ROOT / "tests" / "data" / "bridge-0.6.2"
 LOG = BRIDGE / "h100_sweep" / "d1a49eaa0e_moe-token-dispatcher-type-alltoall.log"
 PRINTED = re.compile(r"(GPU utilization: )([0-9.]+)(MODEL_TFLOP/s/GPU)")
-DIFFERS = "the trainer counts FLOPs differently (gates and comparisons use the printed figure)"
+DIFFERS = "the two counts disagree (gates and comparisons use the printed figure)"
 
 
 # ---------------------------------------------------------------- the rule
