@@ -166,6 +166,8 @@ def test_check_gates_only_the_points_named(mbx, tmp_path: Path, cache_env: dict[
     assert one.returncode == 0 and json.loads(one.stdout)["closing"].endswith(": 1 point(s)"), one.stdout + one.stderr
     both = mbx("card", "check", "cardrun", str(card_file), "-w", str(workspace), "-p", first, "-p", second, "--json")
     assert json.loads(both.stdout)["closing"].endswith(": 2 point(s)"), both.stdout
+    twice = mbx("card", "check", "cardrun", str(card_file), "-w", str(workspace), "-p", first, "-p", first, "--json")
+    assert json.loads(twice.stdout)["closing"].endswith(": 1 point(s)"), twice.stdout  # one point, judged once
     unknown = mbx("card", "check", "cardrun", str(card_file), "-w", str(workspace), "-p", "nope")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
     assert f"--point 'nope': campaign 'cardrun' has no such point (points: {first}, {second})" in unknown.stderr

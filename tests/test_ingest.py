@@ -205,6 +205,8 @@ def test_a_bridge_log_without_tokens_says_which_options_give_them(mbx, tmp_path)
     workspace = tmp_path / "ws"
     bare = mbx("ingest", "bare", str(log), "--format", "megatron-bridge", "-w", str(workspace))
     assert bare.returncode == 0 and "give --seq-length and --num-gpus" in " ".join(bare.stderr.split())
+    half = mbx("ingest", "half", str(log), "--format", "megatron-bridge", "-w", str(workspace), "--seq-length", "4096")
+    assert "the log does not say its GPU count; give --num-gpus" in " ".join(half.stderr.split()), half.stderr
     given = mbx("ingest", "given", str(log), "--format", "megatron-bridge", "-w", str(workspace),
                 "--seq-length", "4096", "--num-gpus", "1", "--json")  # fmt: skip
     assert "no tokens/s/GPU" not in given.stderr

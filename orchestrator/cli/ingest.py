@@ -164,10 +164,11 @@ def _note_missing_tokens(result: Ingested, seq_length: int | None, num_gpus: int
     s = result.summary or {}
     if result.already or s.get("step_time_ms") is None or s.get("tokens_per_s_per_gpu") is not None:
         return
-    missing = [flag for flag, given in (("--seq-length", seq_length), ("--num-gpus", num_gpus)) if given is None]
+    missing = [(flag, what) for flag, what, given in (("--seq-length", "sequence length", seq_length),
+                                                       ("--num-gpus", "GPU count", num_gpus)) if given is None]  # fmt: skip
     if missing:
-        say(f"note: no tokens/s/GPU: the log does not say its sequence length and GPU count; give {' and '.join(missing)}",
-            "yellow", stderr=True)  # fmt: skip
+        say(f"note: no tokens/s/GPU: the log does not say its {' and '.join(w for _, w in missing)}; give "
+            f"{' and '.join(f for f, _ in missing)}", "yellow", stderr=True)  # fmt: skip
 
 
 def _print_result(result: Ingested, workspace: Path) -> None:
