@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 
 NSYS_REPORT = "profile.rank0.nsys-rep"  # orchestrator/spec/profile_spec.py: rank 0 records
+# A one-rank local run starts without torchrun, so RANK is unset when nsys expands `%q{RANK}`: an empty string.
+NSYS_REPORTS = (NSYS_REPORT, "profile.rank.nsys-rep")
 NSYS_SQLITE = (
     "profile.sqlite"  # an export made beside the report (by a user or an earlier run of this module)
 )
@@ -107,11 +109,12 @@ def nsys_events(run_dir: Path) -> list[dict[str, Any]] | None:
     if (run_dir / NSYS_SQLITE).is_file():
         return events_from_sqlite(run_dir / NSYS_SQLITE)
     nsys = shutil.which("nsys")
-    if not (run_dir / NSYS_REPORT).is_file() or nsys is None:
+    report = next((run_dir / n for n in NSYS_REPORTS if (run_dir / n).is_file()), None)
+    if report is None or nsys is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / NSYS_SQLITE
-        done = subprocess.run([nsys, "export", "--type", "sqlite", "--output", str(out), str(run_dir / NSYS_REPORT)],
+        done = subprocess.run([nsys, "export", "--type", "sqlite", "--output", str(out), str(report)],
                               capture_output=True, text=True, timeout=600)  # fmt: skip
         if done.returncode != 0 or not out.is_file():
             return None

@@ -19,7 +19,7 @@ import jinja2
 
 from reports.kernels import ALL_CLASSES, IDLE
 from reports.profile_hta import hta_figures
-from reports.profile_nsys import NSYS_REPORT, NSYS_SQLITE, megatron_steps, nsys_events
+from reports.profile_nsys import NSYS_REPORTS, NSYS_SQLITE, megatron_steps, nsys_events
 from reports.profile_trace import TraceBreakdown, breakdown_of, load_events
 from trainer import rundir
 
@@ -32,7 +32,7 @@ KINETO_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")  # under the run dir o
 # logger.tensorboard_dir at <run dir>/tensorboard): <run dir>/torch_profile/rank-<RANK>.json.gz.
 BRIDGE_TRACE_DIR = "torch_profile"
 BRIDGE_TRACE = re.compile(r"^rank-(\d+)\.json(\.gz)?$")
-NSYS_FILES = (NSYS_SQLITE, NSYS_REPORT)  # command trainers under Nsight Systems (reports/profile_nsys.py)
+NSYS_FILES = (NSYS_SQLITE, *NSYS_REPORTS)  # command trainers under Nsight Systems (reports/profile_nsys.py)
 # One colour per class, in ALL_CLASSES order (idle last, light grey).
 COLOURS = dict(zip(ALL_CLASSES, (
     "#1f77b4", "#9467bd", "#ff7f0e", "#d62728", "#8c564b", "#2ca02c", "#17becf", "#bcbd22", "#7f7f7f", "#dddddd",

@@ -203,6 +203,34 @@ def test_nsys_export_of_a_command_trainer(tmp_path):
     assert found.overlap_ms == pytest.approx(0.010)
 
 
+def test_a_one_rank_nsys_report_is_found(tmp_path, monkeypatch):
+    """Review: a one-rank local run starts without torchrun, so nsys expands `profile.rank%q{RANK}` with RANK
+    unset: `profile.rank.nsys-rep`. The report and `mbx profile show` read it too (they looked for rank0 only).
+    `nsys` here is a stand-in that writes the export the real one would (the SQLite of nsys_export)."""
+    import os
+    import stat
+
+    from reports.profile_view import trace_file
+
+    export = tmp_path / "made.sqlite"
+    nsys_export(export)
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\n# nsys export --type sqlite --output OUT REPORT\ncp {export} \"$5\"\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "profile.rank.nsys-rep").write_bytes(b"report")
+    (run_dir / "recipe.yaml").write_text(
+        "argv: [python, pretrain_gpt.py, --profile, --profile-step-start, '7', --profile-step-end, '9']\n"
+    )
+    assert trace_file(run_dir) == run_dir / "profile.rank.nsys-rep"
+    found = trace_breakdown(run_dir)
+    assert found is not None and found.device == "gpu" and found.steps == 2
+    assert found.classes[kernels.GEMM] == pytest.approx(0.040)
+
+
 def test_mbx_profile_show_markdown_and_json(tmp_path):
     from typer.testing import CliRunner
 
