@@ -21,9 +21,13 @@ WS=/root/ws
 MBX=(python3 -m orchestrator)
 mkdir -p "$OUT" "$WS"
 
-first_failed() {  # true when attempts have ended, none completed and one failed: every point ahead fails alike
-  local records; records=$(find "$WS" -name status.json 2>/dev/null)
-  [ -n "$records" ] && ! grep -q '"completed"' $records && grep -q '"failed"' $records
+CAMPAIGN=bridge-qwen3-30b-a3b-1gpu
+START=/root/sweep.start  # touched when a sweep starts: older run records (an earlier `go`) are not this sweep's
+
+first_failed() {  # true when this sweep's attempts ended, none completed and one failed for good (not retryable)
+  local records; records=$(find "$WS" -name status.json -newer "$START" 2>/dev/null)
+  [ -n "$records" ] && ! grep -q '"completed"' $records \
+    && grep -l '"state": "failed"' $records | xargs -r grep -q '"retryable": false'
 }
 
 wait_for() {  # wait_for PIDFILE SECONDS: progress every 30 s until the background mbx ends, fails first or time is up
@@ -31,8 +35,9 @@ wait_for() {  # wait_for PIDFILE SECONDS: progress every 30 s until the backgrou
   while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do
     sleep 10; tick=$((tick + 1))
     if [ "${STOP_ON_FIRST_FAILURE:-1}" = 1 ] && first_failed; then
-      echo "FIRST ATTEMPT FAILED, none completed: stopping the campaign"; kill -- -"$pid"; sleep 2
-      find "$WS" -name status.json -exec cat {} \; ; find "$WS" -path '*logs*' -name '*.log' -exec tail -30 {} \;
+      echo "FIRST ATTEMPT FAILED, none completed: cancelling the campaign"
+      "${MBX[@]}" campaign cancel "$CAMPAIGN" -w "$WS"; sleep 5; kill -- -"$pid" 2>/dev/null
+      find "$WS" -name status.json -newer "$START" -exec cat {} \; ; find "$WS" -path '*logs*' -name '*.log' -newer "$START" -exec tail -30 {} \;
       break
     fi
     [ $((tick % 3)) = 0 ] && { echo "--- $(date +%T)"; tail -c 600 "$WS/mbx.log" | tr '\r' '\n' | tail -4; }
@@ -64,7 +69,7 @@ case "${1:-}" in
     ;;
   go)
     bash "$0" install || exit 1
-    setsid nohup "${MBX[@]}" campaign run campaigns/bridge_qwen3_30b_a3b_1gpu.yaml -w "$WS" > "$WS/mbx.log" 2>&1 &
+    touch "$START"; setsid nohup "${MBX[@]}" campaign run campaigns/bridge_qwen3_30b_a3b_1gpu.yaml -w "$WS" > "$WS/mbx.log" 2>&1 &
     echo $! > /root/mbx.pid
     wait_for /root/mbx.pid "${GO_WAIT_S:-400}"; pack
     ;;
@@ -72,7 +77,7 @@ case "${1:-}" in
     bash "$0" compare; bash "$0" bundled
     ;;
   sweep)
-    setsid nohup "${MBX[@]}" campaign run campaigns/bridge_qwen3_30b_a3b_1gpu.yaml -w "$WS" > "$WS/mbx.log" 2>&1 &
+    touch "$START"; setsid nohup "${MBX[@]}" campaign run campaigns/bridge_qwen3_30b_a3b_1gpu.yaml -w "$WS" > "$WS/mbx.log" 2>&1 &
     echo $! > /root/mbx.pid
     wait_for /root/mbx.pid 540
     ;;
