@@ -170,4 +170,5 @@ def test_check_gates_only_the_points_named(mbx, tmp_path: Path, cache_env: dict[
     assert json.loads(twice.stdout)["closing"].endswith(": 1 point(s)"), twice.stdout  # one point, judged once
     unknown = mbx("card", "check", "cardrun", str(card_file), "-w", str(workspace), "-p", "nope")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
-    assert f"--point 'nope': campaign 'cardrun' has no such point (points: {first}, {second})" in unknown.stderr
+    listed = ", ".join(sorted((first, second)))  # the same resolver and message as `card export -p`
+    assert f"--point 'nope': campaign 'cardrun' has no such point, cell or label (points: {listed})" in unknown.stderr

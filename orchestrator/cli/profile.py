@@ -41,7 +41,7 @@ def read_one(path: Path) -> TraceBreakdown:
             raise ConfigError(
                 [
                     f"{path}: no profiler trace here (profile-trace.json, *.pt.trace.json[.gz], "
-                    "torch_profile/rank-N.json.gz, profile.rank0.nsys-rep)"
+                    "torch_profile/rank-N.json.gz, profile.rank0.nsys-rep or profile.rank.nsys-rep)"
                 ]
             )
         found = trace_breakdown(path)

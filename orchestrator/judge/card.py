@@ -275,20 +275,6 @@ def check_card(
         if store.campaign(campaign) is None:
             known = ", ".join(store.campaign_names()) or "none"
             raise UsageError(f"campaign {campaign!r} is not in the store {store.path} (known: {known})")
+        wanted = {_point_cells(store, campaign, ref)[0].point_id for ref in points}  # each named point, once
         judged = judge_campaign(store, campaign, spec, None)
-    chosen = list({id(v): v for v in (_named(judged.points, ref, campaign) for ref in points)}.values())
-    return Checked(path, spec, notes, chosen or judged.points)
-
-
-def _named(verdicts: list[PointVerdict], ref: str, campaign: str) -> PointVerdict:
-    """The point `--point` names (its id, label or a cell id); UsageError for none (listing up to 20 points) or for
-    a label several points share (naming their ids)."""
-    found = [v for v in verdicts if ref in (v.point_id, v.label, *(c.cell_id for c in v.cells))]
-    if len(found) > 1:
-        raise UsageError(f"--point {ref!r}: {len(found)} points of campaign {campaign!r} have that label; give a "
-                         f"point id ({', '.join(v.point_id for v in found)})")  # fmt: skip
-    if not found:
-        ids = [v.point_id for v in verdicts]
-        shown = ", ".join(ids[:20]) + (f", … {len(ids) - 20} more (mbx campaign status)" if len(ids) > 20 else "")
-        raise UsageError(f"--point {ref!r}: campaign {campaign!r} has no such point (points: {shown})")
-    return found[0]
+    return Checked(path, spec, notes, [v for v in judged.points if v.point_id in wanted] or judged.points)

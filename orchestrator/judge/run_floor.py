@@ -79,24 +79,24 @@ class FloorBook:
         return max((self.floor(kind, gpu, key) for kind, gpu in sides), key=lambda f: f.rel)
 
 
-def run_fingerprint(run_dir: Path) -> dict[str, Any]:
-    """rundir's fingerprint, with the GPU and torch that status.json names when no other file does."""
+def run_fingerprint(run_dir: Path, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """rundir's fingerprint, with the GPU and torch that status.json (`status`: already read) names when no other
+    file does."""
     found = dict(rundir.read_fingerprint(run_dir) or {})
-    status = rundir.read_status(run_dir) or {}
+    status = (rundir.read_status(run_dir) or {}) if status is None else status
     for key, status_key in (("gpu_name", "gpu_name"), ("torch", "torch_version")):
         if found.get(key) is None and status.get(status_key) is not None:
             found[key] = status[status_key]
     return found
 
 
-def _started_at(run_dir: Path) -> float | None:
+def _started_at(run_dir: Path, status: dict[str, Any]) -> float | None:
     """When the run started (its status, else the attempt wrapper's exit record): a copy of a run dir stored under
     another campaign starts when its original did."""
-    for record in (rundir.read_status(run_dir), rundir.read_exit(run_dir)):
-        started = (record or {}).get("started_at")
-        if isinstance(started, int | float) and not isinstance(started, bool):
-            return float(started)
-    return None
+    started = status.get("started_at")
+    if started is None:
+        started = (rundir.read_exit(run_dir) or {}).get("started_at")
+    return float(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
 
 
 SAME_SOFTWARE = ("git_sha", "container_image", "torch", "transformer_engine", "driver")  # runs pooled as A/A agree
@@ -125,10 +125,12 @@ def workspace_floors(store: Store, keys: tuple[str, ...]) -> FloorBook:
             if cell.trainer_kind == INGESTED:
                 ingested.add(cell.point_id)
             run_dir = Path(attempt.run_dir)
-            found = run_fingerprint(run_dir)
+            status = rundir.read_status(run_dir) or {}  # read once: the fingerprint's GPU and the start time
+            found = run_fingerprint(run_dir, status)
             group = (cell.point_id, cell.trainer_kind, str(found.get("gpu_name") or "CPU"),
                      *(found.get(k) for k in SAME_SOFTWARE))  # fmt: skip
-            groups.setdefault(group, {}).setdefault(_started_at(run_dir) or (name, cell.cell_id), result.summary)
+            run = _started_at(run_dir, status) or (name, cell.cell_id)
+            groups.setdefault(group, {}).setdefault(run, result.summary)
     for (_, kind, gpu, *_), runs in groups.items():
         if len(runs) < 2:
             continue
